@@ -1,0 +1,55 @@
+"""The agent contract: what an agent implements to run in a turnmesh worker.
+
+An agent is any class with an async ``run``; start a worker with the agent
+``mypkg.agents:Shouter`` (or a built-in name, ``echo`` or ``demo``)::
+
+    from turnmesh.agent import AgentRequest, AgentResponse, EventEmitter, TokenUsage
+
+    class Shouter:
+        name = "shouter"  # optional; defaults to the class name in lower case
+
+        async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
+            answer = request.message.upper()
+            await emitter.emit_delta(answer)  # stream as you go: deltas, tool calls, results
+            words = len(answer.split())
+            return AgentResponse(text=answer, usage=TokenUsage(words, words))
+
+The worker runs one ``run`` per turn; a cancelled turn raises
+``asyncio.CancelledError`` inside ``run``.
+"""
+
+from turnmesh.agent._contract import (
+    AgentFile,
+    AgentRequest,
+    AgentResponse,
+    AgentRunnable,
+    EventEmitter,
+    TokenUsage,
+)
+from turnmesh.agent._loader import BUILTIN_AGENTS, AgentLoadError, load_agent
+
+__all__ = [
+    "BUILTIN_AGENTS",
+    "AgentFile",
+    "AgentLoadError",
+    "AgentRequest",
+    "AgentResponse",
+    "AgentRunnable",
+    "EventEmitter",
+    "TokenUsage",
+    "load_agent",
+]
+
+# Reprs and tracebacks name the public module, not the private one.
+for _obj in (
+    AgentFile,
+    AgentLoadError,
+    AgentRequest,
+    AgentResponse,
+    AgentRunnable,
+    EventEmitter,
+    TokenUsage,
+    load_agent,
+):
+    _obj.__module__ = __name__
+del _obj

@@ -1,0 +1,138 @@
+"""The types an agent sees: its request, its response, and the emitter it streams to."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "AgentFile",
+    "AgentRequest",
+    "AgentResponse",
+    "AgentRunnable",
+    "EventEmitter",
+    "TokenUsage",
+]
+
+# How several queued user messages become one turn's text (COLLECT policy).
+MESSAGE_SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class AgentFile:
+    """A file attached to the turn; ``text`` is set for ``text/*`` types."""
+
+    filename: str
+    mime_type: str
+    content: bytes
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Tokens the agent consumed and produced on one turn."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """One turn of a session, as the agent sees it.
+
+    ``message`` is the new user text; when the turn coalesces several queued
+    messages it is ``messages`` joined with a blank line. ``history`` holds the
+    session's prior messages in the OpenAI chat shape: ``{"role", "content"}``
+    plus ``"tool_calls"`` on assistant messages that call tools and
+    ``"tool_call_id"`` on tool messages.
+    """
+
+    message: str
+    messages: list[str]
+    session_id: str
+    turn_id: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    files: list[AgentFile] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            raise ValueError("an AgentRequest needs at least one user message")
+
+    @classmethod
+    def from_messages(
+        cls,
+        messages: Sequence[str],
+        *,
+        session_id: str,
+        turn_id: str,
+        history: list[dict[str, Any]] | None = None,
+        metadata: dict[str, Any] | None = None,
+        files: list[AgentFile] | None = None,
+    ) -> AgentRequest:
+        """Build a request whose ``message`` is ``messages`` coalesced."""
+        return cls(
+            message=MESSAGE_SEPARATOR.join(messages),
+            messages=list(messages),
+            session_id=session_id,
+            turn_id=turn_id,
+            history=history if history is not None else [],
+            metadata=metadata if metadata is not None else {},
+            files=files if files is not None else [],
+        )
+
+
+@dataclass
+class AgentResponse:
+    """What a turn produced: the final text, metadata, and token usage.
+
+    If the agent streamed no text after its last tool result, the worker sends
+    ``text`` as the turn's answer; otherwise the streamed text is the answer.
+    """
+
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    usage: TokenUsage | None = None
+
+
+class EventEmitter(Protocol):
+    """Streams what the agent does while it runs, in the order it happens."""
+
+    async def emit_delta(self, text: str) -> None:
+        """Send a piece of the assistant's answer; empty text is ignored."""
+        ...
+
+    async def emit_tool_call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | str,
+        *,
+        call_id: str | None = None,
+    ) -> str:
+        """Announce a tool call (arguments as a mapping or JSON text); returns its id."""
+        ...
+
+    async def emit_tool_result(self, call_id: str, content: str) -> None:
+        """Report the output of the tool call ``call_id``."""
+        ...
+
+
+@runtime_checkable
+class AgentRunnable(Protocol):
+    """An agent: any object with this ``run`` method.
+
+    ``run`` executes one turn. Cancellation of the turn arrives as
+    ``asyncio.CancelledError`` inside ``run``; let it propagate after cleaning up.
+
+    Optional hooks, called when present (not part of the protocol check):
+
+    - ``async def close_session(self, session_id: str) -> None``: the session ended.
+    - ``async def close(self) -> None``: the worker is shutting down.
+    """
+
+    async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse: ...

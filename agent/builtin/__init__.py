@@ -1,0 +1,1 @@
+"""Built-in agents: ``echo`` (streams the message back) and ``demo`` (rule-based tools)."""

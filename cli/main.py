@@ -1,0 +1,146 @@
+"""``turnmesh router|server|worker|up``: flags, with ``TURNMESH_*`` environment
+variables as defaults (a flag wins over the environment)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"TURNMESH_{name.upper()}", default)
+
+
+def _common(p: argparse.ArgumentParser, default_port: int) -> None:
+    p.add_argument("--host", default=_env("host", "127.0.0.1"), help="address to bind")
+    p.add_argument(
+        "--port", type=int, default=int(_env("port", str(default_port)) or 0), help="0: any free"
+    )
+    p.add_argument(
+        "--admin-key",
+        default=_env("admin_key"),
+        help="key for mesh-internal calls (env TURNMESH_ADMIN_KEY)",
+    )
+    p.add_argument(
+        "--allow-open",
+        action="store_true",
+        default=_env("allow_open") == "1",
+        help="allow a non-loopback bind without an admin key",
+    )
+    p.add_argument("--ready-file", default=_env("ready_file"), help="write JSON here when ready")
+    p.add_argument("--log-level", default=_env("log_level", "INFO"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="turnmesh", description="A gRPC service mesh for stateful, multi-turn AI agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    router = sub.add_parser("router", help="run the router (membership and session ownership)")
+    _common(router, 7000)
+    router.add_argument(
+        "--heartbeat-interval", type=float, default=float(_env("heartbeat_interval", "1.0") or 1)
+    )
+    router.add_argument(
+        "--heartbeat-timeout", type=float, default=float(_env("heartbeat_timeout", "3.0") or 3)
+    )
+
+    server = sub.add_parser("server", help="run a session server (the public SessionService)")
+    _common(server, 7100)
+    server.add_argument("--router", default=_env("router", "127.0.0.1:7000"))
+    server.add_argument("--agent", default=_env("agent", "demo"), help="the default agent")
+    server.add_argument(
+        "--session-ttl", type=float, default=float(_env("session_ttl", "1800") or 1800)
+    )
+    server.add_argument("--advertise-host", default=_env("advertise_host"))
+
+    worker = sub.add_parser("worker", help="run a worker that hosts one agent")
+    _common(worker, 7200)
+    worker.add_argument("--router", default=_env("router", "127.0.0.1:7000"))
+    worker.add_argument(
+        "--agent",
+        default=_env("agent", "demo"),
+        help="a built-in agent (echo, demo) or package.module:Class",
+    )
+    worker.add_argument("--advertise-host", default=_env("advertise_host"))
+
+    up = sub.add_parser("up", help="run router, servers and workers together (foreground)")
+    up.add_argument("--agent", default=_env("agent", "demo"))
+    up.add_argument("--servers", type=int, default=1)
+    up.add_argument("--workers", type=int, default=1)
+    up.add_argument("--port", type=int, default=int(_env("port", "7100") or 7100))
+    up.add_argument("--log-level", default=_env("log_level", "INFO"))
+    return parser
+
+
+def _base(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "host": args.host,
+        "port": args.port,
+        "admin_key": args.admin_key or None,
+        "allow_open": args.allow_open,
+        "ready_file": args.ready_file,
+        "log_level": args.log_level,
+    }
+
+
+def _component(
+    args: argparse.Namespace,
+) -> tuple[str, BaseModel, Callable[[Any], Coroutine[Any, Any, None]]]:
+    if args.command == "router":
+        from turnmesh.router import RouterConfig
+        from turnmesh.router import serve as serve_router
+
+        config: BaseModel = RouterConfig(
+            **_base(args),
+            heartbeat_interval=args.heartbeat_interval,
+            heartbeat_timeout=args.heartbeat_timeout,
+        )
+        return "router", config, serve_router
+    if args.command == "server":
+        from turnmesh.server import ServerConfig
+        from turnmesh.server import serve as serve_server
+
+        config = ServerConfig(
+            **_base(args),
+            router_address=args.router,
+            default_agent=args.agent,
+            session_ttl_seconds=args.session_ttl,
+            advertise_host=args.advertise_host,
+        )
+        return "server", config, serve_server
+    from turnmesh.worker import WorkerConfig
+    from turnmesh.worker import serve as serve_worker
+
+    config = WorkerConfig(
+        **_base(args),
+        router_address=args.router,
+        agent=args.agent,
+        advertise_host=args.advertise_host,
+    )
+    return "worker", config, serve_worker
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        from turnmesh.cli.up import run_up
+
+        sys.exit(run_up(args))
+    from turnmesh.runtime.logs import setup_logging
+
+    try:
+        name, config, serve = _component(args)
+    except ValidationError as exc:
+        sys.exit(f"turnmesh {args.command}: invalid configuration:\n{exc}")
+    setup_logging(name, args.log_level)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config))

@@ -1,0 +1,144 @@
+"""Generated from proto/turnmesh/v1 by scripts/gen_protos.py. DO NOT EDIT."""
+
+from turnmesh.v1 import event_pb2
+from turnmesh.v1 import event_pb2_grpc
+from turnmesh.v1 import message_pb2
+from turnmesh.v1 import message_pb2_grpc
+from turnmesh.v1 import router_service_pb2
+from turnmesh.v1 import router_service_pb2_grpc
+from turnmesh.v1 import session_service_pb2
+from turnmesh.v1 import session_service_pb2_grpc
+from turnmesh.v1 import worker_service_pb2
+from turnmesh.v1 import worker_service_pb2_grpc
+
+from turnmesh.v1.event_pb2 import EventType as EventType
+from turnmesh.v1.event_pb2 import TokenUsage as TokenUsage
+from turnmesh.v1.event_pb2 import Problem as Problem
+from turnmesh.v1.event_pb2 import Event as Event
+from turnmesh.v1.message_pb2 import File as File
+from turnmesh.v1.message_pb2 import FileRef as FileRef
+from turnmesh.v1.message_pb2 import FunctionCall as FunctionCall
+from turnmesh.v1.message_pb2 import ToolCall as ToolCall
+from turnmesh.v1.message_pb2 import Message as Message
+from turnmesh.v1.router_service_pb2 import MemberRole as MemberRole
+from turnmesh.v1.router_service_pb2 import Member as Member
+from turnmesh.v1.router_service_pb2 import RegisterRequest as RegisterRequest
+from turnmesh.v1.router_service_pb2 import RegisterResponse as RegisterResponse
+from turnmesh.v1.router_service_pb2 import HeartbeatRequest as HeartbeatRequest
+from turnmesh.v1.router_service_pb2 import HeartbeatResponse as HeartbeatResponse
+from turnmesh.v1.router_service_pb2 import UnregisterRequest as UnregisterRequest
+from turnmesh.v1.router_service_pb2 import UnregisterResponse as UnregisterResponse
+from turnmesh.v1.router_service_pb2 import RouteRequest as RouteRequest
+from turnmesh.v1.router_service_pb2 import RouteResponse as RouteResponse
+from turnmesh.v1.router_service_pb2 import RemoveSessionRequest as RemoveSessionRequest
+from turnmesh.v1.router_service_pb2 import RemoveSessionResponse as RemoveSessionResponse
+from turnmesh.v1.router_service_pb2 import ListMembersRequest as ListMembersRequest
+from turnmesh.v1.router_service_pb2 import ListMembersResponse as ListMembersResponse
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub as RouterServiceStub
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceServicer as RouterServiceServicer
+from turnmesh.v1.router_service_pb2_grpc import add_RouterServiceServicer_to_server as add_RouterServiceServicer_to_server
+from turnmesh.v1.router_service_pb2_grpc import RouterService as RouterService
+from turnmesh.v1.session_service_pb2 import TurnPolicy as TurnPolicy
+from turnmesh.v1.session_service_pb2 import DisconnectPolicy as DisconnectPolicy
+from turnmesh.v1.session_service_pb2 import LifecycleState as LifecycleState
+from turnmesh.v1.session_service_pb2 import TurnState as TurnState
+from turnmesh.v1.session_service_pb2 import Session as Session
+from turnmesh.v1.session_service_pb2 import CreateSessionRequest as CreateSessionRequest
+from turnmesh.v1.session_service_pb2 import CreateSessionResponse as CreateSessionResponse
+from turnmesh.v1.session_service_pb2 import GetSessionRequest as GetSessionRequest
+from turnmesh.v1.session_service_pb2 import GetSessionResponse as GetSessionResponse
+from turnmesh.v1.session_service_pb2 import DeleteSessionRequest as DeleteSessionRequest
+from turnmesh.v1.session_service_pb2 import DeleteSessionResponse as DeleteSessionResponse
+from turnmesh.v1.session_service_pb2 import GetHistoryRequest as GetHistoryRequest
+from turnmesh.v1.session_service_pb2 import GetHistoryResponse as GetHistoryResponse
+from turnmesh.v1.session_service_pb2 import TurnRequest as TurnRequest
+from turnmesh.v1.session_service_pb2 import CancelTurnRequest as CancelTurnRequest
+from turnmesh.v1.session_service_pb2 import CancelTurnResponse as CancelTurnResponse
+from turnmesh.v1.session_service_pb2 import SubscribeTurnRequest as SubscribeTurnRequest
+from turnmesh.v1.session_service_pb2 import GetHealthRequest as GetHealthRequest
+from turnmesh.v1.session_service_pb2 import GetHealthResponse as GetHealthResponse
+from turnmesh.v1.session_service_pb2 import GetReadinessRequest as GetReadinessRequest
+from turnmesh.v1.session_service_pb2 import GetReadinessResponse as GetReadinessResponse
+from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub as SessionServiceStub
+from turnmesh.v1.session_service_pb2_grpc import SessionServiceServicer as SessionServiceServicer
+from turnmesh.v1.session_service_pb2_grpc import add_SessionServiceServicer_to_server as add_SessionServiceServicer_to_server
+from turnmesh.v1.session_service_pb2_grpc import SessionService as SessionService
+from turnmesh.v1.worker_service_pb2 import RunRequest as RunRequest
+from turnmesh.v1.worker_service_pb2 import GetInfoRequest as GetInfoRequest
+from turnmesh.v1.worker_service_pb2 import GetInfoResponse as GetInfoResponse
+from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub as WorkerServiceStub
+from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceServicer as WorkerServiceServicer
+from turnmesh.v1.worker_service_pb2_grpc import add_WorkerServiceServicer_to_server as add_WorkerServiceServicer_to_server
+from turnmesh.v1.worker_service_pb2_grpc import WorkerService as WorkerService
+
+__all__ = [
+    "CancelTurnRequest",
+    "CancelTurnResponse",
+    "CreateSessionRequest",
+    "CreateSessionResponse",
+    "DeleteSessionRequest",
+    "DeleteSessionResponse",
+    "DisconnectPolicy",
+    "Event",
+    "EventType",
+    "File",
+    "FileRef",
+    "FunctionCall",
+    "GetHealthRequest",
+    "GetHealthResponse",
+    "GetHistoryRequest",
+    "GetHistoryResponse",
+    "GetInfoRequest",
+    "GetInfoResponse",
+    "GetReadinessRequest",
+    "GetReadinessResponse",
+    "GetSessionRequest",
+    "GetSessionResponse",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
+    "LifecycleState",
+    "ListMembersRequest",
+    "ListMembersResponse",
+    "Member",
+    "MemberRole",
+    "Message",
+    "Problem",
+    "RegisterRequest",
+    "RegisterResponse",
+    "RemoveSessionRequest",
+    "RemoveSessionResponse",
+    "RouteRequest",
+    "RouteResponse",
+    "RouterService",
+    "RouterServiceServicer",
+    "RouterServiceStub",
+    "RunRequest",
+    "Session",
+    "SessionService",
+    "SessionServiceServicer",
+    "SessionServiceStub",
+    "SubscribeTurnRequest",
+    "TokenUsage",
+    "ToolCall",
+    "TurnPolicy",
+    "TurnRequest",
+    "TurnState",
+    "UnregisterRequest",
+    "UnregisterResponse",
+    "WorkerService",
+    "WorkerServiceServicer",
+    "WorkerServiceStub",
+    "add_RouterServiceServicer_to_server",
+    "add_SessionServiceServicer_to_server",
+    "add_WorkerServiceServicer_to_server",
+    "event_pb2",
+    "event_pb2_grpc",
+    "message_pb2",
+    "message_pb2_grpc",
+    "router_service_pb2",
+    "router_service_pb2_grpc",
+    "session_service_pb2",
+    "session_service_pb2_grpc",
+    "worker_service_pb2",
+    "worker_service_pb2_grpc",
+]

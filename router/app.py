@@ -1,0 +1,102 @@
+"""The router process: RouterService behind the shared gRPC runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from turnmesh.router.service import RouterServicer
+from turnmesh.router.state import RouterState
+from turnmesh.runtime.interceptors import AdminKeyInterceptor
+from turnmesh.runtime.logs import setup_logging
+from turnmesh.runtime.serving import (
+    GrpcProcess,
+    check_bind_host,
+    wait_for_signal,
+    write_ready_file,
+)
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1 import router_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = rpb.DESCRIPTOR.services_by_name["RouterService"].full_name
+
+# Everything but ListMembers needs the key: Route assigns ownership (and its
+# unreachable hint evicts servers), so it is as sensitive as a write.
+PROTECTED_METHODS: frozenset[str] = frozenset(
+    f"/{SERVICE_NAME}/{method}"
+    for method in ("Register", "Heartbeat", "Unregister", "Route", "RemoveSession")
+)
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    admin_key: str | None = None
+    allow_open: bool = False
+    heartbeat_interval: float = Field(default=1.0, gt=0)
+    heartbeat_timeout: float = Field(default=3.0, gt=0)
+    ready_file: str | None = None
+    grace_seconds: float = Field(default=2.0, ge=0)
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _timeout_exceeds_interval(self) -> RouterConfig:
+        # Otherwise a healthy member is dropped between two heartbeats.
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ValueError("heartbeat_timeout must exceed heartbeat_interval")
+        return self
+
+
+def build_process(config: RouterConfig, state: RouterState) -> GrpcProcess:
+    """The router's gRPC process, not yet started (tests start it in-process)."""
+    servicer = RouterServicer(state, heartbeat_interval=config.heartbeat_interval)
+
+    def register(server: grpc.aio.Server) -> None:
+        router_service_pb2_grpc.add_RouterServiceServicer_to_server(servicer, server)
+
+    return GrpcProcess(
+        host=config.host,
+        port=config.port,
+        service_names=[SERVICE_NAME],
+        register=register,
+        interceptors=[AdminKeyInterceptor(config.admin_key, PROTECTED_METHODS)],
+    )
+
+
+async def expire_members(state: RouterState, period: float) -> None:
+    """Drop silent members even when no RPC arrives to trigger it."""
+    while True:
+        await asyncio.sleep(period)
+        dropped = state.expire()  # RouterState logs each drop
+        if dropped:
+            log.debug("expiry sweep dropped %d member(s)", len(dropped))
+
+
+async def serve(config: RouterConfig) -> None:
+    setup_logging("router", config.log_level)
+    check_bind_host(config.host, config.admin_key, config.allow_open)
+    state = RouterState(config.heartbeat_timeout)
+    process = build_process(config, state)
+    await process.start()
+    sweeper = asyncio.create_task(
+        expire_members(state, config.heartbeat_interval / 2), name="router-expiry"
+    )
+    try:
+        await process.set_serving(True)
+        write_ready_file(config.ready_file, address=process.address)
+        log.info("router serving on %s", process.address)
+        await wait_for_signal()
+        log.info("router stopping")
+    finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+        await process.stop(config.grace_seconds)

@@ -1,0 +1,1 @@
+"""Shared runtime of every turnmesh process: errors, serving, logging, ids."""

@@ -1,0 +1,122 @@
+"""A mesh member's side of the router protocol: register, heartbeat, leave.
+
+Servers and workers run one ``Membership``. It re-registers when the router
+forgets it (NOT_FOUND on heartbeat: the router restarted or dropped us) and
+keeps retrying while the router is unreachable, so members and router can
+start in any order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from turnmesh.runtime.interceptors import ADMIN_KEY_METADATA
+from turnmesh.runtime.serving import insecure_channel
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MemberInfo:
+    member_id: str
+    role: rpb.MemberRole.ValueType
+    address: str
+    agent_name: str = ""
+
+
+class Membership:
+    def __init__(
+        self,
+        router_address: str,
+        member: MemberInfo,
+        *,
+        admin_key: str | None = None,
+        inflight: Callable[[], int] = lambda: 0,
+        accepting: Callable[[], bool] = lambda: True,
+        heartbeat_interval: float = 1.0,
+    ) -> None:
+        self.member = member
+        self._channel = insecure_channel(router_address)
+        self.router = RouterServiceStub(self._channel)
+        self._metadata = ((ADMIN_KEY_METADATA, admin_key),) if admin_key else ()
+        self._inflight = inflight
+        self._accepting = accepting
+        self._interval = heartbeat_interval
+        self._task: asyncio.Task[None] | None = None
+        self.registered = asyncio.Event()
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata for router RPCs (carries the admin key when set)."""
+        return self._metadata
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="membership")
+
+    async def _register(self) -> None:
+        m = self.member
+        response = await self.router.Register(
+            rpb.RegisterRequest(
+                member=rpb.Member(
+                    member_id=m.member_id,
+                    role=m.role,
+                    address=m.address,
+                    agent_name=m.agent_name,
+                    inflight_turns=self._inflight(),
+                    accepting=self._accepting(),
+                )
+            ),
+            metadata=self._metadata,
+            timeout=5,
+        )
+        interval = response.heartbeat_interval.ToTimedelta().total_seconds()
+        if interval > 0:
+            self._interval = interval
+        if not self.registered.is_set():
+            log.info("registered with the router as %s", m.member_id)
+        self.registered.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                if not self.registered.is_set():
+                    await self._register()
+                else:
+                    await self.router.Heartbeat(
+                        rpb.HeartbeatRequest(
+                            member_id=self.member.member_id,
+                            inflight_turns=self._inflight(),
+                            accepting=self._accepting(),
+                        ),
+                        metadata=self._metadata,
+                        timeout=5,
+                    )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    log.warning("router forgot this member; registering again")
+                    self.registered.clear()
+                    continue
+                log.debug("router unreachable: %s", exc.code())
+            await asyncio.sleep(self._interval)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.router.Unregister(
+                rpb.UnregisterRequest(member_id=self.member.member_id),
+                metadata=self._metadata,
+                timeout=2,
+            )
+        await self._channel.close()

@@ -1,0 +1,147 @@
+"""Building, starting and stopping a turnmesh gRPC process.
+
+Every process serves ``grpc.health.v1.Health`` and server reflection beside its
+own services, maps errors at one boundary, and stops in the same order: health
+goes NOT_SERVING first (so load balancers stop sending), then in-flight RPCs
+get a grace period, then the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from turnmesh.runtime.interceptors import ErrorMappingInterceptor
+
+log = logging.getLogger(__name__)
+
+# Room for the largest valid Turn request (100 MB of files) plus its framing.
+MAX_MESSAGE_BYTES = 112 * 1024 * 1024
+
+SERVER_OPTIONS: Sequence[tuple[str, int | str]] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+)
+
+CHANNEL_OPTIONS: Sequence[tuple[str, int | str]] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Reconnect quickly to a member that came back (default backoff up to 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    """A channel to another mesh member with turnmesh's standard options."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+@dataclass
+class GrpcProcess:
+    """One gRPC server with health, reflection and error mapping."""
+
+    host: str
+    port: int
+    service_names: list[str]
+    register: Callable[[grpc.aio.Server], None]
+    interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
+    health: health.aio.HealthServicer = field(default_factory=health.aio.HealthServicer)
+    _server: grpc.aio.Server | None = None
+    bound_port: int = 0
+
+    @property
+    def address(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"{host}:{self.bound_port}"
+
+    async def start(self) -> None:
+        server = grpc.aio.server(
+            interceptors=[*self.interceptors, ErrorMappingInterceptor()], options=SERVER_OPTIONS
+        )
+        self.register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        self.bound_port = server.add_insecure_port(f"{self.host}:{self.port}")
+        if self.bound_port == 0:
+            raise OSError(f"cannot bind {self.host}:{self.port}")
+        # Not serving until the component says it is ready.
+        await self.set_serving(False)
+        await server.start()
+        self._server = server
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float) -> None:
+        if self._server is None:
+            return
+        await self.health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        self._server = None
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+
+def write_ready_file(path: str | None, **info: object) -> None:
+    """Announce a started process to whoever launched it (tests, `turnmesh up`)."""
+    if not path:
+        return
+    target = Path(path)
+    tmp = target.with_suffix(target.suffix + ".tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, target)  # atomic: a reader never sees half a file
+
+
+async def wait_for_signal(
+    signals: Iterable[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
+) -> None:
+    """Return when the process is asked to stop."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+def check_bind_host(host: str, admin_key: str | None, allow_open: bool) -> None:
+    """Without a key, bind loopback only unless explicitly overridden."""
+    if admin_key:
+        return
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        if not allow_open:
+            raise SystemExit(
+                f"refusing to bind {host} without an admin key: set TURNMESH_ADMIN_KEY "
+                "or pass --allow-open to expose an unauthenticated mesh"
+            )
+    log.warning("no admin key configured: the mesh is open to anyone who can reach %s", host)

@@ -1,0 +1,136 @@
+"""Regenerate gen/ from proto/: the only way gen/ is produced.
+
+Writes Python messages, gRPC stubs and .pyi stubs for proto/turnmesh/v1/*.proto,
+an ``__init__.py`` that re-exports them, and the descriptor set Envoy's JSON
+transcoder loads (``--include_imports``, plus google/rpc/error_details.proto so
+that Envoy can print every error detail we send).
+
+Usage: python scripts/gen_protos.py [OUT_DIR]   (default: gen/)
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_DIR = ROOT / "proto"
+PACKAGE_DIR = Path("turnmesh") / "v1"
+DESCRIPTOR_SET = "turnmesh.binpb"
+# Types Envoy must know to print google.rpc.Status details in JSON errors.
+EXTRA_DESCRIPTOR_PROTOS = ("google/rpc/error_details.proto", "google/rpc/status.proto")
+
+
+def _include_dirs() -> list[str]:
+    grpc_tools_include = resources.files("grpc_tools") / "_proto"
+    import google.api  # from googleapis-common-protos: annotations.proto, http.proto
+
+    googleapis_root = Path(google.api.__path__[0]).parent.parent
+    return [str(PROTO_DIR), str(grpc_tools_include), str(googleapis_root)]
+
+
+def _run_protoc(args: list[str]) -> None:
+    code = protoc.main(["grpc_tools.protoc", *[f"-I{d}" for d in _include_dirs()], *args])
+    if code != 0:
+        raise SystemExit(f"protoc failed with exit code {code}")
+
+
+def _public_names(module_path: Path) -> list[str]:
+    """Top-level public classes and constants a generated module defines."""
+    tree = ast.parse(module_path.read_text())
+    names: list[str] = []
+    for node in tree.body:
+        if (isinstance(node, ast.ClassDef) and not node.name.startswith("_")) or (
+            isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+        ):
+            names.append(node.name)
+    return names
+
+
+def _write_init(package: Path, protos: list[Path]) -> None:
+    lines = ['"""Generated from proto/turnmesh/v1 by scripts/gen_protos.py. DO NOT EDIT."""', ""]
+    exported: list[str] = []
+    for proto in protos:
+        stem = proto.stem
+        for suffix in ("_pb2", "_pb2_grpc"):
+            module = f"{stem}{suffix}"
+            if not (package / f"{module}.py").exists():
+                continue
+            lines.append(f"from turnmesh.v1 import {module}")
+            exported.append(module)
+    lines.append("")
+    # Messages and enums are attributes set at import time, not class
+    # statements, so re-export them from the .pyi stubs, which name them all.
+    for proto in protos:
+        stem = proto.stem
+        pyi = package / f"{stem}_pb2.pyi"
+        names = [n for n in _public_names(pyi) if n not in {"DESCRIPTOR"}]
+        grpc_py = package / f"{stem}_pb2_grpc.py"
+        grpc_names = _public_names(grpc_py) if grpc_py.exists() else []
+        for name in names:
+            lines.append(f"from turnmesh.v1.{stem}_pb2 import {name} as {name}")
+            exported.append(name)
+        for name in grpc_names:
+            lines.append(f"from turnmesh.v1.{stem}_pb2_grpc import {name} as {name}")
+            exported.append(name)
+    # Enum values of the module-level enums (e.g. RUN_STARTED) stay on their
+    # enum classes; only types are re-exported.
+    lines.append("")
+    lines.append("__all__ = [")
+    lines.extend(f'    "{name}",' for name in sorted(set(exported)))
+    lines.append("]")
+    (package / "__init__.py").write_text("\n".join(lines) + "\n")
+
+
+def generate(out_dir: Path) -> None:
+    protos = sorted((PROTO_DIR / PACKAGE_DIR).glob("*.proto"))
+    rel = [str(p.relative_to(PROTO_DIR)) for p in protos]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_out = Path(tmp)
+        bin_dir = Path(sys.executable).parent
+        _run_protoc(
+            [
+                f"--plugin=protoc-gen-mypy={bin_dir / 'protoc-gen-mypy'}",
+                f"--plugin=protoc-gen-mypy_grpc={bin_dir / 'protoc-gen-mypy_grpc'}",
+                f"--python_out={tmp_out}",
+                f"--grpc_python_out={tmp_out}",
+                f"--mypy_out={tmp_out}",
+                f"--mypy_grpc_out={tmp_out}",
+                *rel,
+            ]
+        )
+        _run_protoc(
+            [
+                "--include_imports",
+                "--include_source_info",
+                f"--descriptor_set_out={tmp_out / DESCRIPTOR_SET}",
+                *rel,
+                *EXTRA_DESCRIPTOR_PROTOS,
+            ]
+        )
+        package = tmp_out / PACKAGE_DIR
+        _write_init(package, protos)
+        (package / "py.typed").write_text("")
+
+        target_pkg = out_dir / PACKAGE_DIR
+        if target_pkg.exists():
+            shutil.rmtree(target_pkg)
+        target_pkg.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(package, target_pkg)
+        shutil.copyfile(tmp_out / DESCRIPTOR_SET, out_dir / DESCRIPTOR_SET)
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "gen"
+    generate(out_dir)
+    print(f"generated {out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The session server process: configuration, start-up, readiness, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from pydantic import BaseModel, Field
+
+from turnmesh.runtime.ids import new_member_id
+from turnmesh.runtime.membership import MemberInfo, Membership
+from turnmesh.runtime.serving import (
+    GrpcProcess,
+    check_bind_host,
+    wait_for_signal,
+    write_ready_file,
+)
+from turnmesh.server.core import CoreLimits, SessionCore
+from turnmesh.server.routing import RouteTable
+from turnmesh.server.service import SessionServicer
+from turnmesh.server.store import MemoryStore
+from turnmesh.server.workers import WorkerPool
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1 import session_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = spb.DESCRIPTOR.services_by_name["SessionService"].full_name
+
+
+class ServerConfig(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    router_address: str
+    default_agent: str = "demo"
+    session_ttl_seconds: float = Field(default=1800.0, gt=0)
+    event_log_max_events: int = Field(default=50_000, gt=0)
+    event_log_max_turns: int = Field(default=32, gt=0)
+    event_log_ttl_seconds: float = Field(default=600.0, gt=0)
+    admin_key: str | None = None
+    allow_open: bool = False
+    advertise_host: str | None = None
+    ready_file: str | None = None
+    grace_seconds: float = Field(default=30.0, ge=0)
+    log_level: str = "INFO"
+
+
+class SessionServer:
+    """One session server: explicit lifecycle from INITIALIZING to STOPPED."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.state: spb.LifecycleState.ValueType = spb.LIFECYCLE_STATE_INITIALIZING
+        self.member_id = new_member_id("server")
+        self._process: GrpcProcess | None = None
+        self._membership: Membership | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def lifecycle(self) -> spb.LifecycleState.ValueType:
+        if self.state in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING):
+            return (
+                spb.LIFECYCLE_STATE_RUNNING
+                if self.core.running_turns
+                else spb.LIFECYCLE_STATE_READY
+            )
+        return self.state
+
+    async def start(self) -> None:
+        c = self.config
+        check_bind_host(c.host, c.admin_key, c.allow_open)
+        # The address is known only after binding, so membership is built after.
+        placeholder = MemberInfo(self.member_id, rpb.MEMBER_ROLE_SERVER, "")
+        self._membership = Membership(
+            c.router_address,
+            placeholder,
+            admin_key=c.admin_key,
+            inflight=lambda: self.core.running_turns,
+            accepting=lambda: self.state != spb.LIFECYCLE_STATE_SHUTTING_DOWN,
+        )
+        self.workers = WorkerPool(self._membership)
+        self.routes = RouteTable(self._membership)
+        limits = CoreLimits(
+            session_ttl_seconds=c.session_ttl_seconds,
+            event_log_max_events=c.event_log_max_events,
+            event_log_max_turns=c.event_log_max_turns,
+            event_log_ttl_seconds=c.event_log_ttl_seconds,
+        )
+        self.core = SessionCore(MemoryStore(), self.workers, c.default_agent, limits)
+        servicer = SessionServicer(self.core, self.routes, self.member_id, self.lifecycle)
+        self._process = GrpcProcess(
+            host=c.host,
+            port=c.port,
+            service_names=[SERVICE_NAME],
+            register=lambda s: session_service_pb2_grpc.add_SessionServiceServicer_to_server(
+                servicer, s
+            ),
+        )
+        await self._process.start()
+        address = self._process.address
+        if c.advertise_host:
+            address = f"{c.advertise_host}:{self._process.bound_port}"
+        placeholder.address = address
+        self._membership.start()
+        self.workers.start()
+        self._tasks.append(asyncio.create_task(self._become_ready(), name="readiness"))
+        self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
+        log.info("session server %s listening on %s", self.member_id, address)
+
+    async def _become_ready(self) -> None:
+        assert self._membership is not None and self._process is not None
+        await self._membership.registered.wait()
+        await self.workers.known.wait()
+        if self.state == spb.LIFECYCLE_STATE_INITIALIZING:
+            self.state = spb.LIFECYCLE_STATE_READY
+            await self._process.set_serving(True)
+            write_ready_file(
+                self.config.ready_file,
+                address=self._process.address,
+                member_id=self.member_id,
+                port=self._process.bound_port,
+            )
+            log.info("ready")
+
+    async def _expire_loop(self) -> None:
+        interval = min(30.0, max(0.05, self.config.session_ttl_seconds / 4))
+        while True:
+            await asyncio.sleep(interval)
+            for session_id in await self.core.expire_idle():
+                log.info("session %s expired after being idle", session_id)
+                await self.routes.remove_session(session_id)
+
+    async def stop(self) -> None:
+        """Drain: NOT_SERVING and no new sessions, finish running turns, leave."""
+        if self.state in (spb.LIFECYCLE_STATE_SHUTTING_DOWN, spb.LIFECYCLE_STATE_STOPPED):
+            return
+        self.state = spb.LIFECYCLE_STATE_SHUTTING_DOWN
+        log.info("shutting down: draining turns for up to %.0f s", self.config.grace_seconds)
+        if self._process is not None:
+            await self._process.set_serving(False)
+        await self.core.drain(self.config.grace_seconds)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._membership is not None:
+            await self._membership.stop()
+        await self.workers.stop()
+        await self.routes.close()
+        if self._process is not None:
+            await self._process.stop(grace=1.0)
+        self.state = spb.LIFECYCLE_STATE_STOPPED
+        log.info("stopped")
+
+
+async def serve(config: ServerConfig) -> None:
+    server = SessionServer(config)
+    await server.start()
+    try:
+        await wait_for_signal()
+    finally:
+        await server.stop()

@@ -1,0 +1,206 @@
+"""The session server's local operations, over the sessions this server owns.
+
+The servicer decides where a call runs (here, or forwarded to the owner);
+everything here is the owner's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from google.protobuf import json_format, struct_pb2, timestamp_pb2
+
+from turnmesh.runtime.errors import NotFound, Unavailable
+from turnmesh.runtime.ids import new_id
+from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.store import SessionRecord, SessionStore, now
+from turnmesh.server.turns import SessionTurns, TurnRunner
+from turnmesh.server.workers import WorkerPool
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CoreLimits:
+    session_ttl_seconds: float = 1800.0
+    event_log_max_events: int = 50_000
+    event_log_max_turns: int = 32
+    event_log_ttl_seconds: float = 600.0
+
+
+class SessionCore:
+    def __init__(
+        self, store: SessionStore, workers: WorkerPool, default_agent: str, limits: CoreLimits
+    ) -> None:
+        self.store = store
+        self.workers = workers
+        self.default_agent = default_agent
+        self.limits = limits
+        self.logs = EventLogs(
+            limits.event_log_max_events, limits.event_log_max_turns, limits.event_log_ttl_seconds
+        )
+        self.runner = TurnRunner(store, workers)
+        self._turns: dict[str, SessionTurns] = {}
+        self.draining = False
+
+    # Sessions ---------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str, agent_name: str, metadata: struct_pb2.Struct
+    ) -> spb.Session:
+        agent = agent_name or self.default_agent
+        if not self.workers.has_agent(agent):
+            await self.workers.refresh()
+            if not self.workers.has_agent(agent):
+                raise NotFound(f"no agent named {agent!r} is served by this mesh")
+        t = now()
+        record = SessionRecord(
+            session_id=session_id or new_id(),
+            agent_name=agent,
+            created_at=t,
+            last_activity=t,
+            metadata=json_format.MessageToDict(metadata),
+        )
+        await self.store.create(record)
+        return self._to_proto(record)
+
+    async def get_record(self, session_id: str) -> SessionRecord:
+        record = await self.store.get(session_id)
+        if record is None:
+            raise NotFound(f"session {session_id!r} not found")
+        return record
+
+    async def get_session(self, session_id: str) -> spb.Session:
+        return self._to_proto(await self.get_record(session_id))
+
+    async def delete_session(self, session_id: str) -> bool:
+        turns = self._turns.pop(session_id, None)
+        if turns is not None:
+            turns.cancel_all("session_deleted")
+        self.logs.drop_session(session_id)
+        self.workers.forget_session(session_id)
+        return await self.store.delete(session_id)
+
+    async def history(self, session_id: str) -> list[message_pb2.Message]:
+        return await self.store.history(session_id)
+
+    async def expire_idle(self) -> list[str]:
+        """Delete sessions idle for longer than the TTL and with no turn running."""
+        cutoff = now() - self.limits.session_ttl_seconds
+        expired = []
+        for session_id in await self.store.idle_sessions(cutoff):
+            turns = self._turns.get(session_id)
+            if turns is not None and turns.busy:
+                continue
+            await self.delete_session(session_id)
+            expired.append(session_id)
+        return expired
+
+    # Turns ------------------------------------------------------------------
+
+    async def start_turn(self, request: spb.TurnRequest) -> TurnLog:
+        """Place a turn under its policy; returns the log its caller follows."""
+        if self.draining:
+            raise Unavailable("this server is shutting down; retry on another")
+        record = await self.get_record(request.session_id)
+        turns = self._session_turns(record)
+        if request.idempotency_key:
+            earlier = turns.turn_for_key(request.idempotency_key)
+            if earlier is not None:
+                try:
+                    return self.logs.get(record.session_id, earlier)
+                except NotFound:
+                    pass  # its events expired: run it as a new turn
+        if not self.workers.has_agent(record.agent_name):
+            await self.workers.refresh()
+            if not self.workers.has_agent(record.agent_name):
+                raise Unavailable(f"no live worker serves agent {record.agent_name!r}")
+        turn = turns.submit(
+            request.message,
+            list(request.files),
+            request.metadata,
+            request.policy,
+            request.idempotency_key,
+        )
+        await self.store.touch(record.session_id, now())
+        return turn.log
+
+    def _session_turns(self, record: SessionRecord) -> SessionTurns:
+        turns = self._turns.get(record.session_id)
+        if turns is None:
+            turns = SessionTurns(record.session_id, record.agent_name, self.runner, self.logs)
+            self._turns[record.session_id] = turns
+        return turns
+
+    def cancel_turn(
+        self, session_id: str, turn_id: str, reason: str = "cancelled"
+    ) -> spb.TurnState.ValueType:
+        tlog = self.logs.get(session_id, turn_id)
+        if tlog.done:
+            return tlog.state
+        turns = self._turns.get(session_id)
+        if turns is None:
+            raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found")
+        return turns.cancel(turn_id, reason)
+
+    async def follow(
+        self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
+    ) -> AsyncIterator[event_pb2.Event]:
+        try:
+            async for event in tlog.follow(after_seq):
+                yield event
+        except asyncio.CancelledError:
+            if on_disconnect_cancel and not tlog.done:
+                turns = self._turns.get(tlog.session_id)
+                if turns is not None:
+                    log.info("client left turn %s: cancelling", tlog.turn_id)
+                    turns.cancel(tlog.turn_id, "disconnected")
+            raise
+
+    @property
+    def running_turns(self) -> int:
+        return self.runner.inflight
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new turns, then wait for running and queued ones to end."""
+        self.draining = True
+        waits = [t.wait_idle() for t in self._turns.values() if t.busy]
+        if waits:
+            log.info("draining %d sessions with turns in flight", len(waits))
+            _, pending = await asyncio.wait(
+                [asyncio.ensure_future(w) for w in waits], timeout=timeout
+            )
+            for turns in self._turns.values():
+                turns.cancel_all("shutdown")
+            if pending:
+                await asyncio.wait(pending, timeout=2)
+
+    # Conversion -------------------------------------------------------------
+
+    def _to_proto(self, record: SessionRecord) -> spb.Session:
+        turns = self._turns.get(record.session_id)
+        running = turns.running if turns else None
+        session = spb.Session(
+            session_id=record.session_id,
+            agent_name=record.agent_name,
+            message_count=record.message_count,
+            turn_running=running is not None,
+            running_turn_id=running.turn_id if running else "",
+        )
+        session.created_at.CopyFrom(_ts(record.created_at))
+        session.last_activity.CopyFrom(_ts(record.last_activity))
+        session.expire_time.CopyFrom(_ts(record.last_activity + self.limits.session_ttl_seconds))
+        if record.metadata:
+            json_format.ParseDict(record.metadata, session.metadata)
+        return session
+
+
+def _ts(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts

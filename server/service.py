@@ -1,0 +1,278 @@
+"""SessionService: the public API. Thin: it validates, decides where a call
+runs (here if this server owns the session, else forwarded to the owner), and
+converts to and from the protos."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.ids import new_id
+from turnmesh.server import validation
+from turnmesh.server.core import SessionCore
+from turnmesh.server.routing import FORWARDED_METADATA, Owner, RouteTable
+from turnmesh.v1 import event_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1.session_service_pb2_grpc import SessionServiceServicer, SessionServiceStub
+
+log = logging.getLogger(__name__)
+
+Response = TypeVar("Response")
+Metadata = tuple[tuple[str, str], ...]
+
+
+class SessionServicer(SessionServiceServicer):
+    def __init__(
+        self,
+        core: SessionCore,
+        routes: RouteTable,
+        member_id: str,
+        readiness: Callable[[], spb.LifecycleState.ValueType],
+    ) -> None:
+        self._core = core
+        self._routes = routes
+        self._member_id = member_id
+        self._state = readiness
+        self._started = time.monotonic()
+
+    # Where a call runs ------------------------------------------------------
+
+    async def _owner(self, session_id: str, context: grpc.aio.ServicerContext) -> Owner | None:
+        """None when this server handles the call; the owner otherwise."""
+        for key, _ in context.invocation_metadata() or ():
+            if key == FORWARDED_METADATA:
+                return None
+        try:
+            owner = await self._routes.owner(session_id)
+        except Unavailable:
+            # Without the router, serve what we hold rather than fail.
+            if await self._core.store.get(session_id) is not None:
+                return None
+            raise
+        return None if owner.member_id == self._member_id else owner
+
+    def _forward_metadata(self, context: grpc.aio.ServicerContext) -> Metadata:
+        passed = tuple(
+            (k, v)
+            for k, v in context.invocation_metadata() or ()
+            if k == "authorization" and isinstance(v, str)
+        )
+        return ((FORWARDED_METADATA, self._member_id), *passed)
+
+    async def _forward_unary(
+        self,
+        session_id: str,
+        owner: Owner,
+        context: grpc.aio.ServicerContext,
+        call: Callable[[SessionServiceStub, Metadata], Awaitable[Response]],
+    ) -> Response:
+        for attempt in range(2):
+            try:
+                return await call(self._routes.stub(owner), self._forward_metadata(context))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt == 0:
+                    owner = await self._routes.owner(session_id, unreachable=owner)
+                    if owner.member_id == self._member_id:
+                        raise _LocalRetry() from exc
+                    continue
+                await _pass_through(context, exc)
+        raise AssertionError("unreachable")
+
+    async def _forward_stream(
+        self,
+        session_id: str,
+        owner: Owner,
+        context: grpc.aio.ServicerContext,
+        call: Callable[[SessionServiceStub, Metadata], AsyncIterator[event_pb2.Event]],
+    ) -> AsyncIterator[event_pb2.Event]:
+        for attempt in range(2):
+            received = False
+            try:
+                async for event in call(self._routes.stub(owner), self._forward_metadata(context)):
+                    received = True
+                    yield event
+                return
+            except grpc.aio.AioRpcError as exc:
+                unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
+                if unreachable and attempt == 0:
+                    owner = await self._routes.owner(session_id, unreachable=owner)
+                    if owner.member_id == self._member_id:
+                        raise _LocalRetry() from exc
+                    continue
+                await _pass_through(context, exc)
+
+    # RPCs -------------------------------------------------------------------
+
+    async def CreateSession(
+        self, request: spb.CreateSessionRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CreateSessionResponse:
+        validation.validate_create_session(request)
+        if not request.session_id:
+            request.session_id = new_id()
+        owner = await self._owner(request.session_id, context)
+        if owner is not None:
+            try:
+                return await self._forward_unary(
+                    request.session_id,
+                    owner,
+                    context,
+                    lambda stub, md: stub.CreateSession(request, metadata=md),
+                )
+            except _LocalRetry:
+                pass
+        session = await self._core.create_session(
+            request.session_id, request.agent_name, request.metadata
+        )
+        return spb.CreateSessionResponse(session=session)
+
+    async def GetSession(
+        self, request: spb.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> spb.GetSessionResponse:
+        validation.validate_session_id(request.session_id)
+        owner = await self._owner(request.session_id, context)
+        if owner is not None:
+            try:
+                return await self._forward_unary(
+                    request.session_id,
+                    owner,
+                    context,
+                    lambda stub, md: stub.GetSession(request, metadata=md),
+                )
+            except _LocalRetry:
+                pass
+        return spb.GetSessionResponse(session=await self._core.get_session(request.session_id))
+
+    async def DeleteSession(
+        self, request: spb.DeleteSessionRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DeleteSessionResponse:
+        validation.validate_session_id(request.session_id)
+        owner = await self._owner(request.session_id, context)
+        if owner is not None:
+            try:
+                return await self._forward_unary(
+                    request.session_id,
+                    owner,
+                    context,
+                    lambda stub, md: stub.DeleteSession(request, metadata=md),
+                )
+            except _LocalRetry:
+                pass
+        deleted = await self._core.delete_session(request.session_id)
+        await self._routes.remove_session(request.session_id)
+        return spb.DeleteSessionResponse(deleted=deleted)
+
+    async def GetHistory(
+        self, request: spb.GetHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> spb.GetHistoryResponse:
+        validation.validate_session_id(request.session_id)
+        owner = await self._owner(request.session_id, context)
+        if owner is not None:
+            try:
+                return await self._forward_unary(
+                    request.session_id,
+                    owner,
+                    context,
+                    lambda stub, md: stub.GetHistory(request, metadata=md),
+                )
+            except _LocalRetry:
+                pass
+        return spb.GetHistoryResponse(messages=await self._core.history(request.session_id))
+
+    async def Turn(
+        self, request: spb.TurnRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[event_pb2.Event]:
+        validation.validate_turn(request)
+        owner = await self._owner(request.session_id, context)
+        if owner is not None:
+            try:
+                async for event in self._forward_stream(
+                    request.session_id,
+                    owner,
+                    context,
+                    lambda stub, md: stub.Turn(request, metadata=md),
+                ):
+                    yield event
+                return
+            except _LocalRetry:
+                pass
+        tlog = await self._core.start_turn(request)
+        cancel = request.on_disconnect == spb.DISCONNECT_POLICY_CANCEL
+        async for event in self._core.follow(tlog, 0, cancel):
+            yield event
+
+    async def CancelTurn(
+        self, request: spb.CancelTurnRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CancelTurnResponse:
+        validation.validate_turn_ref(request.session_id, request.turn_id)
+        owner = await self._owner(request.session_id, context)
+        if owner is not None:
+            try:
+                return await self._forward_unary(
+                    request.session_id,
+                    owner,
+                    context,
+                    lambda stub, md: stub.CancelTurn(request, metadata=md),
+                )
+            except _LocalRetry:
+                pass
+        state = self._core.cancel_turn(request.session_id, request.turn_id)
+        return spb.CancelTurnResponse(state=state)
+
+    async def SubscribeTurn(
+        self, request: spb.SubscribeTurnRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[event_pb2.Event]:
+        validation.validate_subscribe(request)
+        owner = await self._owner(request.session_id, context)
+        if owner is not None:
+            try:
+                async for event in self._forward_stream(
+                    request.session_id,
+                    owner,
+                    context,
+                    lambda stub, md: stub.SubscribeTurn(request, metadata=md),
+                ):
+                    yield event
+                return
+            except _LocalRetry:
+                pass
+        tlog = self._core.logs.get(request.session_id, request.turn_id)
+        async for event in self._core.follow(tlog, request.after_seq, False):
+            yield event
+
+    async def GetHealth(
+        self, request: spb.GetHealthRequest, context: grpc.aio.ServicerContext
+    ) -> spb.GetHealthResponse:
+        return spb.GetHealthResponse(
+            status=self._state(),
+            agent_name=self._core.default_agent,
+            agent_ready=self._core.workers.has_agent(self._core.default_agent),
+            active_sessions=await self._core.store.count(),
+            uptime_seconds=round(time.monotonic() - self._started, 3),
+            server_id=self._member_id,
+            running_turns=self._core.running_turns,
+        )
+
+    async def GetReadiness(
+        self, request: spb.GetReadinessRequest, context: grpc.aio.ServicerContext
+    ) -> spb.GetReadinessResponse:
+        state = self._state()
+        if state not in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING):
+            raise Unavailable(f"not ready: {spb.LifecycleState.Name(state)}")
+        return spb.GetReadinessResponse(ready=True, status=state)
+
+
+class _LocalRetry(Exception):
+    """The owner was unreachable and the router reassigned the session here."""
+
+
+async def _pass_through(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> None:
+    """Give the caller the owner's status exactly, details included."""
+    trailing = tuple(
+        (k, v) for k, v in (exc.trailing_metadata() or ()) if k == "grpc-status-details-bin"
+    )
+    await context.abort(exc.code(), exc.details() or "", trailing)

@@ -1,0 +1,418 @@
+"""Turns on one session: serialization under a policy, execution on a worker.
+
+A ``SessionTurns`` is the single place that decides when a session's turns run.
+``submit`` makes its decision without awaiting, so two requests can never
+interleave; a drain task runs queued turns one after another. A turn's history
+is appended only when it finishes, so a failed, cancelled or interrupted turn
+leaves history exactly as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from turnmesh.runtime.errors import NotFound, SessionBusy
+from turnmesh.runtime.ids import new_id
+from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.history import HistoryBuilder
+from turnmesh.server.store import SessionStore, now
+from turnmesh.server.workers import WorkerPool, WorkerRef
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1 import worker_service_pb2 as wpb
+
+log = logging.getLogger(__name__)
+
+PROBLEM_BASE = "https://turnmesh.dev/problems/"
+MAX_IDEMPOTENCY_KEYS = 256
+
+# Why a turn was cancelled: the RUN_ERROR code and title it ends with.
+CANCEL_REASONS = {
+    "cancelled": "Turn cancelled",
+    "interrupted": "Turn interrupted by a newer turn",
+    "disconnected": "Client disconnected",
+    "session_deleted": "Session deleted",
+    "shutdown": "Server shutting down",
+}
+
+
+@dataclass
+class PendingTurn:
+    turn_id: str
+    log: TurnLog
+    messages: list[str]
+    files: list[message_pb2.File]
+    metadata: struct_pb2.Struct
+    collecting: bool
+    waiters: int = 0
+    task: asyncio.Task[None] | None = None
+    cancel_reason: str | None = None
+
+
+@dataclass
+class TurnOutcome:
+    """What a worker's stream ended with."""
+
+    ok: bool
+    usage: list[event_pb2.TokenUsage] = field(default_factory=list)
+    result: struct_pb2.Struct | None = None
+    error: event_pb2.Event | None = None
+
+
+class WorkerFailed(Exception):
+    """The worker's stream broke (not an agent error)."""
+
+    def __init__(self, streamed: bool) -> None:
+        super().__init__("worker failed")
+        self.streamed = streamed
+
+
+class SessionTurns:
+    """The turns of one session."""
+
+    def __init__(
+        self,
+        session_id: str,
+        agent_name: str,
+        runner: TurnRunner,
+        logs: EventLogs,
+    ) -> None:
+        self.session_id = session_id
+        self.agent_name = agent_name
+        self._runner = runner
+        self._logs = logs
+        self.running: PendingTurn | None = None
+        self._queue: deque[PendingTurn] = deque()
+        self._drain_task: asyncio.Task[None] | None = None
+        # idempotency key -> turn id, the most recent keys only.
+        self._by_key: OrderedDict[str, str] = OrderedDict()
+        self._turns: dict[str, PendingTurn] = {}
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None or bool(self._queue)
+
+    def turn_for_key(self, key: str) -> str | None:
+        """The turn a retried request with this idempotency key belongs to."""
+        return self._by_key.get(key) if key else None
+
+    def submit(
+        self,
+        message: str,
+        files: list[message_pb2.File],
+        metadata: struct_pb2.Struct,
+        policy: spb.TurnPolicy.ValueType,
+        idempotency_key: str,
+    ) -> PendingTurn:
+        """Place a new message under the policy. Never awaits: decisions are atomic."""
+        if policy == spb.TURN_POLICY_REJECT and self.busy:
+            raise SessionBusy(
+                f"session {self.session_id!r} has a turn running", reason="SESSION_BUSY"
+            )
+        if policy in (spb.TURN_POLICY_COLLECT, spb.TURN_POLICY_UNSPECIFIED):
+            if self.running is not None and self._queue and self._queue[-1].collecting:
+                batch = self._queue[-1]
+                batch.messages.append(message)
+                batch.files.extend(files)
+                batch.metadata.MergeFrom(metadata)
+                self._remember_key(batch, idempotency_key)
+                return batch
+        turn = self._new_turn(message, files, metadata, policy)
+        self._remember_key(turn, idempotency_key)
+        if policy == spb.TURN_POLICY_INTERRUPT:
+            self._queue.appendleft(turn)
+            if self.running is not None:
+                self.cancel(self.running.turn_id, "interrupted")
+        else:
+            self._queue.append(turn)
+        if self._drain_task is None:
+            self._drain_task = asyncio.create_task(self._drain(), name=f"turns-{self.session_id}")
+        return turn
+
+    def _new_turn(
+        self,
+        message: str,
+        files: list[message_pb2.File],
+        metadata: struct_pb2.Struct,
+        policy: spb.TurnPolicy.ValueType,
+    ) -> PendingTurn:
+        turn_id = new_id()
+        meta = struct_pb2.Struct()
+        meta.CopyFrom(metadata)
+        turn = PendingTurn(
+            turn_id=turn_id,
+            log=self._logs.create(self.session_id, turn_id),
+            messages=[message],
+            files=list(files),
+            metadata=meta,
+            collecting=policy in (spb.TURN_POLICY_COLLECT, spb.TURN_POLICY_UNSPECIFIED),
+        )
+        self._turns[turn_id] = turn
+        return turn
+
+    def _remember_key(self, turn: PendingTurn, key: str) -> None:
+        if key:
+            self._by_key[key] = turn.turn_id
+            while len(self._by_key) > MAX_IDEMPOTENCY_KEYS:
+                self._by_key.popitem(last=False)
+
+    def cancel(self, turn_id: str, reason: str) -> spb.TurnState.ValueType:
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            raise NotFound(f"turn {turn_id!r} of session {self.session_id!r} not found")
+        if turn.log.done:
+            return turn.log.state
+        if turn.cancel_reason is None:
+            turn.cancel_reason = reason
+        if turn is self.running and turn.task is not None:
+            turn.task.cancel(reason)
+        elif turn in self._queue:
+            self._queue.remove(turn)
+            self._runner.end_cancelled(turn)
+            self._forget(turn)
+        return spb.TURN_STATE_CANCELLED
+
+    def cancel_all(self, reason: str) -> None:
+        for turn in [*self._queue, *([self.running] if self.running else [])]:
+            self.cancel(turn.turn_id, reason)
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                turn = self._queue.popleft()
+                self.running = turn
+                turn.task = asyncio.create_task(
+                    self._runner.run(self.session_id, self.agent_name, turn),
+                    name=f"turn-{turn.turn_id}",
+                )
+                # The turn's own cancellation must not stop the drain loop.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(turn.task)
+                if not turn.log.done:
+                    # Cancelled before its coroutine ever ran.
+                    self._runner.end_cancelled(turn)
+                self.running = None
+                self._forget(turn)
+        finally:
+            self.running = None
+            self._drain_task = None
+
+    def _forget(self, turn: PendingTurn) -> None:
+        # The log stays in EventLogs (for SubscribeTurn); the pending record goes.
+        self._turns.pop(turn.turn_id, None)
+
+    async def wait_idle(self) -> None:
+        task = self._drain_task
+        if task is not None:
+            await asyncio.shield(task)
+
+
+class TurnRunner:
+    """Runs one turn: picks a worker, streams its events into the turn's log,
+    and appends the turn to history when (and only when) it finishes."""
+
+    def __init__(self, store: SessionStore, workers: WorkerPool) -> None:
+        self._store = store
+        self._workers = workers
+        self.inflight = 0
+
+    async def run(self, session_id: str, agent_name: str, turn: PendingTurn) -> None:
+        tlog = turn.log
+        started = time.monotonic()
+        tlog.set_state(spb.TURN_STATE_RUNNING)
+        first = event_pb2.Event(type=event_pb2.RUN_STARTED)
+        if len(turn.messages) > 1:
+            first.collected_messages = len(turn.messages)
+        tlog.append(first)
+        self.inflight += 1
+        try:
+            history = await self._store.history(session_id)
+            builder = HistoryBuilder(turn.turn_id)
+            outcome = await self._run_on_workers(session_id, agent_name, turn, history, builder)
+            if not outcome.ok:
+                assert outcome.error is not None
+                tlog.append(outcome.error)
+                tlog.set_state(spb.TURN_STATE_FAILED)
+                return
+            created = timestamp_pb2.Timestamp()
+            created.GetCurrentTime()
+            users = [
+                message_pb2.Message(
+                    role="user", content=text, turn_id=turn.turn_id, created_at=created
+                )
+                for text in turn.messages
+            ]
+            for file in turn.files:
+                users[-1].files.add(
+                    mime_type=file.mime_type, filename=file.filename, size_bytes=len(file.content)
+                )
+            if turn.metadata.fields:
+                users[-1].metadata.CopyFrom(turn.metadata)
+            messages = users + builder.finish(created, outcome.result)
+            # Shielded: once the agent has finished, the turn is committed even
+            # if a cancel arrives during the write.
+            await asyncio.shield(self._store.append_messages(session_id, messages, now()))
+            done = event_pb2.Event(
+                type=event_pb2.RUN_FINISHED,
+                execution_time_ms=int((time.monotonic() - started) * 1000),
+            )
+            done.usage.extend(outcome.usage)
+            if outcome.result is not None:
+                done.result.CopyFrom(outcome.result)
+            tlog.append(done)
+            tlog.set_state(spb.TURN_STATE_FINISHED)
+        except asyncio.CancelledError:
+            if not tlog.done:
+                reason = turn.cancel_reason or "cancelled"
+                tlog.append(_cancel_event(reason))
+                tlog.set_state(spb.TURN_STATE_CANCELLED)
+            raise
+        except NotFound:
+            # The session was deleted while its turn ran.
+            if not tlog.done:
+                tlog.append(_cancel_event("session_deleted"))
+                tlog.set_state(spb.TURN_STATE_CANCELLED)
+        except Exception:
+            log.exception("turn %s failed", turn.turn_id)
+            if not tlog.done:
+                tlog.append(_error_event("internal", "Internal error", 500, "the turn failed"))
+                tlog.set_state(spb.TURN_STATE_FAILED)
+        finally:
+            self.inflight -= 1
+
+    def end_cancelled(self, turn: PendingTurn) -> None:
+        """End a turn that never started."""
+        turn.log.append(_cancel_event(turn.cancel_reason or "cancelled"))
+        turn.log.set_state(spb.TURN_STATE_CANCELLED)
+
+    async def _run_on_workers(
+        self,
+        session_id: str,
+        agent_name: str,
+        turn: PendingTurn,
+        history: list[message_pb2.Message],
+        builder: HistoryBuilder,
+    ) -> TurnOutcome:
+        request = wpb.RunRequest(
+            session_id=session_id,
+            turn_id=turn.turn_id,
+            messages=turn.messages,
+            files=turn.files,
+            history=history,
+            metadata=turn.metadata,
+        )
+        tried: set[str] = set()
+        for attempt in range(2):
+            worker = self._workers.pick(agent_name, session_id, tried)
+            if worker is None and attempt == 0:
+                await self._workers.refresh()
+                worker = self._workers.pick(agent_name, session_id, tried)
+            if worker is None:
+                break
+            tried.add(worker.member_id)
+            try:
+                return await self._stream(worker, session_id, request, turn.log, builder)
+            except WorkerFailed as failure:
+                self._workers.mark_failed(worker)
+                log.warning(
+                    "worker %s failed during turn %s (streamed=%s)",
+                    worker.member_id,
+                    turn.turn_id,
+                    failure.streamed,
+                )
+                if failure.streamed:
+                    return TurnOutcome(
+                        ok=False,
+                        error=_error_event(
+                            "worker_failed",
+                            "Worker failed",
+                            502,
+                            "the worker running this turn failed; history is unchanged",
+                        ),
+                    )
+        if not tried:
+            detail = f"no live worker serves agent {agent_name!r}"
+        else:
+            detail = "the workers for this turn failed before answering; history is unchanged"
+        return TurnOutcome(
+            ok=False, error=_error_event("worker_unavailable", "No worker available", 503, detail)
+        )
+
+    async def _stream(
+        self,
+        worker: WorkerRef,
+        session_id: str,
+        request: wpb.RunRequest,
+        tlog: TurnLog,
+        builder: HistoryBuilder,
+    ) -> TurnOutcome:
+        self._workers.acquire(worker, session_id)
+        streamed = False
+        call = worker.stub.Run(request)
+        try:
+            async for event in call:
+                if event.type == event_pb2.RUN_STARTED:
+                    continue
+                if event.type == event_pb2.RUN_FINISHED:
+                    return TurnOutcome(
+                        ok=True,
+                        usage=list(event.usage),
+                        result=event.result if event.HasField("result") else None,
+                    )
+                if event.type == event_pb2.RUN_ERROR:
+                    return TurnOutcome(ok=False, error=_copy_error(event))
+                streamed = True
+                builder.feed(event)
+                tlog.append(_strip(event))
+        except grpc.aio.AioRpcError as exc:
+            log.debug("worker %s stream error: %s", worker.member_id, exc.code())
+            raise WorkerFailed(streamed) from exc
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            self._workers.release(worker)
+        # The stream ended without RUN_FINISHED or RUN_ERROR.
+        raise WorkerFailed(streamed)
+
+
+def _strip(event: event_pb2.Event) -> event_pb2.Event:
+    """A worker event without the ids and seq the turn log stamps itself."""
+    out = event_pb2.Event()
+    out.CopyFrom(event)
+    out.ClearField("seq")
+    return out
+
+
+def _copy_error(event: event_pb2.Event) -> event_pb2.Event:
+    out = event_pb2.Event(
+        type=event_pb2.RUN_ERROR, message=event.message, code=event.code or "agent_error"
+    )
+    if event.HasField("problem"):
+        out.problem.CopyFrom(event.problem)
+    return out
+
+
+def _error_event(code: str, title: str, status: int, detail: str) -> event_pb2.Event:
+    return event_pb2.Event(
+        type=event_pb2.RUN_ERROR,
+        message=detail,
+        code=code,
+        problem=event_pb2.Problem(
+            type=PROBLEM_BASE + code.replace("_", "-"), title=title, status=status, detail=detail
+        ),
+    )
+
+
+def _cancel_event(reason: str) -> event_pb2.Event:
+    title = CANCEL_REASONS.get(reason, "Turn cancelled")
+    # 499: the de facto status for a request the client cancelled.
+    return _error_event(reason, title, 499, f"{title.lower()}; history is unchanged")

@@ -1,0 +1,139 @@
+"""Request validation for the public API: every rule, every bad field named.
+
+A request that fails validation raises ``InvalidArgument`` with one
+``google.rpc.BadRequest`` field violation per problem, before anything changes.
+"""
+
+from __future__ import annotations
+
+from turnmesh.runtime.errors import FieldViolation, InvalidArgument
+from turnmesh.runtime.ids import SESSION_ID_PATTERN
+from turnmesh.v1 import session_service_pb2 as spb
+
+MAX_MESSAGE_CHARS = 10_000
+MAX_FILES = 10
+MAX_FILE_BYTES = 50 * 1024 * 1024
+MAX_TOTAL_FILE_BYTES = 100 * 1024 * 1024
+MAX_FILENAME_CHARS = 255
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+MAX_METADATA_BYTES = 64 * 1024
+ALLOWED_MIME_TYPES = frozenset(
+    {
+        "image/png",
+        "image/jpeg",
+        "image/gif",
+        "image/webp",
+        "application/pdf",
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+        "text/plain",
+        "text/csv",
+        "text/markdown",
+    }
+)
+
+
+def _raise_if(violations: list[FieldViolation]) -> None:
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def session_id_violations(session_id: str, field: str = "session_id") -> list[FieldViolation]:
+    if not session_id:
+        return [FieldViolation(field, "required")]
+    if not SESSION_ID_PATTERN.fullmatch(session_id):
+        return [FieldViolation(field, "must be 1-128 characters of A-Z a-z 0-9 . _ : -")]
+    return []
+
+
+def validate_session_id(session_id: str) -> None:
+    _raise_if(session_id_violations(session_id))
+
+
+def validate_turn_ref(session_id: str, turn_id: str) -> None:
+    violations = session_id_violations(session_id)
+    if not turn_id:
+        violations.append(FieldViolation("turn_id", "required"))
+    elif len(turn_id) > 128:
+        violations.append(FieldViolation("turn_id", "must be at most 128 characters"))
+    _raise_if(violations)
+
+
+def validate_create_session(request: spb.CreateSessionRequest) -> None:
+    violations: list[FieldViolation] = []
+    if request.session_id:
+        violations += session_id_violations(request.session_id)
+    if len(request.agent_name) > 128:
+        violations.append(FieldViolation("agent_name", "must be at most 128 characters"))
+    if request.metadata.ByteSize() > MAX_METADATA_BYTES:
+        violations.append(FieldViolation("metadata", f"must be at most {MAX_METADATA_BYTES} bytes"))
+    _raise_if(violations)
+
+
+def validate_subscribe(request: spb.SubscribeTurnRequest) -> None:
+    violations = session_id_violations(request.session_id)
+    if not request.turn_id:
+        violations.append(FieldViolation("turn_id", "required"))
+    if request.after_seq < 0:
+        violations.append(FieldViolation("after_seq", "must be 0 or more"))
+    _raise_if(violations)
+
+
+def validate_turn(request: spb.TurnRequest) -> None:
+    violations = session_id_violations(request.session_id)
+    if not request.message:
+        violations.append(FieldViolation("message", "required"))
+    elif not request.message.strip():
+        violations.append(FieldViolation("message", "must not be blank"))
+    elif len(request.message) > MAX_MESSAGE_CHARS:
+        violations.append(
+            FieldViolation("message", f"must be at most {MAX_MESSAGE_CHARS} characters")
+        )
+    violations += _file_violations(request)
+    if request.policy not in spb.TurnPolicy.values():
+        violations.append(FieldViolation("policy", "unknown policy"))
+    if request.on_disconnect not in spb.DisconnectPolicy.values():
+        violations.append(FieldViolation("on_disconnect", "unknown disconnect policy"))
+    if len(request.idempotency_key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        violations.append(
+            FieldViolation(
+                "idempotency_key", f"must be at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"
+            )
+        )
+    if request.metadata.ByteSize() > MAX_METADATA_BYTES:
+        violations.append(FieldViolation("metadata", f"must be at most {MAX_METADATA_BYTES} bytes"))
+    _raise_if(violations)
+
+
+def _file_violations(request: spb.TurnRequest) -> list[FieldViolation]:
+    violations: list[FieldViolation] = []
+    if len(request.files) > MAX_FILES:
+        violations.append(FieldViolation("files", f"at most {MAX_FILES} files"))
+    total = 0
+    for index, file in enumerate(request.files):
+        name = f" ({file.filename})" if file.filename else ""
+        field = f"files[{index}]"
+        size = len(file.content)
+        total += size
+        if not file.mime_type:
+            violations.append(FieldViolation(f"{field}.mime_type", f"required{name}"))
+        elif file.mime_type not in ALLOWED_MIME_TYPES:
+            violations.append(
+                FieldViolation(
+                    f"{field}.mime_type", f"type {file.mime_type!r} is not allowed{name}"
+                )
+            )
+        if size == 0:
+            violations.append(FieldViolation(f"{field}.content", f"must not be empty{name}"))
+        elif size > MAX_FILE_BYTES:
+            violations.append(FieldViolation(f"{field}.content", f"must be at most 50 MB{name}"))
+        if len(file.filename) > MAX_FILENAME_CHARS:
+            violations.append(
+                FieldViolation(
+                    f"{field}.filename", f"must be at most {MAX_FILENAME_CHARS} characters"
+                )
+            )
+    if total > MAX_TOTAL_FILE_BYTES:
+        violations.append(FieldViolation("files", "must be at most 100 MB in all"))
+    return violations

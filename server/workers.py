@@ -1,0 +1,126 @@
+"""The pool of workers a server sends turns to.
+
+Live workers come from the router (refreshed in the background and on demand);
+a turn goes to the worker of its agent with the fewest turns in flight from
+this server, preferring the one that served the session last (its caches are
+warm) unless it is clearly busier than the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from turnmesh.runtime.membership import Membership
+from turnmesh.runtime.serving import insecure_channel
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub
+
+log = logging.getLogger(__name__)
+
+# A sticky worker keeps its session unless it has this many more turns in
+# flight than the least busy worker.
+STICKY_SLACK = 2
+
+
+@dataclass
+class WorkerRef:
+    member_id: str
+    address: str
+    agent_name: str
+    stub: WorkerServiceStub
+
+
+class WorkerPool:
+    def __init__(self, membership: Membership, refresh_interval: float = 1.0) -> None:
+        self._membership = membership
+        self._interval = refresh_interval
+        self._workers: dict[str, WorkerRef] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._inflight: dict[str, int] = {}
+        self._last_worker: dict[str, str] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._refresh_lock = asyncio.Lock()
+        self.known = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="worker-pool")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for channel in self._channels.values():
+            await channel.close()
+
+    async def _loop(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self._interval)
+
+    async def refresh(self) -> None:
+        async with self._refresh_lock:
+            try:
+                response = await self._membership.router.ListMembers(
+                    rpb.ListMembersRequest(role=rpb.MEMBER_ROLE_WORKER),
+                    metadata=self._membership.metadata,
+                    timeout=5,
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.debug("cannot list workers: %s", exc.code())
+                return
+            live: dict[str, WorkerRef] = {}
+            for member in response.members:
+                if not member.accepting:
+                    continue
+                channel = self._channels.get(member.address)
+                if channel is None:
+                    channel = insecure_channel(member.address)
+                    self._channels[member.address] = channel
+                live[member.member_id] = WorkerRef(
+                    member.member_id, member.address, member.agent_name, WorkerServiceStub(channel)
+                )
+            self._workers = live
+            if live:
+                self.known.set()
+
+    def agents(self) -> set[str]:
+        return {w.agent_name for w in self._workers.values()}
+
+    def has_agent(self, agent_name: str) -> bool:
+        return any(w.agent_name == agent_name for w in self._workers.values())
+
+    def pick(self, agent_name: str, session_id: str, exclude: set[str]) -> WorkerRef | None:
+        candidates = [
+            w
+            for w in self._workers.values()
+            if w.agent_name == agent_name and w.member_id not in exclude
+        ]
+        if not candidates:
+            return None
+        least = min(candidates, key=lambda w: (self._inflight.get(w.member_id, 0), w.member_id))
+        last = self._workers.get(self._last_worker.get(session_id, ""))
+        if last is not None and last in candidates:
+            slack = self._inflight.get(last.member_id, 0) - self._inflight.get(least.member_id, 0)
+            if slack < STICKY_SLACK:
+                return last
+        return least
+
+    def acquire(self, worker: WorkerRef, session_id: str) -> None:
+        self._inflight[worker.member_id] = self._inflight.get(worker.member_id, 0) + 1
+        self._last_worker[session_id] = worker.member_id
+
+    def release(self, worker: WorkerRef) -> None:
+        self._inflight[worker.member_id] = max(0, self._inflight.get(worker.member_id, 0) - 1)
+
+    def mark_failed(self, worker: WorkerRef) -> None:
+        """Stop using a worker until the router lists it again."""
+        self._workers.pop(worker.member_id, None)
+
+    def forget_session(self, session_id: str) -> None:
+        self._last_worker.pop(session_id, None)

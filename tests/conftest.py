@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.mesh import Component, Mesh
+from turnmesh.client import AsyncClient
+
+
+class SharedMesh:
+    """Router, two session servers, and workers for demo, echo and probe."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        mesh.start_router()
+        workers = [
+            mesh.spawn_worker("worker-demo-1", "demo"),
+            mesh.spawn_worker("worker-demo-2", "demo"),
+            mesh.spawn_worker("worker-echo-1", "echo"),
+            mesh.spawn_worker("worker-echo-2", "echo"),
+            mesh.spawn_worker("worker-probe-1", "probe_agent:ProbeAgent"),
+        ]
+        self.servers: list[Component] = [
+            mesh.spawn_server("server-1"),
+            mesh.spawn_server("server-2"),
+        ]
+        mesh.wait_ready(*workers, *self.servers)
+        self.workers = workers
+
+    @property
+    def router(self) -> Component:
+        assert self.mesh.router is not None
+        return self.mesh.router
+
+
+@pytest.fixture(scope="session")
+def shared_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedMesh]:
+    mesh = Mesh(tmp_path_factory.mktemp("shared-mesh"))
+    try:
+        yield SharedMesh(mesh)
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture
+def mesh_factory(tmp_path: Path) -> Iterator[Mesh]:
+    """A private mesh for tests that kill processes."""
+    mesh = Mesh(tmp_path / "mesh")
+    try:
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture
+async def client(shared_mesh: SharedMesh) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(shared_mesh.servers[0].address) as c:
+        yield c
+
+
+@pytest.fixture
+async def client2(shared_mesh: SharedMesh) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(shared_mesh.servers[1].address) as c:
+        yield c

@@ -1,0 +1,145 @@
+"""Start real turnmesh processes on free loopback ports and stop them by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUPPORT_DIR = Path(__file__).resolve().parent
+READY_TIMEOUT = 60.0
+POLL = 0.02
+
+
+@dataclass
+class Component:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    ready_file: Path
+    info: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return str(self.info["address"])
+
+    @property
+    def member_id(self) -> str:
+        return str(self.info.get("member_id", ""))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class Mesh:
+    """A set of turnmesh processes owned by one test or test session."""
+
+    def __init__(self, workdir: Path, heartbeat_interval: float = 0.3) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.probe_dir = workdir / "probe"
+        self.probe_dir.mkdir(exist_ok=True)
+        self.heartbeat_interval = heartbeat_interval
+        self.components: list[Component] = []
+        self.router: Component | None = None
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TURNMESH_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SUPPORT_DIR), env.get("PYTHONPATH")]))
+        env["TURNMESH_PROBE_DIR"] = str(self.probe_dir)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def spawn(self, name: str, *args: str) -> Component:
+        ready = self.workdir / f"{name}.ready.json"
+        ready.unlink(missing_ok=True)
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "turnmesh",
+                    *args,
+                    "--port",
+                    "0",
+                    "--ready-file",
+                    str(ready),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env(),
+                start_new_session=True,
+            )
+        component = Component(name, proc, log_path, ready)
+        self.components.append(component)
+        return component
+
+    def wait_ready(self, *components: Component, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        for c in components:
+            while not c.ready_file.exists():
+                if c.proc.poll() is not None:
+                    raise RuntimeError(f"{c.name} exited with {c.proc.returncode}:\n{c.log()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{c.name} not ready after {timeout} s:\n{c.log()}")
+                time.sleep(POLL)
+            c.info = json.loads(c.ready_file.read_text())
+
+    def start_router(self) -> Component:
+        self.router = self.spawn(
+            "router",
+            "router",
+            "--heartbeat-interval",
+            str(self.heartbeat_interval),
+            "--heartbeat-timeout",
+            str(self.heartbeat_interval * 5),
+        )
+        self.wait_ready(self.router)
+        return self.router
+
+    def spawn_worker(self, name: str, agent: str) -> Component:
+        assert self.router is not None
+        return self.spawn(name, "worker", "--router", self.router.address, "--agent", agent)
+
+    def spawn_server(self, name: str, *extra: str) -> Component:
+        assert self.router is not None
+        return self.spawn(name, "server", "--router", self.router.address, *extra)
+
+    def kill(self, component: Component, sig: signal.Signals = signal.SIGKILL) -> None:
+        if component.proc.poll() is None:
+            os.kill(component.pid, sig)
+        component.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM every process we started (by PID), SIGKILL what lingers."""
+        for c in reversed(self.components):
+            if c.proc.poll() is None:
+                os.kill(c.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for c in reversed(self.components):
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                c.proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                os.kill(c.pid, signal.SIGKILL)
+                c.proc.wait(timeout=10)
+
+
+def wait_for(predicate: object, timeout: float = 20.0, what: str = "condition") -> None:
+    """Poll a readiness condition until true (never a bare sleep)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(POLL)

@@ -1,0 +1,44 @@
+"""A test agent loaded by workers as ``probe_agent:ProbeAgent``.
+
+It leaves marker files in $TURNMESH_PROBE_DIR so that tests can see, from
+outside the worker process, that a turn started (and in which process) and
+that a cancellation reached the agent as asyncio.CancelledError.
+
+Metadata: ``deltas`` (count), ``delay_ms`` (between deltas),
+``stall_first_attempt`` (the first worker to run the turn stalls before
+emitting anything: the test kills it there to see a transparent retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from turnmesh.agent import AgentRequest, AgentResponse, EventEmitter
+
+
+class ProbeAgent:
+    name = "probe"
+
+    async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
+        probe = Path(os.environ["TURNMESH_PROBE_DIR"])
+        started = probe / f"{request.turn_id}.started"
+        first_attempt = not started.exists()
+        (probe / f"{request.turn_id}.{os.getpid()}.started").write_text(str(os.getpid()))
+        started.write_text(str(os.getpid()))
+        deltas = int(request.metadata.get("deltas", 5))
+        delay = float(request.metadata.get("delay_ms", 50)) / 1000
+        parts: list[str] = []
+        try:
+            if request.metadata.get("stall_first_attempt") and first_attempt:
+                await asyncio.sleep(3600)
+            for i in range(deltas):
+                part = f"part{i} "
+                parts.append(part)
+                await emitter.emit_delta(part)
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            (probe / f"{request.turn_id}.cancelled").write_text(str(os.getpid()))
+            raise
+        return AgentResponse(text="".join(parts))

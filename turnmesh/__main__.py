@@ -1,0 +1,3 @@
+from turnmesh.cli import main
+
+main()

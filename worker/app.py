@@ -1,0 +1,115 @@
+"""The worker process: load one agent, serve ``WorkerService``, join the mesh."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnmesh.agent import AgentLoadError, AgentRunnable, load_agent
+from turnmesh.runtime.ids import new_member_id
+from turnmesh.runtime.logs import setup_logging
+from turnmesh.runtime.membership import MemberInfo, Membership
+from turnmesh.runtime.serving import (
+    GrpcProcess,
+    check_bind_host,
+    wait_for_signal,
+    write_ready_file,
+)
+from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
+from turnmesh.worker.service import WorkerServicer
+
+__all__ = ["WorkerConfig", "serve"]
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
+
+
+class WorkerConfig(BaseModel):
+    """Settings of one worker process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
+    router_address: str | None = None  # None: run stand-alone, no membership
+    agent: str = "demo"  # a built-in name or "package.module:Class"
+    admin_key: str | None = None
+    allow_open: bool = False
+    advertise_host: str | None = None  # how other members reach us, if not `host`
+    ready_file: str | None = None
+    grace_seconds: float = Field(default=10.0, ge=0)
+    log_level: str = "INFO"
+
+
+async def serve(config: WorkerConfig) -> None:
+    """Run a worker until SIGINT or SIGTERM; refuse to start with an unusable agent."""
+    setup_logging("worker", config.log_level)
+    try:
+        agent_name, agent = load_agent(config.agent)
+    except AgentLoadError as exc:
+        log.error("cannot start the worker: %s", exc)
+        raise SystemExit(2) from exc
+
+    member_id = new_member_id("worker")
+    servicer = WorkerServicer(agent, agent_name=agent_name, worker_id=member_id)
+
+    def register(server: grpc.aio.Server) -> None:
+        worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
+
+    process = GrpcProcess(
+        host=config.host, port=config.port, service_names=[SERVICE_NAME], register=register
+    )
+    membership: Membership | None = None
+    try:
+        check_bind_host(config.host, config.admin_key, config.allow_open)
+        await process.start()
+        address = _advertised_address(config, process)
+        await process.set_serving(True)
+        if config.router_address:
+            membership = Membership(
+                config.router_address,
+                MemberInfo(
+                    member_id=member_id,
+                    role=router_service_pb2.MEMBER_ROLE_WORKER,
+                    address=address,
+                    agent_name=agent_name,
+                ),
+                admin_key=config.admin_key,
+                inflight=lambda: servicer.inflight,
+            )
+            membership.start()
+        write_ready_file(config.ready_file, address=address, member_id=member_id, agent=agent_name)
+        log.info("worker %s serving agent %r on %s", member_id, agent_name, address)
+        await wait_for_signal()
+        log.info("stopping: %d turn(s) in flight", servicer.inflight)
+    finally:
+        servicer.ready = False
+        if membership is not None:
+            await membership.stop()  # leave first, so no server picks us meanwhile
+        await process.stop(config.grace_seconds)  # health NOT_SERVING, then drain
+        await _close_agent(agent)
+
+
+def _advertised_address(config: WorkerConfig, process: GrpcProcess) -> str:
+    if not config.advertise_host:
+        return process.address
+    host = config.advertise_host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{process.bound_port}"
+
+
+async def _close_agent(agent: AgentRunnable) -> None:
+    close = getattr(agent, "close", None)
+    if close is None:
+        return
+    try:
+        result = close()
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.exception("the agent's close() hook failed")

@@ -1,0 +1,167 @@
+"""``turnmesh.v1.WorkerService``: runs one agent turn per ``Run`` call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2
+
+from turnmesh.agent import AgentResponse, AgentRunnable
+from turnmesh.runtime.errors import PROBLEM_BASE
+from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
+from turnmesh.worker._convert import to_agent_request
+from turnmesh.worker.emitter import ET, QueueEmitter, make_event
+
+__all__ = ["WorkerServicer"]
+
+log = logging.getLogger(__name__)
+
+# Sent instead of the exception: agent errors may carry secrets or internals.
+AGENT_ERROR_PROBLEM = event_pb2.Problem(
+    type=PROBLEM_BASE + "agent-error",
+    title="Agent error",
+    status=500,
+    detail="the agent raised an error while running this turn",
+)
+
+
+class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, agent: AgentRunnable, *, agent_name: str, worker_id: str) -> None:
+        self.agent = agent
+        self.agent_name = agent_name
+        self.worker_id = worker_id
+        self.ready = True  # the agent is loaded before the servicer exists
+        self._inflight = 0
+
+    @property
+    def inflight(self) -> int:
+        """Turns running now."""
+        return self._inflight
+
+    async def GetInfo(
+        self,
+        request: worker_service_pb2.GetInfoRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_service_pb2.GetInfoResponse:
+        return worker_service_pb2.GetInfoResponse(
+            agent_name=self.agent_name,
+            ready=self.ready,
+            worker_id=self.worker_id,
+            inflight_turns=self._inflight,
+        )
+
+    async def Run(
+        self,
+        request: worker_service_pb2.RunRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[event_pb2.Event]:
+        agent_request = to_agent_request(request)  # invalid input: a status, before any event
+        seq = itertools.count(1)
+
+        def stamped(event: event_pb2.Event) -> event_pb2.Event:
+            event.seq = next(seq)
+            event.thread_id = request.session_id
+            event.run_id = request.turn_id
+            return event
+
+        started = time.monotonic()
+        self._inflight += 1
+        try:
+            collected = len(agent_request.messages)
+            yield stamped(
+                make_event(ET.RUN_STARTED, collected_messages=collected if collected > 1 else 0)
+            )
+            emitter = QueueEmitter()
+            task = asyncio.create_task(
+                self.agent.run(agent_request, emitter=emitter), name=f"turn-{request.turn_id}"
+            )
+            task.add_done_callback(lambda _: emitter.finish())
+            try:
+                async for event in emitter.events():
+                    yield stamped(event)
+                response = _outcome(task, request.turn_id)
+            finally:
+                # Reached early only when the caller went away (cancel or close):
+                # the agent sees CancelledError inside run.
+                if not task.done():
+                    task.cancel("the caller cancelled the turn")
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+            closing = emitter.closing_events(response.text) if response is not None else []
+            finished = (
+                None if response is None else _run_finished(response, started, request.turn_id)
+            )
+            if finished is None:
+                yield stamped(
+                    make_event(
+                        ET.RUN_ERROR,
+                        message="the agent failed",
+                        code="agent_error",
+                        problem=AGENT_ERROR_PROBLEM,
+                    )
+                )
+                return
+            for event in closing:
+                yield stamped(event)
+            yield stamped(finished)
+        finally:
+            self._inflight -= 1
+
+
+def _outcome(task: asyncio.Task[Any], turn_id: str) -> AgentResponse | None:
+    """The agent's response, or None (logged here, server side only) if it failed."""
+    if task.cancelled():
+        log.error("the agent cancelled turn %s by itself", turn_id)
+        return None
+    exc = task.exception()
+    if exc is not None:
+        log.error("the agent raised on turn %s", turn_id, exc_info=exc)
+        return None
+    response = task.result()
+    if not isinstance(response, AgentResponse):
+        log.error(
+            "the agent returned %s on turn %s, not an AgentResponse",
+            type(response).__name__,
+            turn_id,
+        )
+        return None
+    return response
+
+
+def _run_finished(response: AgentResponse, started: float, turn_id: str) -> event_pb2.Event | None:
+    """RUN_FINISHED for the response, or None (logged) if its usage or metadata is unusable."""
+    try:
+        event = make_event(
+            ET.RUN_FINISHED,
+            execution_time_ms=int((time.monotonic() - started) * 1000),
+            result=_to_struct(response.metadata),
+        )
+        if response.usage is not None:
+            usage = response.usage
+            event.usage.append(
+                event_pb2.TokenUsage(
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    total_tokens=usage.total_tokens,
+                )
+            )
+    except (AttributeError, TypeError, ValueError):
+        log.exception("the agent's response to turn %s has bad usage or metadata", turn_id)
+        return None
+    return event
+
+
+def _to_struct(metadata: dict[str, Any]) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    # Through JSON so that values a Struct cannot hold (datetimes, sets) become strings.
+    struct.update(json.loads(json.dumps(metadata, default=str)))
+    return struct
