@@ -5,7 +5,7 @@ create a session, stream or send a turn, resume a turn, cancel, history,
 delete. Errors are ``TurnmeshClientError`` subclasses.
 """
 
-from turnmesh.client._async import AsyncClient, TurnResult
+from turnmesh.client._async import AsyncClient, EventStream, TurnResult
 from turnmesh.client._sync import Client
 from turnmesh.client.errors import (
     AlreadyExistsError,
@@ -22,6 +22,7 @@ __all__ = [
     "AlreadyExistsError",
     "AsyncClient",
     "Client",
+    "EventStream",
     "InvalidArgumentError",
     "NotFoundError",
     "SessionBusyError",

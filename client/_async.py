@@ -77,6 +77,36 @@ def collect_result(events: list[event_pb2.Event]) -> TurnResult:
     return TurnResult(turn_id=turn_id, text="".join(text), events=events)
 
 
+class EventStream:
+    """A server stream of events: async-iterable, and an async context
+    manager that closes the stream on exit."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[event_pb2.Event]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[event_pb2.Event]:
+        with map_rpc_errors():
+            async for event in self._call:
+                yield event
+
+    async def __aenter__(self) -> EventStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._call.cancel()
+
+
 class AsyncClient:
     """Talks to any session server (or to Envoy's gRPC port).
 
@@ -160,40 +190,33 @@ class AsyncClient:
             )
         return list(response.messages)
 
-    async def stream_turn(
-        self, session_id: str, message: str, **options: Any
-    ) -> AsyncIterator[event_pb2.Event]:
-        """Stream a turn's events as they happen. Leaving the loop early
-        cancels the call (a disconnect: the turn continues unless
-        ``cancel_on_disconnect=True``)."""
+    def stream_turn(self, session_id: str, message: str, **options: Any) -> EventStream:
+        """Stream a turn's events as they happen.
+
+        Use it as ``async with client.stream_turn(...) as events: async for e in
+        events`` so that leaving the block closes the stream. Closing is a
+        disconnect: the turn continues (resume with ``subscribe``) unless
+        ``cancel_on_disconnect=True``.
+        """
         request = build_turn_request(session_id, message, **options)
-        call = self._stub.Turn(request, metadata=self._metadata)
-        try:
-            with map_rpc_errors():
-                async for event in call:
-                    yield event
-        finally:
-            call.cancel()
+        return EventStream(self._stub.Turn(request, metadata=self._metadata))
 
     async def send(self, session_id: str, message: str, **options: Any) -> TurnResult:
         """Run a turn to its end; raises TurnFailedError if it ends with RUN_ERROR."""
-        events = [e async for e in self.stream_turn(session_id, message, **options)]
+        async with self.stream_turn(session_id, message, **options) as stream:
+            events = [e async for e in stream]
         return collect_result(events)
 
-    async def subscribe(
-        self, session_id: str, turn_id: str, after_seq: int = 0
-    ) -> AsyncIterator[event_pb2.Event]:
+    def subscribe(self, session_id: str, turn_id: str, after_seq: int = 0) -> EventStream:
         """Replay a turn's events after ``after_seq``, then follow it live."""
-        call = self._stub.SubscribeTurn(
-            spb.SubscribeTurnRequest(session_id=session_id, turn_id=turn_id, after_seq=after_seq),
-            metadata=self._metadata,
+        return EventStream(
+            self._stub.SubscribeTurn(
+                spb.SubscribeTurnRequest(
+                    session_id=session_id, turn_id=turn_id, after_seq=after_seq
+                ),
+                metadata=self._metadata,
+            )
         )
-        try:
-            with map_rpc_errors():
-                async for event in call:
-                    yield event
-        finally:
-            call.cancel()
 
     async def cancel_turn(self, session_id: str, turn_id: str) -> spb.TurnState.ValueType:
         with map_rpc_errors():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -143,3 +144,12 @@ def wait_for(predicate: object, timeout: float = 20.0, what: str = "condition") 
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(POLL)
+
+
+async def until(predicate: object, timeout: float = 20.0, what: str = "condition") -> None:
+    """The asyncio form of wait_for: polls without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(POLL)

@@ -35,3 +35,15 @@ class NeedsArguments:
 
 
 instance_agent = NamedAgent()
+
+
+class ClosingAgent:
+    """Records that the worker called its optional ``close`` hook."""
+
+    closed = 0
+
+    async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
+        return AgentResponse(text=request.message)
+
+    async def close(self) -> None:
+        ClosingAgent.closed += 1
