@@ -92,7 +92,11 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
                 FieldViolation("unreachable_member_ids", f"at most {MAX_UNREACHABLE}")
             )
         _raise_if(violations)
-        owner, assigned = self.state.route(request.session_id, list(request.unreachable_member_ids))
+        owner, assigned = self.state.route(
+            request.session_id,
+            list(request.unreachable_member_ids),
+            lookup_only=request.lookup_only,
+        )
         return rpb.RouteResponse(owner=to_proto(owner), assigned=assigned)
 
     async def RemoveSession(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +190,11 @@ class RouterState:
 
     # -- session ownership --------------------------------------------------
 
-    def route(self, session_id: str, unreachable: Iterable[str] = ()) -> tuple[MemberRecord, bool]:
-        """The session's owner, and whether this call assigned it."""
+    def route(
+        self, session_id: str, unreachable: Iterable[str] = (), *, lookup_only: bool = False
+    ) -> tuple[MemberRecord, bool]:
+        """The session's owner, and whether this call assigned it. With
+        ``lookup_only``, a session with no recorded owner is NotFound."""
         self.expire()
         for member_id in unreachable:
             record = self._members.get(member_id)
@@ -204,6 +207,8 @@ class RouterState:
             owner = self._members.get(owner_id)
             if owner is not None and owner.role == Role.SERVER:
                 return owner, False
+        elif lookup_only:
+            raise NotFound(f"session {session_id!r} has no owner")
         owner = self._next_server()
         self._assign(session_id, owner.member_id)
         return owner, True

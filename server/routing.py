@@ -36,7 +36,10 @@ class RouteTable:
         self._cache: dict[str, Owner] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    async def owner(self, session_id: str, unreachable: Owner | None = None) -> Owner:
+    async def owner(
+        self, session_id: str, unreachable: Owner | None = None, *, assign: bool = False
+    ) -> Owner | None:
+        """The session's owner; None if it has none and ``assign`` is False."""
         if unreachable is None and session_id in self._cache:
             return self._cache[session_id]
         if unreachable is not None:
@@ -46,11 +49,14 @@ class RouteTable:
                 rpb.RouteRequest(
                     session_id=session_id,
                     unreachable_member_ids=[unreachable.member_id] if unreachable else [],
+                    lookup_only=not assign,
                 ),
                 metadata=self._membership.metadata,
                 timeout=5,
             )
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
             log.warning("router could not route %s: %s", session_id, exc.code())
             raise Unavailable("the mesh router is unavailable") from exc
         owner = Owner(response.owner.member_id, response.owner.address)

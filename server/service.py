@@ -42,19 +42,23 @@ class SessionServicer(SessionServiceServicer):
 
     # Where a call runs ------------------------------------------------------
 
-    async def _owner(self, session_id: str, context: grpc.aio.ServicerContext) -> Owner | None:
+    async def _owner(
+        self, session_id: str, context: grpc.aio.ServicerContext, *, assign: bool = False
+    ) -> Owner | None:
         """None when this server handles the call; the owner otherwise."""
         for key, _ in context.invocation_metadata() or ():
             if key == FORWARDED_METADATA:
                 return None
         try:
-            owner = await self._routes.owner(session_id)
+            owner = await self._routes.owner(session_id, assign=assign)
         except Unavailable:
             # Without the router, serve what we hold rather than fail.
             if await self._core.store.get(session_id) is not None:
                 return None
             raise
-        return None if owner.member_id == self._member_id else owner
+        if owner is None or owner.member_id == self._member_id:
+            return None
+        return owner
 
     def _forward_metadata(self, context: grpc.aio.ServicerContext) -> Metadata:
         passed = tuple(
@@ -76,9 +80,10 @@ class SessionServicer(SessionServiceServicer):
                 return await call(self._routes.stub(owner), self._forward_metadata(context))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt == 0:
-                    owner = await self._routes.owner(session_id, unreachable=owner)
-                    if owner.member_id == self._member_id:
+                    rerouted = await self._routes.owner(session_id, unreachable=owner)
+                    if rerouted is None or rerouted.member_id == self._member_id:
                         raise _LocalRetry() from exc
+                    owner = rerouted
                     continue
                 await _pass_through(context, exc)
         raise AssertionError("unreachable")
@@ -100,9 +105,10 @@ class SessionServicer(SessionServiceServicer):
             except grpc.aio.AioRpcError as exc:
                 unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
                 if unreachable and attempt == 0:
-                    owner = await self._routes.owner(session_id, unreachable=owner)
-                    if owner.member_id == self._member_id:
+                    rerouted = await self._routes.owner(session_id, unreachable=owner)
+                    if rerouted is None or rerouted.member_id == self._member_id:
                         raise _LocalRetry() from exc
+                    owner = rerouted
                     continue
                 await _pass_through(context, exc)
 
@@ -114,7 +120,7 @@ class SessionServicer(SessionServiceServicer):
         validation.validate_create_session(request)
         if not request.session_id:
             request.session_id = new_id()
-        owner = await self._owner(request.session_id, context)
+        owner = await self._owner(request.session_id, context, assign=True)
         if owner is not None:
             try:
                 return await self._forward_unary(

@@ -310,9 +310,9 @@ class TurnRunner:
             metadata=turn.metadata,
         )
         tried: set[str] = set()
-        for attempt in range(2):
+        for _attempt in range(2):  # one transparent retry
             worker = self._workers.pick(agent_name, session_id, tried)
-            if worker is None and attempt == 0:
+            if worker is None:
                 await self._workers.refresh()
                 worker = self._workers.pick(agent_name, session_id, tried)
             if worker is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -25,6 +26,9 @@ log = logging.getLogger(__name__)
 # A sticky worker keeps its session unless it has this many more turns in
 # flight than the least busy worker.
 STICKY_SLACK = 2
+# A worker that failed a call is skipped for this long, even if the router
+# still lists it (the router drops it only after missed heartbeats).
+FAILED_WORKER_QUARANTINE = 5.0
 
 
 @dataclass
@@ -43,6 +47,7 @@ class WorkerPool:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._inflight: dict[str, int] = {}
         self._last_worker: dict[str, str] = {}
+        self._failed_until: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._refresh_lock = asyncio.Lock()
         self.known = asyncio.Event()
@@ -75,8 +80,12 @@ class WorkerPool:
                 log.debug("cannot list workers: %s", exc.code())
                 return
             live: dict[str, WorkerRef] = {}
+            now = time.monotonic()
+            for member_id, until in list(self._failed_until.items()):
+                if until < now:
+                    del self._failed_until[member_id]
             for member in response.members:
-                if not member.accepting:
+                if not member.accepting or member.member_id in self._failed_until:
                     continue
                 channel = self._channels.get(member.address)
                 if channel is None:
@@ -119,8 +128,9 @@ class WorkerPool:
         self._inflight[worker.member_id] = max(0, self._inflight.get(worker.member_id, 0) - 1)
 
     def mark_failed(self, worker: WorkerRef) -> None:
-        """Stop using a worker until the router lists it again."""
+        """Stop using a worker for a while."""
         self._workers.pop(worker.member_id, None)
+        self._failed_until[worker.member_id] = time.monotonic() + FAILED_WORKER_QUARANTINE
 
     def forget_session(self, session_id: str) -> None:
         self._last_worker.pop(session_id, None)

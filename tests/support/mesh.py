@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,6 +151,17 @@ async def until(predicate: object, timeout: float = 20.0, what: str = "condition
     """The asyncio form of wait_for: polls without blocking the event loop."""
     deadline = time.monotonic() + timeout
     while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(POLL)
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool]], timeout: float = 20.0, what: str = "condition"
+) -> None:
+    """Poll an async readiness condition until true."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         await asyncio.sleep(POLL)

@@ -223,7 +223,13 @@ class RouteRequest(_message.Message):
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
     UNREACHABLE_MEMBER_IDS_FIELD_NUMBER: _builtins.int
+    LOOKUP_ONLY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    lookup_only: _builtins.bool
+    """Do not assign an owner to a session that has none: answer NOT_FOUND.
+    Servers look up with this for every call but CreateSession, so that calls
+    naming unknown session ids leave no state in the router.
+    """
     @_builtins.property
     def unreachable_member_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Servers that the caller found dead; the router drops them at once
@@ -235,10 +241,11 @@ class RouteRequest(_message.Message):
         *,
         session_id: _builtins.str = ...,
         unreachable_member_ids: _abc.Iterable[_builtins.str] | None = ...,
+        lookup_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "unreachable_member_ids", b"unreachable_member_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lookup_only", b"lookup_only", "session_id", b"session_id", "unreachable_member_ids", b"unreachable_member_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

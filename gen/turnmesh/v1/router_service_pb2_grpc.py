@@ -97,7 +97,8 @@ class RouterServiceServicer:
 
     def Route(self, request, context):
         """Returns the server that owns a session, assigning one round-robin among
-        live servers on first use; sticky afterwards while the owner lives.
+        live servers on first use; sticky afterwards while the owner lives. A
+        session whose owner died is reassigned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

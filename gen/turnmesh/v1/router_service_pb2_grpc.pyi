@@ -45,7 +45,8 @@ class RouterServiceStub:
     """Removes a member; its sessions are reassigned on their next Route."""
     Route: _grpc.UnaryUnaryMultiCallable[_router_service_pb2.RouteRequest, _router_service_pb2.RouteResponse]
     """Returns the server that owns a session, assigning one round-robin among
-    live servers on first use; sticky afterwards while the owner lives.
+    live servers on first use; sticky afterwards while the owner lives. A
+    session whose owner died is reassigned.
     """
     RemoveSession: _grpc.UnaryUnaryMultiCallable[_router_service_pb2.RemoveSessionRequest, _router_service_pb2.RemoveSessionResponse]
     """Forgets a session's owner."""
@@ -69,7 +70,8 @@ class RouterServiceAsyncStub(RouterServiceStub):
     """Removes a member; its sessions are reassigned on their next Route."""
     Route: _aio.UnaryUnaryMultiCallable[_router_service_pb2.RouteRequest, _router_service_pb2.RouteResponse]  # type: ignore[assignment]
     """Returns the server that owns a session, assigning one round-robin among
-    live servers on first use; sticky afterwards while the owner lives.
+    live servers on first use; sticky afterwards while the owner lives. A
+    session whose owner died is reassigned.
     """
     RemoveSession: _aio.UnaryUnaryMultiCallable[_router_service_pb2.RemoveSessionRequest, _router_service_pb2.RemoveSessionResponse]  # type: ignore[assignment]
     """Forgets a session's owner."""
@@ -114,7 +116,8 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_router_service_pb2.RouteResponse, _abc.Awaitable[_router_service_pb2.RouteResponse]]:
         """Returns the server that owns a session, assigning one round-robin among
-        live servers on first use; sticky afterwards while the owner lives.
+        live servers on first use; sticky afterwards while the owner lives. A
+        session whose owner died is reassigned.
         """
 
     @_abc_1.abstractmethod
