@@ -356,7 +356,7 @@ class TurnRunner:
     ) -> TurnOutcome:
         self._workers.acquire(worker, session_id)
         streamed = False
-        call = worker.stub.Run(request)
+        call = worker.stub.Run(request, metadata=self._workers.call_metadata)
         try:
             async for event in call:
                 if event.type == event_pb2.RUN_STARTED:

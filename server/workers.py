@@ -98,6 +98,11 @@ class WorkerPool:
             if live:
                 self.known.set()
 
+    @property
+    def call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Metadata for worker calls (carries the admin key when set)."""
+        return self._membership.metadata
+
     def agents(self) -> set[str]:
         return {w.agent_name for w in self._workers.values()}
 

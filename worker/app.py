@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from turnmesh.agent import AgentLoadError, AgentRunnable, load_agent
 from turnmesh.runtime.ids import new_member_id
+from turnmesh.runtime.interceptors import AdminKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.membership import MemberInfo, Membership
 from turnmesh.runtime.serving import (
@@ -20,6 +21,8 @@ from turnmesh.runtime.serving import (
 )
 from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker.service import WorkerServicer
+
+PROTECTED_METHODS = frozenset({"/turnmesh.v1.WorkerService/Run"})
 
 __all__ = ["WorkerConfig", "serve"]
 
@@ -61,7 +64,12 @@ async def serve(config: WorkerConfig) -> None:
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
 
     process = GrpcProcess(
-        host=config.host, port=config.port, service_names=[SERVICE_NAME], register=register
+        host=config.host,
+        port=config.port,
+        service_names=[SERVICE_NAME],
+        register=register,
+        # With a key set, only mesh members (holding it) may run turns.
+        interceptors=[AdminKeyInterceptor(config.admin_key, PROTECTED_METHODS)],
     )
     membership: Membership | None = None
     try:
