@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 
 gen: install
 	$(PY) scripts/gen_protos.py
+	$(PY) scripts/gen_api_docs.py
 
 test: install
 	$(PY) -m pytest

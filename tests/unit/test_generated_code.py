@@ -79,3 +79,15 @@ def test_event_type_names_are_agui_names() -> None:
         "TOOL_CALL_END",
         "TOOL_CALL_RESULT",
     } <= names
+
+
+def test_api_reference_matches_protos(tmp_path: Path) -> None:
+    out = tmp_path / "api.md"
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_api_docs.py"), str(out)],
+        check=True,
+        capture_output=True,
+    )
+    assert out.read_text() == (ROOT / "docs" / "api.md").read_text(), (
+        "docs/api.md is stale: run `make gen` and commit"
+    )

@@ -1,0 +1,104 @@
+"""Write docs/api.md from the descriptor set in gen/ (comments included).
+
+Usage: python scripts/gen_api_docs.py [OUT]   (default: docs/api.md)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from google.api import annotations_pb2, http_pb2
+from google.protobuf import descriptor_pb2
+
+ROOT = Path(__file__).resolve().parent.parent
+# Paths into FileDescriptorProto for comments (descriptor.proto field numbers).
+MESSAGE, ENUM, SERVICE, FIELD, VALUE, METHOD = 4, 5, 6, 2, 2, 2
+
+
+def _comments(fd: descriptor_pb2.FileDescriptorProto) -> dict[tuple[int, ...], str]:
+    return {
+        tuple(loc.path): loc.leading_comments.strip()
+        for loc in fd.source_code_info.location
+        if loc.leading_comments.strip()
+    }
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _http(method: descriptor_pb2.MethodDescriptorProto) -> str:
+    rule: http_pb2.HttpRule = method.options.Extensions[annotations_pb2.http]
+    kind = rule.WhichOneof("pattern")
+    if not kind:
+        return ""
+    return f"`{kind.upper()} {getattr(rule, kind)}`"
+
+
+def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
+    out = [
+        "# turnmesh API reference",
+        "",
+        "Generated from `proto/turnmesh/v1` by `scripts/gen_api_docs.py` (`make gen`). "
+        "Do not edit.",
+        "",
+    ]
+    for fd in sorted(fds.file, key=lambda f: f.name):
+        if not fd.name.startswith("turnmesh/"):
+            continue
+        notes = _comments(fd)
+        out += [f"## `{fd.name}`", ""]
+        for si, service in enumerate(fd.service):
+            out += [f"### service `{fd.package}.{service.name}`", ""]
+            if text := notes.get((SERVICE, si)):
+                out += [text, ""]
+            out += ["| RPC | request → response | HTTP | description |", "|---|---|---|---|"]
+            for mi, m in enumerate(service.method):
+                stream = "stream " if m.server_streaming else ""
+                sig = f"`{m.input_type.split('.')[-1]}` → {stream}`{m.output_type.split('.')[-1]}`"
+                desc = _one_line(notes.get((SERVICE, si, METHOD, mi), ""))
+                out.append(f"| `{m.name}` | {sig} | {_http(m)} | {desc} |")
+            out.append("")
+        for ei, enum in enumerate(fd.enum_type):
+            out += [f"### enum `{enum.name}`", ""]
+            if text := notes.get((ENUM, ei)):
+                out += [text, ""]
+            out += ["| value | number | description |", "|---|---|---|"]
+            for vi, v in enumerate(enum.value):
+                desc = _one_line(notes.get((ENUM, ei, VALUE, vi), ""))
+                out.append(f"| `{v.name}` | {v.number} | {desc} |")
+            out.append("")
+        for mi, message in enumerate(fd.message_type):
+            out += [f"### message `{message.name}`", ""]
+            if text := notes.get((MESSAGE, mi)):
+                out += [text, ""]
+            if not message.field:
+                out += ["(no fields)", ""]
+                continue
+            out += ["| field | JSON | type | description |", "|---|---|---|---|"]
+            for fi, f in enumerate(message.field):
+                label = "repeated " if f.label == f.LABEL_REPEATED else ""
+                ftype = f.type_name.split(".")[-1] if f.type_name else _scalar(f.type)
+                desc = _one_line(notes.get((MESSAGE, mi, FIELD, fi), ""))
+                out.append(f"| `{f.name}` | `{f.json_name}` | {label}`{ftype}` | {desc} |")
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _scalar(type_number: int) -> str:
+    name = descriptor_pb2.FieldDescriptorProto.Type.Name(type_number)
+    return name.removeprefix("TYPE_").lower()
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "api.md"
+    fds = descriptor_pb2.FileDescriptorSet.FromString(
+        (ROOT / "gen" / "turnmesh.binpb").read_bytes()
+    )
+    out.write_text(render(fds))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
