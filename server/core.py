@@ -158,8 +158,8 @@ class SessionCore:
             if on_disconnect_cancel and not tlog.done:
                 turns = self._turns.get(tlog.session_id)
                 if turns is not None:
-                    log.info("client left turn %s: cancelling", tlog.turn_id)
-                    turns.cancel(tlog.turn_id, "disconnected")
+                    log.info("a client left turn %s and asked to cancel it", tlog.turn_id)
+                    turns.caller_left(tlog.turn_id)
             raise
 
     @property

@@ -52,6 +52,7 @@ class PendingTurn:
     files: list[message_pb2.File]
     metadata: struct_pb2.Struct
     collecting: bool
+    # Callers that submitted into this turn (more than one when coalesced).
     waiters: int = 0
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
@@ -123,9 +124,11 @@ class SessionTurns:
                 batch.messages.append(message)
                 batch.files.extend(files)
                 batch.metadata.MergeFrom(metadata)
+                batch.waiters += 1
                 self._remember_key(batch, idempotency_key)
                 return batch
         turn = self._new_turn(message, files, metadata, policy)
+        turn.waiters = 1
         self._remember_key(turn, idempotency_key)
         if policy == spb.TURN_POLICY_INTERRUPT:
             self._queue.appendleft(turn)
@@ -179,6 +182,16 @@ class SessionTurns:
             self._runner.end_cancelled(turn)
             self._forget(turn)
         return spb.TURN_STATE_CANCELLED
+
+    def caller_left(self, turn_id: str) -> None:
+        """A caller that asked for DISCONNECT_POLICY_CANCEL dropped its stream:
+        cancel the turn unless other callers (coalesced into it) still wait."""
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.log.done:
+            return
+        turn.waiters -= 1
+        if turn.waiters <= 0:
+            self.cancel(turn_id, "disconnected")
 
     def cancel_all(self, reason: str) -> None:
         for turn in [*self._queue, *([self.running] if self.running else [])]:
