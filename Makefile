@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install gen test test-unit lint format run clean
+.PHONY: install gen test test-unit lint format run bench clean
 
 install: $(STAMP)
 
@@ -34,6 +34,9 @@ format: install
 
 run: install
 	$(VENV)/bin/turnmesh up
+
+bench: install
+	$(PY) -m bench.turn_overhead
 
 clean:
 	rm -rf $(VENV) build *.egg-info
