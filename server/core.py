@@ -50,14 +50,19 @@ class SessionCore:
 
     # Sessions ---------------------------------------------------------------
 
-    async def create_session(
-        self, session_id: str, agent_name: str, metadata: struct_pb2.Struct
-    ) -> spb.Session:
+    async def require_agent(self, agent_name: str) -> str:
+        """The agent a new session binds to; NotFound if no worker serves it."""
         agent = agent_name or self.default_agent
         if not self.workers.has_agent(agent):
             await self.workers.refresh()
             if not self.workers.has_agent(agent):
                 raise NotFound(f"no agent named {agent!r} is served by this mesh")
+        return agent
+
+    async def create_session(
+        self, session_id: str, agent_name: str, metadata: struct_pb2.Struct
+    ) -> spb.Session:
+        agent = await self.require_agent(agent_name)
         t = now()
         record = SessionRecord(
             session_id=session_id or new_id(),

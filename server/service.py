@@ -120,6 +120,8 @@ class SessionServicer(SessionServiceServicer):
         validation.validate_create_session(request)
         if not request.session_id:
             request.session_id = new_id()
+        # Before an owner is assigned, so a refused create leaves no route behind.
+        await self._core.require_agent(request.agent_name)
         owner = await self._owner(request.session_id, context, assign=True)
         if owner is not None:
             try:

@@ -51,13 +51,16 @@ def validate_session_id(session_id: str) -> None:
     _raise_if(session_id_violations(session_id))
 
 
-def validate_turn_ref(session_id: str, turn_id: str) -> None:
-    violations = session_id_violations(session_id)
+def _turn_id_violations(turn_id: str) -> list[FieldViolation]:
     if not turn_id:
-        violations.append(FieldViolation("turn_id", "required"))
-    elif len(turn_id) > 128:
-        violations.append(FieldViolation("turn_id", "must be at most 128 characters"))
-    _raise_if(violations)
+        return [FieldViolation("turn_id", "required")]
+    if len(turn_id) > 128:
+        return [FieldViolation("turn_id", "must be at most 128 characters")]
+    return []
+
+
+def validate_turn_ref(session_id: str, turn_id: str) -> None:
+    _raise_if(session_id_violations(session_id) + _turn_id_violations(turn_id))
 
 
 def validate_create_session(request: spb.CreateSessionRequest) -> None:
@@ -73,8 +76,7 @@ def validate_create_session(request: spb.CreateSessionRequest) -> None:
 
 def validate_subscribe(request: spb.SubscribeTurnRequest) -> None:
     violations = session_id_violations(request.session_id)
-    if not request.turn_id:
-        violations.append(FieldViolation("turn_id", "required"))
+    violations += _turn_id_violations(request.turn_id)
     if request.after_seq < 0:
         violations.append(FieldViolation("after_seq", "must be 0 or more"))
     _raise_if(violations)
