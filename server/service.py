@@ -68,49 +68,64 @@ class SessionServicer(SessionServiceServicer):
         )
         return ((FORWARDED_METADATA, self._member_id), *passed)
 
-    async def _forward_unary(
+    async def _unary(
         self,
         session_id: str,
-        owner: Owner,
         context: grpc.aio.ServicerContext,
-        call: Callable[[SessionServiceStub, Metadata], Awaitable[Response]],
+        forward: Callable[[SessionServiceStub, Metadata], Awaitable[Response]],
+        local: Callable[[], Awaitable[Response]],
+        *,
+        assign: bool = False,
     ) -> Response:
+        """Run a unary call on the session's owner: here, or forwarded there.
+        An unreachable owner is reported to the router and the call retried
+        once on the new owner (which may be this server)."""
+        owner = await self._owner(session_id, context, assign=assign)
         for attempt in range(2):
+            if owner is None:
+                break
             try:
-                return await call(self._routes.stub(owner), self._forward_metadata(context))
+                return await forward(self._routes.stub(owner), self._forward_metadata(context))
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and attempt == 0:
-                    rerouted = await self._routes.owner(session_id, unreachable=owner)
-                    if rerouted is None or rerouted.member_id == self._member_id:
-                        raise _LocalRetry() from exc
-                    owner = rerouted
-                    continue
-                await _pass_through(context, exc)
-        raise AssertionError("unreachable")
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 1:
+                    await _pass_through(context, exc)
+                owner = await self._reroute(session_id, owner)
+        return await local()
 
-    async def _forward_stream(
+    async def _stream(
         self,
         session_id: str,
-        owner: Owner,
         context: grpc.aio.ServicerContext,
-        call: Callable[[SessionServiceStub, Metadata], AsyncIterator[event_pb2.Event]],
+        forward: Callable[[SessionServiceStub, Metadata], AsyncIterator[event_pb2.Event]],
+        local: Callable[[], AsyncIterator[event_pb2.Event]],
     ) -> AsyncIterator[event_pb2.Event]:
+        """The streaming form of ``_unary``: only a stream that failed before
+        its first event is retried (after one, the caller resumes itself)."""
+        owner = await self._owner(session_id, context)
         for attempt in range(2):
+            if owner is None:
+                break
             received = False
             try:
-                async for event in call(self._routes.stub(owner), self._forward_metadata(context)):
+                async for event in forward(
+                    self._routes.stub(owner), self._forward_metadata(context)
+                ):
                     received = True
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:
                 unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
-                if unreachable and attempt == 0:
-                    rerouted = await self._routes.owner(session_id, unreachable=owner)
-                    if rerouted is None or rerouted.member_id == self._member_id:
-                        raise _LocalRetry() from exc
-                    owner = rerouted
-                    continue
-                await _pass_through(context, exc)
+                if not unreachable or attempt == 1:
+                    await _pass_through(context, exc)
+                owner = await self._reroute(session_id, owner)
+        async for event in local():
+            yield event
+
+    async def _reroute(self, session_id: str, unreachable: Owner) -> Owner | None:
+        owner = await self._routes.owner(session_id, unreachable=unreachable)
+        if owner is None or owner.member_id == self._member_id:
+            return None
+        return owner
 
     # RPCs -------------------------------------------------------------------
 
@@ -122,134 +137,116 @@ class SessionServicer(SessionServiceServicer):
             request.session_id = new_id()
         # Before an owner is assigned, so a refused create leaves no route behind.
         await self._core.require_agent(request.agent_name)
-        owner = await self._owner(request.session_id, context, assign=True)
-        if owner is not None:
-            try:
-                return await self._forward_unary(
-                    request.session_id,
-                    owner,
-                    context,
-                    lambda stub, md: stub.CreateSession(request, metadata=md),
-                )
-            except _LocalRetry:
-                pass
-        session = await self._core.create_session(
-            request.session_id, request.agent_name, request.metadata
+
+        async def local() -> spb.CreateSessionResponse:
+            session = await self._core.create_session(
+                request.session_id, request.agent_name, request.metadata
+            )
+            return spb.CreateSessionResponse(session=session)
+
+        return await self._unary(
+            request.session_id,
+            context,
+            lambda stub, md: stub.CreateSession(request, metadata=md),
+            local,
+            assign=True,
         )
-        return spb.CreateSessionResponse(session=session)
 
     async def GetSession(
         self, request: spb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> spb.GetSessionResponse:
         validation.validate_session_id(request.session_id)
-        owner = await self._owner(request.session_id, context)
-        if owner is not None:
-            try:
-                return await self._forward_unary(
-                    request.session_id,
-                    owner,
-                    context,
-                    lambda stub, md: stub.GetSession(request, metadata=md),
-                )
-            except _LocalRetry:
-                pass
-        return spb.GetSessionResponse(session=await self._core.get_session(request.session_id))
+
+        async def local() -> spb.GetSessionResponse:
+            return spb.GetSessionResponse(session=await self._core.get_session(request.session_id))
+
+        return await self._unary(
+            request.session_id,
+            context,
+            lambda stub, md: stub.GetSession(request, metadata=md),
+            local,
+        )
 
     async def DeleteSession(
         self, request: spb.DeleteSessionRequest, context: grpc.aio.ServicerContext
     ) -> spb.DeleteSessionResponse:
         validation.validate_session_id(request.session_id)
-        owner = await self._owner(request.session_id, context)
-        if owner is not None:
-            try:
-                return await self._forward_unary(
-                    request.session_id,
-                    owner,
-                    context,
-                    lambda stub, md: stub.DeleteSession(request, metadata=md),
-                )
-            except _LocalRetry:
-                pass
-        deleted = await self._core.delete_session(request.session_id)
-        await self._routes.remove_session(request.session_id)
-        return spb.DeleteSessionResponse(deleted=deleted)
+
+        async def local() -> spb.DeleteSessionResponse:
+            deleted = await self._core.delete_session(request.session_id)
+            await self._routes.remove_session(request.session_id)
+            return spb.DeleteSessionResponse(deleted=deleted)
+
+        return await self._unary(
+            request.session_id,
+            context,
+            lambda stub, md: stub.DeleteSession(request, metadata=md),
+            local,
+        )
 
     async def GetHistory(
         self, request: spb.GetHistoryRequest, context: grpc.aio.ServicerContext
     ) -> spb.GetHistoryResponse:
         validation.validate_session_id(request.session_id)
-        owner = await self._owner(request.session_id, context)
-        if owner is not None:
-            try:
-                return await self._forward_unary(
-                    request.session_id,
-                    owner,
-                    context,
-                    lambda stub, md: stub.GetHistory(request, metadata=md),
-                )
-            except _LocalRetry:
-                pass
-        return spb.GetHistoryResponse(messages=await self._core.history(request.session_id))
+
+        async def local() -> spb.GetHistoryResponse:
+            return spb.GetHistoryResponse(messages=await self._core.history(request.session_id))
+
+        return await self._unary(
+            request.session_id,
+            context,
+            lambda stub, md: stub.GetHistory(request, metadata=md),
+            local,
+        )
 
     async def Turn(
         self, request: spb.TurnRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[event_pb2.Event]:
         validation.validate_turn(request)
-        owner = await self._owner(request.session_id, context)
-        if owner is not None:
-            try:
-                async for event in self._forward_stream(
-                    request.session_id,
-                    owner,
-                    context,
-                    lambda stub, md: stub.Turn(request, metadata=md),
-                ):
-                    yield event
-                return
-            except _LocalRetry:
-                pass
-        tlog = await self._core.start_turn(request)
-        cancel = request.on_disconnect == spb.DISCONNECT_POLICY_CANCEL
-        async for event in self._core.follow(tlog, 0, cancel):
+
+        async def local() -> AsyncIterator[event_pb2.Event]:
+            tlog = await self._core.start_turn(request)
+            cancel = request.on_disconnect == spb.DISCONNECT_POLICY_CANCEL
+            async for event in self._core.follow(tlog, 0, cancel):
+                yield event
+
+        async for event in self._stream(
+            request.session_id, context, lambda stub, md: stub.Turn(request, metadata=md), local
+        ):
             yield event
 
     async def CancelTurn(
         self, request: spb.CancelTurnRequest, context: grpc.aio.ServicerContext
     ) -> spb.CancelTurnResponse:
         validation.validate_turn_ref(request.session_id, request.turn_id)
-        owner = await self._owner(request.session_id, context)
-        if owner is not None:
-            try:
-                return await self._forward_unary(
-                    request.session_id,
-                    owner,
-                    context,
-                    lambda stub, md: stub.CancelTurn(request, metadata=md),
-                )
-            except _LocalRetry:
-                pass
-        state = self._core.cancel_turn(request.session_id, request.turn_id)
-        return spb.CancelTurnResponse(state=state)
+
+        async def local() -> spb.CancelTurnResponse:
+            state = self._core.cancel_turn(request.session_id, request.turn_id)
+            return spb.CancelTurnResponse(state=state)
+
+        return await self._unary(
+            request.session_id,
+            context,
+            lambda stub, md: stub.CancelTurn(request, metadata=md),
+            local,
+        )
 
     async def SubscribeTurn(
         self, request: spb.SubscribeTurnRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[event_pb2.Event]:
         validation.validate_subscribe(request)
-        owner = await self._owner(request.session_id, context)
-        if owner is not None:
-            try:
-                async for event in self._forward_stream(
-                    request.session_id,
-                    owner,
-                    context,
-                    lambda stub, md: stub.SubscribeTurn(request, metadata=md),
-                ):
-                    yield event
-                return
-            except _LocalRetry:
-                pass
-        tlog = self._core.logs.get(request.session_id, request.turn_id)
-        async for event in self._core.follow(tlog, request.after_seq, False):
+
+        async def local() -> AsyncIterator[event_pb2.Event]:
+            tlog = self._core.logs.get(request.session_id, request.turn_id)
+            async for event in self._core.follow(tlog, request.after_seq, False):
+                yield event
+
+        async for event in self._stream(
+            request.session_id,
+            context,
+            lambda stub, md: stub.SubscribeTurn(request, metadata=md),
+            local,
+        ):
             yield event
 
     async def GetHealth(
@@ -272,10 +269,6 @@ class SessionServicer(SessionServiceServicer):
         if state not in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING):
             raise Unavailable(f"not ready: {spb.LifecycleState.Name(state)}")
         return spb.GetReadinessResponse(ready=True, status=state)
-
-
-class _LocalRetry(Exception):
-    """The owner was unreachable and the router reassigned the session here."""
 
 
 async def _pass_through(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> None:
