@@ -48,6 +48,7 @@ class WorkerPool:
         self._inflight: dict[str, int] = {}
         self._last_worker: dict[str, str] = {}
         self._failed_until: dict[str, float] = {}
+        self._address_of: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
         self._refresh_lock = asyncio.Lock()
         self.known = asyncio.Event()
@@ -97,6 +98,14 @@ class WorkerPool:
             self._workers = live
             if live:
                 self.known.set()
+            await self._close_unlisted({m.address for m in response.members})
+
+    async def _close_unlisted(self, listed: set[str]) -> None:
+        """Close channels to workers that left the mesh, once no turn of ours
+        runs on them: an idle channel to a dead address keeps reconnecting."""
+        busy = {self._address_of[m] for m, n in self._inflight.items() if n > 0}
+        for address in [a for a in self._channels if a not in listed and a not in busy]:
+            await self._channels.pop(address).close()
 
     @property
     def call_metadata(self) -> tuple[tuple[str, str], ...]:
@@ -126,11 +135,17 @@ class WorkerPool:
         return least
 
     def acquire(self, worker: WorkerRef, session_id: str) -> None:
+        self._address_of[worker.member_id] = worker.address
         self._inflight[worker.member_id] = self._inflight.get(worker.member_id, 0) + 1
         self._last_worker[session_id] = worker.member_id
 
     def release(self, worker: WorkerRef) -> None:
-        self._inflight[worker.member_id] = max(0, self._inflight.get(worker.member_id, 0) - 1)
+        left = self._inflight.get(worker.member_id, 0) - 1
+        if left > 0:
+            self._inflight[worker.member_id] = left
+        else:
+            self._inflight.pop(worker.member_id, None)
+            self._address_of.pop(worker.member_id, None)
 
     def mark_failed(self, worker: WorkerRef) -> None:
         """Stop using a worker for a while."""
