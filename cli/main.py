@@ -61,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--session-ttl", type=float, default=float(_env("session_ttl", "1800") or 1800)
     )
     server.add_argument("--advertise-host", default=_env("advertise_host"))
+    server.add_argument(
+        "--keepalive",
+        type=float,
+        default=float(_env("keepalive", "15") or 15),
+        help="seconds of silence before a turn stream gets a keepalive event",
+    )
+    server.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=float(_env("grace_seconds", "30") or 30),
+        help="how long SIGTERM waits for running turns",
+    )
 
     worker = sub.add_parser("worker", help="run a worker that hosts one agent")
     _common(worker, 7200)
@@ -115,6 +127,8 @@ def _component(
             default_agent=args.agent,
             session_ttl_seconds=args.session_ttl,
             advertise_host=args.advertise_host,
+            keepalive_seconds=args.keepalive,
+            grace_seconds=args.grace_seconds,
         )
         return "server", config, serve_server
     from turnmesh.worker import WorkerConfig

@@ -39,6 +39,7 @@ class ServerConfig(BaseModel):
     event_log_max_events: int = Field(default=50_000, gt=0)
     event_log_max_turns: int = Field(default=32, gt=0)
     event_log_ttl_seconds: float = Field(default=600.0, gt=0)
+    keepalive_seconds: float = Field(default=15.0, gt=0)
     admin_key: str | None = None
     allow_open: bool = False
     advertise_host: str | None = None
@@ -86,6 +87,7 @@ class SessionServer:
             event_log_max_events=c.event_log_max_events,
             event_log_max_turns=c.event_log_max_turns,
             event_log_ttl_seconds=c.event_log_ttl_seconds,
+            keepalive_seconds=c.keepalive_seconds,
         )
         self.core = SessionCore(MemoryStore(), self.workers, c.default_agent, limits)
         servicer = SessionServicer(self.core, self.routes, self.member_id, self.lifecycle)

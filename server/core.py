@@ -31,6 +31,7 @@ class CoreLimits:
     event_log_max_events: int = 50_000
     event_log_max_turns: int = 32
     event_log_ttl_seconds: float = 600.0
+    keepalive_seconds: float = 15.0
 
 
 class SessionCore:
@@ -157,7 +158,7 @@ class SessionCore:
         self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
     ) -> AsyncIterator[event_pb2.Event]:
         try:
-            async for event in tlog.follow(after_seq):
+            async for event in tlog.follow(after_seq, self.limits.keepalive_seconds):
                 yield event
         except asyncio.CancelledError:
             if on_disconnect_cancel and not tlog.done:

@@ -67,8 +67,16 @@ class TurnLog:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def follow(self, after_seq: int = 0) -> AsyncIterator[event_pb2.Event]:
-        """Events with seq > after_seq, then live ones until the turn ends."""
+    async def follow(
+        self, after_seq: int = 0, keepalive_seconds: float | None = None
+    ) -> AsyncIterator[event_pb2.Event]:
+        """Events with seq > after_seq, then live ones until the turn ends.
+
+        With ``keepalive_seconds``, a silent turn yields a CUSTOM "keepalive"
+        event (seq 0, not part of the log) that often, once the turn has
+        started, so proxies and clients do not take a long tool call for a
+        dead stream.
+        """
         next_seq = after_seq + 1
         while True:
             if next_seq < self._first_seq:
@@ -83,7 +91,24 @@ class TurnLog:
             else:
                 if self.done:
                     return
-                await self._changed.wait()
+                if keepalive_seconds is None or self.last_seq == 0:
+                    await self._changed.wait()
+                    continue
+                try:
+                    await asyncio.wait_for(self._changed.wait(), keepalive_seconds)
+                except TimeoutError:
+                    yield self._keepalive()
+
+    def _keepalive(self) -> event_pb2.Event:
+        event = event_pb2.Event(
+            type=event_pb2.CUSTOM,
+            thread_id=self.session_id,
+            run_id=self.turn_id,
+            timestamp=time.time() * 1000.0,
+            name="keepalive",
+        )
+        event.value.struct_value.SetInParent()  # AG-UI requires a value
+        return event
 
 
 class EventLogs:

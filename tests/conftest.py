@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.mesh import Component, Mesh
@@ -28,6 +29,12 @@ class SharedMesh:
         ]
         mesh.wait_ready(*workers, *self.servers)
         self.workers = workers
+        self.envoy = mesh.start_envoy(self.servers)
+
+    @property
+    def edge(self) -> str:
+        """Envoy's public listener: REST, SSE and native gRPC."""
+        return self.envoy.listener_address
 
     @property
     def router(self) -> Component:
@@ -52,6 +59,12 @@ def mesh_factory(tmp_path: Path) -> Iterator[Mesh]:
         yield mesh
     finally:
         mesh.stop()
+
+
+@pytest.fixture
+async def rest(shared_mesh: SharedMesh) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=f"http://{shared_mesh.edge}", timeout=60) as c:
+        yield c
 
 
 @pytest.fixture

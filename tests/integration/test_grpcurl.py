@@ -94,3 +94,28 @@ def test_grpcurl_conversation(shared_mesh: SharedMesh) -> None:
 
     health = json.loads(grpcurl(address, "grpc.health.v1.Health/Check"))
     assert health["status"] == "SERVING"
+
+
+def test_grpcurl_through_envoy(shared_mesh: SharedMesh) -> None:
+    edge = shared_mesh.edge
+    services = grpcurl(edge, "list").split()
+    assert "turnmesh.v1.SessionService" in services
+    described = grpcurl(edge, "describe", "turnmesh.v1.SessionService")
+    assert (
+        "rpc Turn ( .turnmesh.v1.TurnRequest ) returns ( stream .turnmesh.v1.Event )" in described
+    )
+    created = json.loads(
+        grpcurl("-d", '{"agent_name": "echo"}', edge, "turnmesh.v1.SessionService/CreateSession")
+    )
+    sid = created["session"]["session_id"]
+    events = _objects(
+        grpcurl(
+            "-d",
+            json.dumps({"session_id": sid, "message": "through the edge"}),
+            edge,
+            "turnmesh.v1.SessionService/Turn",
+        )
+    )
+    assert events[-1]["type"] == "RUN_FINISHED"
+    text = "".join(str(e.get("delta", "")) for e in events)
+    assert text == "through the edge"

@@ -9,9 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from turnmesh.envoy import EdgeConfig
+from turnmesh.envoy.process import RunningEnvoy, write_config
+from turnmesh.envoy.process import start as start_envoy
 
 SUPPORT_DIR = Path(__file__).resolve().parent
 READY_TIMEOUT = 60.0
@@ -52,6 +57,7 @@ class Mesh:
         self.probe_dir.mkdir(exist_ok=True)
         self.heartbeat_interval = heartbeat_interval
         self.components: list[Component] = []
+        self.envoys: list[RunningEnvoy] = []
         self.router: Component | None = None
 
     def _env(self) -> dict[str, str]:
@@ -118,6 +124,29 @@ class Mesh:
         assert self.router is not None
         return self.spawn(name, "server", "--router", self.router.address, *extra)
 
+    def start_envoy(self, servers: list[Component], name: str = "envoy") -> RunningEnvoy:
+        """Envoy on a free port in front of the given servers; waits until a
+        REST readiness call succeeds through it."""
+        config = EdgeConfig(upstreams=[s.address for s in servers], port=0, admin_port=0)
+        path = write_config(config, self.workdir / f"{name}.json")
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("wb") as log_file:
+            envoy = start_envoy(path, self.workdir, stdout=log_file)
+        self.envoys.append(envoy)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            try:
+                with urllib.request.urlopen(
+                    f"http://{envoy.listener_address}/ready", timeout=5
+                ) as response:
+                    if response.status == 200:
+                        return envoy
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} not ready:\n{log_path.read_text()}")
+            time.sleep(POLL)
+
     def kill(self, component: Component, sig: signal.Signals = signal.SIGKILL) -> None:
         if component.proc.poll() is None:
             os.kill(component.pid, sig)
@@ -125,6 +154,14 @@ class Mesh:
 
     def stop(self) -> None:
         """SIGTERM every process we started (by PID), SIGKILL what lingers."""
+        for envoy in self.envoys:
+            if envoy.proc.poll() is None:
+                envoy.proc.terminate()
+            try:
+                envoy.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                envoy.proc.kill()
+                envoy.proc.wait(timeout=10)
         for c in reversed(self.components):
             if c.proc.poll() is None:
                 os.kill(c.pid, signal.SIGTERM)

@@ -1,0 +1,313 @@
+"""Envoy's configuration for the public edge, rendered for one mesh.
+
+One listener serves REST/JSON, SSE and native gRPC (``codec_type: AUTO``). The
+JSON transcoder turns the annotated SessionService RPCs into REST; streaming
+RPCs come out as SSE. Errors a REST client can get are all
+``application/problem+json``: converted gRPC errors are reshaped by
+``problem.lua``, Envoy's own replies by ``local_reply_config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from turnmesh.v1 import session_service_pb2
+
+HERE = Path(__file__).resolve().parent
+# gen/ sits beside envoy/ in the repository; an installed package finds the
+# descriptor set next to the generated modules instead.
+DESCRIPTOR_SET = HERE.parent / "gen" / "turnmesh.binpb"
+SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
+
+# 100 MB of files as base64 (4/3) in JSON, plus the rest of the request.
+MAX_REQUEST_BODY_BYTES = 140 * 1024 * 1024
+# Idle streams are kept open by the servers' keepalive events; this only
+# reaps streams whose peer vanished.
+STREAM_IDLE_TIMEOUT = "3600s"
+
+PROBLEM_TITLES = {
+    400: "Bad request",
+    401: "Authentication required",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    408: "Request timeout",
+    413: "Payload too large",
+    429: "Too many requests",
+    431: "Request header fields too large",
+    500: "Internal error",
+    502: "Bad gateway",
+    503: "Service unavailable",
+    504: "Gateway timeout",
+}
+
+ACCESS_LOG_FORMAT = (
+    '[%START_TIME%] "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
+    "%RESPONSE_CODE% grpc=%GRPC_STATUS% %DURATION%ms up=%UPSTREAM_HOST% "
+    "flags=%RESPONSE_FLAGS%\n"
+)
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """Where Envoy listens and which session servers it sends calls to."""
+
+    upstreams: list[str]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_port: int = 0
+    descriptor_set: Path = DESCRIPTOR_SET
+    health_check_interval_ms: int = 1000
+    max_connections: int = 10_000
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _problem_mappers() -> list[dict[str, Any]]:
+    """Envoy's own replies to REST callers as problem+json; native gRPC callers
+    (content-type application/grpc...) keep their plain statuses."""
+    not_grpc = {
+        "header_filter": {
+            "header": {
+                "name": "content-type",
+                "string_match": {"prefix": "application/grpc"},
+                "invert_match": True,
+                "treat_missing_header_as_empty": True,
+            }
+        }
+    }
+    # The transcoder rewrites a REST request's content type to gRPC before the
+    # router replies, but leaves this header behind.
+    transcoded = {
+        "header_filter": {"header": {"name": "x-envoy-original-path", "present_match": True}}
+    }
+    rest_caller = {"or_filter": {"filters": [not_grpc, transcoded]}}
+
+    def mapper(status_filter: dict[str, Any], title: str, slug: str) -> dict[str, Any]:
+        return {
+            "filter": {"and_filter": {"filters": [rest_caller, status_filter]}},
+            "body_format_override": {
+                "json_format": {
+                    "type": f"https://turnmesh.dev/problems/{slug}",
+                    "title": title,
+                    "status": "%RESPONSE_CODE%",
+                    "detail": "%LOCAL_REPLY_BODY%",
+                },
+                "content_type": "application/problem+json",
+            },
+        }
+
+    def status(op: str, code: int) -> dict[str, Any]:
+        value = {"default_value": code, "runtime_key": f"turnmesh.problem_{op}_{code}"}
+        return {"status_code_filter": {"comparison": {"op": op, "value": value}}}
+
+    mappers = [
+        mapper(status("EQ", code), title, title.lower().replace(" ", "-"))
+        for code, title in PROBLEM_TITLES.items()
+    ]
+    mappers.append(mapper(status("GE", 400), "Error", "error"))
+    return mappers
+
+
+def render(config: EdgeConfig) -> dict[str, Any]:
+    """The whole Envoy bootstrap as a dict (JSON is valid Envoy YAML)."""
+    lua_source = (HERE / "problem.lua").read_text()
+    transcoder = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"
+        ".GrpcJsonTranscoder",
+        "proto_descriptor": str(config.descriptor_set),
+        "services": [SESSION_SERVICE],
+        "print_options": {
+            "add_whitespace": False,
+            "always_print_primitive_fields": False,
+            "always_print_enums_as_ints": False,
+            "preserve_proto_field_names": False,
+            # One `data: <json>` frame per event, flushed as it is produced.
+            "stream_sse_style_delimited": True,
+        },
+        "convert_grpc_status": True,
+        "request_validation_options": {
+            "reject_unknown_method": True,
+            "reject_unknown_query_parameters": True,
+        },
+    }
+    route = {
+        "cluster": "session_servers",
+        "timeout": "0s",  # never cut a long turn
+        # Safe retries only: the call never reached a server, or a server
+        # refused it before doing anything (UNAVAILABLE: draining, no worker).
+        # Envoy never retries once it has forwarded part of a response.
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,reset-before-request",
+            "num_retries": 2,
+            "retry_host_predicate": [
+                {
+                    "name": "envoy.retry_host_predicates.previous_hosts",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.retry.host"
+                        ".previous_hosts.v3.PreviousHostsPredicate"
+                    },
+                }
+            ],
+        },
+    }
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
+        ".v3.HttpConnectionManager",
+        "stat_prefix": "public",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
+        "request_timeout": "0s",
+        "access_log": [
+            {
+                "name": "envoy.access_loggers.stdout",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3"
+                    ".StdoutAccessLog",
+                    "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}},
+                },
+            }
+        ],
+        "local_reply_config": {"mappers": _problem_mappers()},
+        "route_config": {
+            "name": "public",
+            "virtual_hosts": [
+                {
+                    "name": "mesh",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            # Native gRPC (reflection is a bidi stream) must not
+                            # be buffered; gRPC's own message limits apply.
+                            "match": {
+                                "prefix": "/",
+                                "headers": [
+                                    {
+                                        "name": "content-type",
+                                        "string_match": {"prefix": "application/grpc"},
+                                    }
+                                ],
+                            },
+                            "route": route,
+                            "typed_per_filter_config": {
+                                "envoy.filters.http.buffer": {
+                                    "@type": "type.googleapis.com/envoy.extensions.filters"
+                                    ".http.buffer.v3.BufferPerRoute",
+                                    "disabled": True,
+                                }
+                            },
+                        },
+                        {"match": {"prefix": "/"}, "route": route},
+                    ],
+                }
+            ],
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.lua",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                    "default_source_code": {"inline_string": lua_source},
+                },
+            },
+            {
+                # REST bodies over the attachment limits get 413 here, before
+                # anything reaches a server.
+                "name": "envoy.filters.http.buffer",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                    "max_request_bytes": MAX_REQUEST_BODY_BYTES,
+                },
+            },
+            {"name": "envoy.filters.http.grpc_json_transcoder", "typed_config": transcoder},
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            },
+        ],
+    }
+    cluster = {
+        "name": "session_servers",
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "lb_policy": "ROUND_ROBIN",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3"
+                ".HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": "session_servers",
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": _address(*_split(a))}} for a in config.upstreams
+                    ]
+                }
+            ],
+        },
+        # A draining server answers NOT_SERVING and stops receiving new calls.
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": f"{config.health_check_interval_ms / 1000:.3f}s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {},
+                # Keep checking at full rate while no traffic flows (default 60 s),
+                # so a server that just started is used at once.
+                "no_traffic_interval": f"{config.health_check_interval_ms / 1000:.3f}s",
+            }
+        ],
+        # No panic routing: with every server unhealthy, answer 503 at once.
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+    }
+    return {
+        "admin": {"address": _address("127.0.0.1", config.admin_port)},
+        "overload_manager": {
+            "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.global_downstream_max_connections",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.resource_monitors"
+                        ".downstream_connections.v3.DownstreamConnectionsConfig",
+                        "max_active_downstream_connections": config.max_connections,
+                    },
+                }
+            ]
+        },
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "public",
+                    "address": _address(config.host, config.port),
+                    "enable_reuse_port": False,
+                    "per_connection_buffer_limit_bytes": 1024 * 1024,
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": manager,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": [cluster],
+        },
+    }

@@ -1,0 +1,92 @@
+-- Reshapes the transcoder's JSON gRPC errors (a google.rpc.Status) into RFC 7807
+-- application/problem+json. LuaJIT in Envoy has no JSON library, so this scans
+-- just enough JSON to copy values through verbatim (they are already escaped).
+
+local SLUGS = {
+  [1] = "cancelled", [2] = "unknown", [3] = "invalid-argument", [4] = "deadline-exceeded",
+  [5] = "not-found", [6] = "already-exists", [7] = "permission-denied",
+  [8] = "resource-exhausted", [9] = "failed-precondition", [10] = "aborted",
+  [11] = "out-of-range", [12] = "unimplemented", [13] = "internal", [14] = "unavailable",
+  [15] = "data-loss", [16] = "unauthenticated",
+}
+local TITLES = {
+  [1] = "Request cancelled", [2] = "Unknown error", [3] = "Invalid request",
+  [4] = "Deadline exceeded", [5] = "Not found", [6] = "Already exists",
+  [7] = "Permission denied", [8] = "Too many requests", [9] = "Failed precondition",
+  [10] = "Conflict", [11] = "Out of range", [12] = "Not implemented", [13] = "Internal error",
+  [14] = "Service unavailable", [15] = "Data loss", [16] = "Authentication required",
+}
+local BASE = "https://turnmesh.dev/problems/"
+
+-- The end index of the JSON value that starts at i (string, number, literal,
+-- object or array), honouring strings and escapes.
+local function value_end(s, i)
+  local c = s:sub(i, i)
+  if c == '"' then
+    local j = i + 1
+    while j <= #s do
+      local d = s:sub(j, j)
+      if d == "\\" then j = j + 2
+      elseif d == '"' then return j
+      else j = j + 1 end
+    end
+    return nil
+  elseif c == "{" or c == "[" then
+    local depth, j = 0, i
+    while j <= #s do
+      local d = s:sub(j, j)
+      if d == '"' then
+        j = value_end(s, j)
+        if j == nil then return nil end
+      elseif d == "{" or d == "[" then depth = depth + 1
+      elseif d == "}" or d == "]" then
+        depth = depth - 1
+        if depth == 0 then return j end
+      end
+      j = j + 1
+    end
+    return nil
+  else
+    local j = s:find("[,}%]]", i)
+    return j and j - 1 or #s
+  end
+end
+
+-- The raw JSON text of the first member named `key`, or nil.
+local function member(s, key)
+  local _, e = s:find('"' .. key .. '"%s*:%s*')
+  if e == nil then return nil end
+  local stop = value_end(s, e + 1)
+  if stop == nil then return nil end
+  return s:sub(e + 1, stop)
+end
+
+function envoy_on_response(handle)
+  local status = tonumber(handle:headers():get(":status")) or 200
+  local content_type = handle:headers():get("content-type") or ""
+  if status < 400 or content_type:sub(1, 16) ~= "application/json" then
+    return
+  end
+  local body = handle:body()
+  if body == nil then return end
+  local text = body:getBytes(0, body:length())
+  local code = tonumber(text:match('^%s*{%s*"code"%s*:%s*(%d+)'))
+  if code == nil then return end
+  local parts = {
+    '{"type":"' .. BASE .. (SLUGS[code] or "error") .. '"',
+    '"title":"' .. (TITLES[code] or "Error") .. '"',
+    '"status":' .. status,
+    '"detail":' .. (member(text, "message") or '""'),
+    '"grpc_code":' .. code,
+  }
+  local violations = member(text, "fieldViolations")
+  if violations ~= nil then
+    parts[#parts + 1] = '"violations":' .. violations
+  end
+  local reason = member(text, "reason")
+  if reason ~= nil then
+    parts[#parts + 1] = '"reason":' .. reason
+  end
+  handle:body():setBytes(table.concat(parts, ",") .. "}")
+  handle:headers():replace("content-type", "application/problem+json")
+end

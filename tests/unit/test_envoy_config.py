@@ -1,0 +1,49 @@
+"""Every rendered Envoy config variant passes `envoy --mode validate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from turnmesh.envoy import EdgeConfig, render
+from turnmesh.envoy.process import EnvoyError, validate, write_config
+
+VARIANTS = {
+    "one-server": EdgeConfig(upstreams=["127.0.0.1:7100"]),
+    "three-servers": EdgeConfig(
+        upstreams=["127.0.0.1:7100", "127.0.0.1:7101", "127.0.0.1:7102"], port=9090
+    ),
+    "exposed": EdgeConfig(upstreams=["10.0.0.5:7100"], host="0.0.0.0", port=8080),
+    "ephemeral-ports": EdgeConfig(upstreams=["[::1]:7100"], port=0, admin_port=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_rendered_config_validates(name: str, tmp_path: Path) -> None:
+    validate(write_config(VARIANTS[name], tmp_path / "envoy.json"))
+
+
+def test_a_broken_config_is_reported(tmp_path: Path) -> None:
+    config = EdgeConfig(upstreams=["127.0.0.1:7100"], descriptor_set=tmp_path / "missing.binpb")
+    with pytest.raises(EnvoyError, match="invalid Envoy config"):
+        validate(write_config(config, tmp_path / "envoy.json"))
+
+
+def test_streams_are_never_cut_and_admin_is_loopback() -> None:
+    config = render(EdgeConfig(upstreams=["127.0.0.1:7100"], host="0.0.0.0"))
+    assert config["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    listener = config["static_resources"]["listeners"][0]
+    assert listener["address"]["socket_address"]["address"] == "0.0.0.0"
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert manager["codec_type"] == "AUTO"
+    for route in manager["route_config"]["virtual_hosts"][0]["routes"]:
+        assert route["route"]["timeout"] == "0s"
+    transcoder = next(
+        f for f in manager["http_filters"] if f["name"].endswith("grpc_json_transcoder")
+    )["typed_config"]
+    assert transcoder["print_options"]["stream_sse_style_delimited"] is True
+    assert transcoder["request_validation_options"] == {
+        "reject_unknown_method": True,
+        "reject_unknown_query_parameters": True,
+    }
