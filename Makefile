@@ -4,9 +4,22 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install gen test test-unit lint format run bench clean
+# Programs the tests use that come from Debian, not PyPI.
+SYSTEM_COMMANDS := curl
 
-install: $(STAMP)
+.PHONY: install system-deps gen test test-unit lint format run bench clean
+
+install: system-deps $(STAMP)
+
+# Idempotent and quiet: apt-get runs only when something is missing (CI is root).
+system-deps:
+	@missing=""; for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing$$missing from Debian"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "please install:$$missing"; exit 1; fi; \
+	fi
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -9,6 +9,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -84,12 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--advertise-host", default=_env("advertise_host"))
 
-    up = sub.add_parser("up", help="run router, servers and workers together (foreground)")
-    up.add_argument("--agent", default=_env("agent", "demo"))
-    up.add_argument("--servers", type=int, default=1)
-    up.add_argument("--workers", type=int, default=1)
-    up.add_argument("--port", type=int, default=int(_env("port", "7100") or 7100))
-    up.add_argument("--log-level", default=_env("log_level", "INFO"))
+    up = sub.add_parser(
+        "up", help="run router, servers, workers and Envoy together (foreground; Ctrl-C stops)"
+    )
+    up.add_argument("--agent", default=None, help="demo (default), echo, or pkg.module:Class")
+    up.add_argument("--servers", type=int, default=None, help="session servers (default 1)")
+    up.add_argument("--workers", type=int, default=None, help="workers (default 1)")
+    up.add_argument("--host", default=None, help="public address (default 127.0.0.1)")
+    up.add_argument("--port", type=int, default=None, help="public port (default 8080)")
+    up.add_argument("--admin-port", type=int, default=None, help="Envoy admin (default: any)")
+    up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
+    up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
+    up.add_argument("--log-level", default=None)
     return parser
 
 

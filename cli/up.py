@@ -1,60 +1,285 @@
-"""``turnmesh up``: router, workers and session servers as child processes, in
-the foreground. Ctrl-C (or SIGTERM) stops them in order: servers drain first,
-then workers, then the router."""
+"""``turnmesh up``: router, workers, session servers and Envoy, in the foreground.
+
+Start order: router, workers, servers, then Envoy in front of the servers; each
+is waited on until healthy. Ctrl-C or SIGTERM stops them in the reverse order
+(Envoy stops taking calls, servers drain their turns, workers, router) within
+five seconds. If any component dies unexpectedly the whole mesh stops with a
+message naming it and its log: a partial mesh that looks healthy is worse than
+none, and the log says why.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
-import subprocess
+import socket
 import sys
-import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from turnmesh.cli._children import Child, ChildFailed
+from turnmesh.cli._up_config import UpConfig, load
+
 READY_TIMEOUT = 60.0
+STOP_BUDGET = 5.0
 
 
-class _Child:
-    def __init__(self, name: str, args: list[str], ready_dir: Path) -> None:
-        self.name = name
-        self.ready_file = ready_dir / f"{name}.json"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "turnmesh", *args, "--ready-file", str(self.ready_file)],
-            stdin=subprocess.DEVNULL,
-            # Own process group: Ctrl-C reaches only us, and we stop children in order.
-            start_new_session=True,
+class UpError(Exception):
+    """A start-up failure reported as one line."""
+
+
+def _preflight(config: UpConfig) -> None:
+    if config.port:
+        with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as s:
+            try:
+                s.bind((config.host, config.port))
+            except OSError as exc:
+                raise UpError(
+                    f"port {config.port} on {config.host} is not available ({exc.strerror}); "
+                    "pass --port"
+                ) from exc
+    if ":" in config.agent:
+        from turnmesh.agent import AgentLoadError, load_agent
+
+        try:
+            load_agent(config.agent)
+        except AgentLoadError as exc:
+            raise UpError(str(exc)) from exc
+    else:
+        from turnmesh.agent import BUILTIN_AGENTS
+
+        if config.agent not in BUILTIN_AGENTS:
+            raise UpError(
+                f"unknown agent {config.agent!r}: use one of {', '.join(sorted(BUILTIN_AGENTS))} "
+                "or package.module:Class"
+            )
+    from turnmesh.envoy.process import EnvoyError, envoy_binary
+
+    try:
+        envoy_binary()
+    except EnvoyError as exc:
+        raise UpError(str(exc)) from exc
+
+
+def _agent_name(spec: str) -> str:
+    if ":" not in spec:
+        return spec
+    from turnmesh.agent import load_agent
+
+    return load_agent(spec)[0]
+
+
+def _component_args(config: UpConfig) -> list[str]:
+    args = ["--log-level", config.log_level]
+    if config.admin_key:
+        args += ["--admin-key", config.admin_key]
+    return args
+
+
+def _turnmesh(*args: str) -> list[str]:
+    return [sys.executable, "-m", "turnmesh", *args]
+
+
+def _wait_http_ok(url: str, deadline: float, envoy: Child) -> None:
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if not envoy.running:
+            raise ChildFailed(
+                f"envoy exited with code {envoy.proc.returncode} (log: {envoy.log_path})"
+            )
+        if time.monotonic() > deadline:
+            raise ChildFailed(f"the mesh did not become ready through Envoy at {url}")
+        time.sleep(0.05)
+
+
+class Mesh:
+    def __init__(self, config: UpConfig, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.router: list[Child] = []
+        self.workers: list[Child] = []
+        self.servers: list[Child] = []
+        self.envoy: list[Child] = []
+        self.edge_address = ""
+        self.admin_address = ""
+
+    @property
+    def children(self) -> list[Child]:
+        return [*self.router, *self.workers, *self.servers, *self.envoy]
+
+    def _child(self, name: str, *args: str) -> Child:
+        ready = self.run_dir / f"{name}.ready.json"
+        argv = _turnmesh(*args, "--ready-file", str(ready))
+        return Child(name, argv, self.run_dir, ready_file=ready)
+
+    def start(self) -> None:
+        c = self.config
+        deadline = time.monotonic() + READY_TIMEOUT
+        common = _component_args(c)
+        self.router.append(self._child("router", "router", "--port", "0", *common))
+        self.router[0].wait_ready(deadline)
+        router = str(self.router[0].info["address"])
+        for i in range(c.workers):
+            self.workers.append(
+                self._child(
+                    f"worker-{i + 1}",
+                    "worker",
+                    "--port",
+                    "0",
+                    "--router",
+                    router,
+                    "--agent",
+                    c.agent,
+                    *common,
+                )
+            )
+        agent = _agent_name(c.agent)
+        for i in range(c.servers):
+            self.servers.append(
+                self._child(
+                    f"server-{i + 1}",
+                    "server",
+                    "--port",
+                    "0",
+                    "--router",
+                    router,
+                    "--agent",
+                    agent,
+                    "--session-ttl",
+                    str(c.session_ttl),
+                    "--grace-seconds",
+                    str(c.drain_seconds),
+                    *common,
+                )
+            )
+        for child in [*self.workers, *self.servers]:
+            child.wait_ready(deadline)
+        self._start_envoy(deadline)
+
+    def _start_envoy(self, deadline: float) -> None:
+        from turnmesh.envoy import EdgeConfig
+        from turnmesh.envoy.process import EnvoyError, envoy_binary, validate, write_config
+
+        c = self.config
+        edge = EdgeConfig(
+            upstreams=[str(s.info["address"]) for s in self.servers],
+            host=c.host,
+            port=c.port,
+            admin_port=c.admin_port,
         )
-        self.info: dict[str, object] = {}
+        path = write_config(edge, self.run_dir / "envoy.json")
+        try:
+            validate(path)
+        except EnvoyError as exc:
+            raise UpError(str(exc)) from exc
+        admin_file = self.run_dir / "envoy-admin-address"
+        argv = [
+            envoy_binary(),
+            "-c",
+            str(path),
+            "-l",
+            "warning",
+            "--use-dynamic-base-id",
+            "--admin-address-path",
+            str(admin_file),
+            "--drain-time-s",
+            "1",
+            "--parent-shutdown-time-s",
+            "2",
+        ]
+        envoy = Child("envoy", argv, self.run_dir)
+        self.envoy.append(envoy)
+        while not admin_file.exists() or not admin_file.read_text().strip():
+            envoy.check_alive(deadline)
+            time.sleep(0.02)
+        self.admin_address = admin_file.read_text().strip()
+        self.edge_address = self._listener_address(envoy, deadline)
+        _wait_http_ok(f"http://{self.edge_address}/ready", deadline, envoy)
 
-    def wait_ready(self, deadline: float) -> None:
-        while not self.ready_file.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} was not ready in {READY_TIMEOUT:.0f} s")
-            time.sleep(0.05)
-        self.info = json.loads(self.ready_file.read_text())
+    def _listener_address(self, envoy: Child, deadline: float) -> str:
+        import json
+
+        while True:
+            try:
+                url = f"http://{self.admin_address}/listeners?format=json"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    status = json.loads(response.read())["listener_statuses"][0]
+                socket_address = status["local_address"]["socket_address"]
+                host = socket_address["address"]
+                if host == "0.0.0.0":
+                    host = "127.0.0.1"
+                return f"{host}:{socket_address['port_value']}"
+            except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError):
+                envoy.check_alive(deadline)
+                time.sleep(0.02)
+
+    def failed_child(self) -> Child | None:
+        return next((c for c in self.children if not c.running), None)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_BUDGET
+        # Envoy first (no new calls), then servers drain, then workers, router.
+        for group, share in (
+            (self.envoy, 1.0),
+            (self.servers, 3.5),
+            (self.workers, 4.2),
+            (self.router, 5.0),
+        ):
+            group_deadline = min(deadline, deadline - STOP_BUDGET + share)
+            for child in group:
+                child.terminate()
+            for child in group:
+                child.wait_gone(group_deadline)
 
-
-def _stop_all(groups: list[list[_Child]]) -> None:
-    for group in groups:
-        for child in group:
-            child.stop()
-        for child in group:
-            try:
-                child.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
+    def banner(self, elapsed: float) -> str:
+        c = self.config
+        edge = self.edge_address
+        return "\n".join(
+            [
+                f"turnmesh is up in {elapsed:.1f} s: agent {c.agent!r}, "
+                f"{c.servers} server(s), {c.workers} worker(s)",
+                f"  REST/SSE and gRPC  http://{edge}  (Envoy; reflection for grpcurl)",
+                f"  Envoy admin        http://{self.admin_address}  (loopback only)",
+                f"  router             {self.router[0].info['address']}",
+                f"  logs               {self.run_dir}",
+                "try:",
+                f'  curl -s http://{edge}/v1/sessions -d \'{{"sessionId": "hello"}}\' && '
+                f"curl -N http://{edge}/v1/sessions/hello/turns "
+                f'-d \'{{"message": "What is 6*7?"}}\'',
+                f'  grpcurl -plaintext -d \'{{"session_id": "hello", "message": '
+                f'"What did I ask first?"}}\' {edge} turnmesh.v1.SessionService/Turn',
+                "Ctrl-C stops the mesh.",
+            ]
+        )
 
 
 def run_up(args: argparse.Namespace) -> int:
+    flags = {
+        "agent": args.agent,
+        "servers": args.servers,
+        "workers": args.workers,
+        "host": args.host,
+        "port": args.port,
+        "admin_port": args.admin_port,
+        "run_dir": args.run_dir,
+        "log_level": args.log_level,
+    }
+    try:
+        config = load(args.config, flags)
+        _preflight(config)
+    except (UpError, ValidationError, OSError, ValueError) as exc:
+        print(f"turnmesh up: {_one_line(exc)}", file=sys.stderr, flush=True)
+        return 2
+
     stop_requested = False
 
     def request_stop(signum: int, frame: object) -> None:
@@ -63,86 +288,36 @@ def run_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    common = ["--log-level", args.log_level]
-    routers: list[_Child] = []
-    workers: list[_Child] = []
-    servers: list[_Child] = []
-    with tempfile.TemporaryDirectory(prefix="turnmesh-up-") as tmp:
-        ready_dir = Path(tmp)
-        try:
-            started = time.monotonic()
-            deadline = started + READY_TIMEOUT
-            routers.append(_Child("router", ["router", "--port", "0", *common], ready_dir))
-            routers[0].wait_ready(deadline)
-            router = str(routers[0].info["address"])
-            for i in range(args.workers):
-                workers.append(
-                    _Child(
-                        f"worker-{i + 1}",
-                        [
-                            "worker",
-                            "--port",
-                            "0",
-                            "--router",
-                            router,
-                            "--agent",
-                            args.agent,
-                            *common,
-                        ],
-                        ready_dir,
-                    )
+    run_dir = config.resolved_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    mesh = Mesh(config, run_dir)
+    started = time.monotonic()
+    try:
+        mesh.start()
+        print(mesh.banner(time.monotonic() - started), flush=True)
+        while not stop_requested:
+            failed = mesh.failed_child()
+            if failed is not None:
+                print(
+                    f"turnmesh up: {failed.name} exited unexpectedly with code "
+                    f"{failed.proc.returncode}; stopping the mesh (log: {failed.log_path})",
+                    file=sys.stderr,
+                    flush=True,
                 )
-            for i in range(args.servers):
-                port = args.port + i if args.port else 0
-                servers.append(
-                    _Child(
-                        f"server-{i + 1}",
-                        [
-                            "server",
-                            "--port",
-                            str(port),
-                            "--router",
-                            router,
-                            "--agent",
-                            _agent_name(args.agent),
-                            *common,
-                        ],
-                        ready_dir,
-                    )
-                )
-            for child in [*workers, *servers]:
-                child.wait_ready(deadline)
-            elapsed = time.monotonic() - started
-            addresses = ", ".join(str(s.info["address"]) for s in servers)
-            print(
-                f"turnmesh is up in {elapsed:.1f} s: agent {args.agent!r}, "
-                f"SessionService on {addresses} (router {router}). Ctrl-C stops it.\n"
-                f"  try: grpcurl -plaintext {servers[0].info['address']} list",
-                flush=True,
-            )
-            while not stop_requested:
-                for child in [*routers, *workers, *servers]:
-                    if child.proc.poll() is not None:
-                        print(f"{child.name} exited with code {child.proc.returncode}", flush=True)
-                        return 1
-                time.sleep(0.2)
-            return 0
-        except (RuntimeError, TimeoutError) as exc:
-            print(f"turnmesh up: {exc}", file=sys.stderr, flush=True)
-            return 1
-        finally:
-            print("stopping: draining servers, then workers, then the router", flush=True)
-            _stop_all([servers, workers, routers])
+                return 1
+            time.sleep(0.1)
+        print("turnmesh up: stopping (Envoy, servers drain, workers, router)", flush=True)
+        return 0
+    except (UpError, ChildFailed) as exc:
+        print(f"turnmesh up: {_one_line(exc)}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        mesh.stop()
 
 
-def _agent_name(spec: str) -> str:
-    """The name a worker registers for an agent spec (built-ins keep theirs)."""
-    if ":" not in spec:
-        return spec
-    from turnmesh.agent import load_agent
-
-    name, _ = load_agent(spec)
-    return name
-
-
-__all__ = ["run_up"]
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"invalid setting {where}: {first['msg']}"
+    return " ".join(str(exc).split())

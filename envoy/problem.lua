@@ -1,4 +1,5 @@
--- Reshapes the transcoder's JSON gRPC errors (a google.rpc.Status) into RFC 7807
+-- On the way in, remembers the client's HTTP method for the access log.
+-- On the way out, reshapes the transcoder's JSON gRPC errors (a google.rpc.Status) into RFC 7807
 -- application/problem+json. LuaJIT in Envoy has no JSON library, so this scans
 -- just enough JSON to copy values through verbatim (they are already escaped).
 
@@ -59,6 +60,13 @@ local function member(s, key)
   local stop = value_end(s, e + 1)
   if stop == nil then return nil end
   return s:sub(e + 1, stop)
+end
+
+-- The transcoder rewrites every REST call into a gRPC POST; keep the method the
+-- client sent for the access log.
+function envoy_on_request(handle)
+  local headers = handle:headers()
+  headers:replace("x-turnmesh-original-method", headers:get(":method") or "")
 end
 
 function envoy_on_response(handle)

@@ -13,7 +13,7 @@ from tests.conftest import SharedMesh
 from tests.integration.test_grpcurl import _objects
 
 ROOT = Path(__file__).resolve().parents[2]
-README_ADDRESS = "127.0.0.1:7100"
+README_ADDRESS = "127.0.0.1:8080"
 
 
 def _block(marker: str) -> str:
@@ -23,8 +23,35 @@ def _block(marker: str) -> str:
     return match.group(1)
 
 
+def test_readme_curl_quickstart(shared_mesh: SharedMesh) -> None:
+    outputs = []
+    for line in _block("curl").strip().splitlines():
+        args = shlex.split(line.replace(README_ADDRESS, shared_mesh.edge))
+        assert args[0] == "curl"
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    assert json.loads(outputs[0])["session"]["sessionId"] == "quickstart"
+
+    def events(output: str) -> list[dict[str, object]]:
+        frames = [f for f in output.split("\n\n") if f.strip()]
+        assert all(f.startswith("data: ") for f in frames), output
+        return [json.loads(f[len("data: ") :]) for f in frames]
+
+    def text(output: str) -> str:
+        return "".join(str(e.get("delta", "")) for e in events(output))
+
+    assert events(outputs[1])[-1]["type"] == "RUN_FINISHED"
+    assert "84" in text(outputs[1])
+    assert "What is 12*(3+4)?" in text(outputs[2])
+    assert len(json.loads(outputs[3])["messages"]) == 6
+    problem = json.loads(outputs[4])
+    assert problem["status"] == 400
+    assert problem["violations"] == [{"field": "message", "description": "must not be blank"}]
+
+
 def test_readme_grpcurl_conversation(shared_mesh: SharedMesh) -> None:
-    address = shared_mesh.servers[0].address
+    address = shared_mesh.edge
     outputs = []
     for line in _block("grpcurl").strip().splitlines():
         args = shlex.split(line.replace(README_ADDRESS, address))
@@ -51,7 +78,7 @@ def test_readme_grpcurl_conversation(shared_mesh: SharedMesh) -> None:
 
 
 def test_readme_python_client(shared_mesh: SharedMesh) -> None:
-    code = _block("python").replace(README_ADDRESS, shared_mesh.servers[1].address)
+    code = _block("python").replace(README_ADDRESS, shared_mesh.edge)
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )

@@ -1,54 +1,145 @@
-"""`turnmesh up` (what `make run` starts): one command, a working mesh, a clean stop."""
+"""`turnmesh up` (what `make run` starts), end to end as a subprocess."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
-import pytest
+import httpx
 
-from turnmesh.client import Client, UnavailableError
+from turnmesh.client import Client
 
 
-def test_up_serves_a_conversation_and_stops_cleanly_on_ctrl_c() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNMESH_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "turnmesh", "up", "--port", "0", "--log-level", "WARNING"],
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TURNMESH_")}
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line mentions `text` (our run directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
+
+
+def _up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "turnmesh", "up", "--run-dir", str(run_dir), *args],
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        env=env,
+        env=_env(),
         start_new_session=True,
     )
+
+
+def test_up_serves_rest_and_grpc_and_stops_cleanly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _up(run_dir, "--port", "0", "--servers", "2", "--workers", "2", "--log-level", "INFO")
     try:
         assert proc.stdout is not None
-        banner = ""
+        lines: list[str] = []
         for line in proc.stdout:
-            if "turnmesh is up" in line:
-                banner = line
+            lines.append(line)
+            if line.startswith("Ctrl-C stops the mesh."):
                 break
-        match = re.search(r"SessionService on (\S+) ", banner)
+        banner = "".join(lines)
+        # Keep reading the console so `up` never blocks on a full pipe.
+        threading.Thread(target=lambda: proc.stdout and proc.stdout.read(), daemon=True).start()
+        match = re.search(r"REST/SSE and gRPC\s+http://(\S+)", banner)
         assert match, banner
-        address = match.group(1)
+        edge = match.group(1)
+        assert "curl " in banner
+        assert "grpcurl " in banner
 
-        # The sync client, as a script would use it.
-        with Client(address) as client:
-            sid = client.create_session().session_id
-            assert "42" in client.send(sid, "What is 6*7?").text
-            assert "6*7" in client.send(sid, "What did I ask first?").text
-            assert len(client.history(sid)) == 6
+        # REST through Envoy, as the banner's curl does.
+        with httpx.Client(base_url=f"http://{edge}", timeout=30) as rest:
+            created = rest.post("/v1/sessions", json={"sessionId": "hello"})
+            assert created.status_code == 200
+            with rest.stream(
+                "POST", "/v1/sessions/hello/turns", json={"message": "What is 6*7?"}
+            ) as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                frames = [
+                    json.loads(line[len("data: ") :])
+                    for line in response.iter_lines()
+                    if line.startswith("data: ")
+                ]
+            assert frames[-1]["type"] == "RUN_FINISHED"
+        # Native gRPC through the same port, with the sync client.
+        with Client(edge) as client:
+            assert "What is 6*7?" in client.send("hello", "What did I ask first?").text
 
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        assert proc.wait(timeout=60) == 0
-        with Client(address, timeout=2) as client, pytest.raises(UnavailableError):
-            client.create_session()
+        assert {p.name for p in run_dir.glob("*.log")} >= {
+            "router.log",
+            "server-1.log",
+            "server-2.log",
+            "worker-1.log",
+            "envoy.log",
+        }
+        assert _processes_mentioning(str(run_dir))
+
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - started < 5
+        assert _processes_mentioning(str(run_dir)) == []
+        host, port = edge.rsplit(":", 1)
+        with socket.socket() as s:
+            assert s.connect_ex((host, int(port))) != 0
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_busy_port_fails_cleanly(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run_dir = tmp_path / "run"
+        proc = _up(run_dir, "--port", str(port))
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert f"port {port}" in err
+    assert len(err.strip().splitlines()) == 1
+    assert _processes_mentioning(str(run_dir)) == []
+
+
+def test_missing_agent_fails_cleanly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _up(run_dir, "--port", "0", "--agent", "no_such_module:Agent")
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "no_such_module" in err
+    assert len(err.strip().splitlines()) == 1
+    assert _processes_mentioning(str(run_dir)) == []
+
+
+def test_config_file_and_flags(tmp_path: Path) -> None:
+    from turnmesh.cli._up_config import load
+
+    path = tmp_path / "turnmesh.toml"
+    path.write_text('[up]\nagent = "echo"\nservers = 3\nport = 9000\n')
+    config = load(path, {"port": 9100, "workers": None})
+    assert (config.agent, config.servers, config.port, config.workers) == ("echo", 3, 9100, 1)

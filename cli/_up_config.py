@@ -1,0 +1,54 @@
+"""`turnmesh up` settings: defaults < environment < config file < flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "TURNMESH_"
+
+
+class UpConfig(BaseModel):
+    """What `turnmesh up` starts. A TOML config file holds the same keys."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str = "demo"
+    servers: int = Field(default=1, ge=1, le=32)
+    workers: int = Field(default=1, ge=1, le=64)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    admin_port: int = Field(default=0, ge=0, le=65535)
+    session_ttl: float = Field(default=1800.0, gt=0)
+    admin_key: str | None = None
+    allow_open: bool = False
+    run_dir: Path | None = None
+    log_level: str = "INFO"
+    # Servers get this long to finish running turns on Ctrl-C; with the other
+    # steps, everything is gone within 5 seconds.
+    drain_seconds: float = Field(default=2.5, ge=0, le=30)
+
+    def resolved_run_dir(self) -> Path:
+        if self.run_dir is not None:
+            return self.run_dir
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        return Path(".turnmesh") / "runs" / f"{stamp}-{os.getpid()}"
+
+
+def load(config_file: Path | None, flags: dict[str, Any]) -> UpConfig:
+    values: dict[str, Any] = {}
+    for name in UpConfig.model_fields:
+        env = os.environ.get(ENV_PREFIX + name.upper())
+        if env is not None:
+            values[name] = env
+    if config_file is not None:
+        with config_file.open("rb") as f:
+            data = tomllib.load(f)
+        values.update(data.get("up", data))
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return UpConfig(**values)
