@@ -8,6 +8,7 @@ messages or none) and costs the same whatever the history's length.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -64,7 +65,9 @@ class MemoryStore:
 
     async def get(self, session_id: str) -> SessionRecord | None:
         record = self._records.get(session_id)
-        return copy.copy(record) if record else None
+        if record is None:
+            return None
+        return dataclasses.replace(record, metadata=copy.deepcopy(record.metadata))
 
     async def delete(self, session_id: str) -> bool:
         self._messages.pop(session_id, None)

@@ -119,7 +119,10 @@ class SessionTurns:
                 f"session {self.session_id!r} has a turn running", reason="SESSION_BUSY"
             )
         if policy in (spb.TURN_POLICY_COLLECT, spb.TURN_POLICY_UNSPECIFIED):
-            if self.running is not None and self._queue and self._queue[-1].collecting:
+            # The head of the queue of an idle session is as good as running
+            # (the drain task just has not picked it up yet): never join it.
+            head_is_next = self.running is None and len(self._queue) == 1
+            if self._queue and self._queue[-1].collecting and not head_is_next:
                 batch = self._queue[-1]
                 batch.messages.append(message)
                 batch.files.extend(files)
@@ -270,18 +273,16 @@ class TurnRunner:
             if turn.metadata.fields:
                 users[-1].metadata.CopyFrom(turn.metadata)
             messages = users + builder.finish(created, outcome.result)
-            # Shielded: once the agent has finished, the turn is committed even
-            # if a cancel arrives during the write.
-            await asyncio.shield(self._store.append_messages(session_id, messages, now()))
-            done = event_pb2.Event(
-                type=event_pb2.RUN_FINISHED,
-                execution_time_ms=int((time.monotonic() - started) * 1000),
-            )
-            done.usage.extend(outcome.usage)
-            if outcome.result is not None:
-                done.result.CopyFrom(outcome.result)
-            tlog.append(done)
-            tlog.set_state(spb.TURN_STATE_FINISHED)
+            # Once the agent has finished, the turn commits even if a cancel
+            # arrives during the write; the turn then ends as finished.
+            commit = asyncio.ensure_future(self._store.append_messages(session_id, messages, now()))
+            try:
+                await asyncio.shield(commit)
+            except asyncio.CancelledError:
+                await commit
+                self._finish(tlog, started, outcome)
+                raise
+            self._finish(tlog, started, outcome)
         except asyncio.CancelledError:
             if not tlog.done:
                 reason = turn.cancel_reason or "cancelled"
@@ -300,6 +301,18 @@ class TurnRunner:
                 tlog.set_state(spb.TURN_STATE_FAILED)
         finally:
             self.inflight -= 1
+
+    @staticmethod
+    def _finish(tlog: TurnLog, started: float, outcome: TurnOutcome) -> None:
+        done = event_pb2.Event(
+            type=event_pb2.RUN_FINISHED,
+            execution_time_ms=int((time.monotonic() - started) * 1000),
+        )
+        done.usage.extend(outcome.usage)
+        if outcome.result is not None:
+            done.result.CopyFrom(outcome.result)
+        tlog.append(done)
+        tlog.set_state(spb.TURN_STATE_FINISHED)
 
     def end_cancelled(self, turn: PendingTurn) -> None:
         """End a turn that never started."""
