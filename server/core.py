@@ -119,9 +119,12 @@ class SessionCore:
             earlier = turns.turn_for_key(request.idempotency_key)
             if earlier is not None:
                 try:
-                    return self.logs.get(record.session_id, earlier)
+                    tlog = self.logs.get(record.session_id, earlier)
                 except NotFound:
                     pass  # its events expired: run it as a new turn
+                else:
+                    turns.rejoin(earlier)
+                    return tlog
         if not self.workers.has_agent(record.agent_name):
             await self.workers.refresh()
             if not self.workers.has_agent(record.agent_name):
@@ -157,16 +160,19 @@ class SessionCore:
     async def follow(
         self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
     ) -> AsyncIterator[event_pb2.Event]:
+        # A dropped caller shows up as CancelledError inside the generator, or
+        # as GeneratorExit when gRPC closes it between events: check in finally.
+        read_to_end = False
         try:
             async for event in tlog.follow(after_seq, self.limits.keepalive_seconds):
                 yield event
-        except asyncio.CancelledError:
-            if on_disconnect_cancel and not tlog.done:
+            read_to_end = True
+        finally:
+            if on_disconnect_cancel and not read_to_end and not tlog.done:
                 turns = self._turns.get(tlog.session_id)
                 if turns is not None:
                     log.info("a client left turn %s and asked to cancel it", tlog.turn_id)
                     turns.caller_left(tlog.turn_id)
-            raise
 
     @property
     def running_turns(self) -> int:

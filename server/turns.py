@@ -186,6 +186,12 @@ class SessionTurns:
             self._forget(turn)
         return spb.TURN_STATE_CANCELLED
 
+    def rejoin(self, turn_id: str) -> None:
+        """A retried request (same idempotency key) follows this turn too."""
+        turn = self._turns.get(turn_id)
+        if turn is not None:
+            turn.waiters += 1
+
     def caller_left(self, turn_id: str) -> None:
         """A caller that asked for DISCONNECT_POLICY_CANCEL dropped its stream:
         cancel the turn unless other callers (coalesced into it) still wait."""
@@ -276,13 +282,16 @@ class TurnRunner:
             # Once the agent has finished, the turn commits even if a cancel
             # arrives during the write; the turn then ends as finished.
             commit = asyncio.ensure_future(self._store.append_messages(session_id, messages, now()))
-            try:
-                await asyncio.shield(commit)
-            except asyncio.CancelledError:
-                await commit
-                self._finish(tlog, started, outcome)
-                raise
+            cancelled = False
+            while not commit.done():
+                try:
+                    await asyncio.shield(commit)
+                except asyncio.CancelledError:
+                    cancelled = True  # every cancel: the write goes on regardless
+            commit.result()
             self._finish(tlog, started, outcome)
+            if cancelled:
+                raise asyncio.CancelledError
         except asyncio.CancelledError:
             if not tlog.done:
                 reason = turn.cancel_reason or "cancelled"

@@ -1,0 +1,355 @@
+"""SessionCore: the owner's side of sessions and turns, on MemoryStore with a
+fake worker pool and the fake runner (no worker is ever called)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from google.protobuf import struct_pb2
+
+from tests.unit._server_fakes import FakeClock, FakeRunner, fake_time_module, spin, spin_until
+from turnmesh.runtime.errors import NotFound, Unavailable
+from turnmesh.server import eventlog
+from turnmesh.server.core import CoreLimits, SessionCore
+from turnmesh.server.eventlog import TurnLog
+from turnmesh.server.store import MemoryStore, SessionRecord, now
+from turnmesh.server.turns import PendingTurn
+from turnmesh.v1 import event_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+
+ET = event_pb2.EventType
+
+
+class FakePool:
+    def __init__(self, *agents: str) -> None:
+        self.agents = set(agents)
+        self.on_refresh: set[str] = set()
+        self.refreshes = 0
+        self.forgotten: list[str] = []
+
+    def has_agent(self, agent_name: str) -> bool:
+        return agent_name in self.agents
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+        self.agents |= self.on_refresh
+
+    def forget_session(self, session_id: str) -> None:
+        self.forgotten.append(session_id)
+
+
+@pytest.fixture
+def pool() -> FakePool:
+    return FakePool("demo")
+
+
+@pytest.fixture
+def runner() -> FakeRunner:
+    return FakeRunner()
+
+
+@pytest.fixture
+async def core(pool: FakePool, runner: FakeRunner) -> AsyncIterator[SessionCore]:
+    c = SessionCore(MemoryStore(), pool, "demo", CoreLimits(session_ttl_seconds=100))  # type: ignore[arg-type]
+    c.runner = runner  # type: ignore[assignment]
+    yield c
+    for turns in c._turns.values():
+        turns.cancel_all("shutdown")
+        await turns.wait_idle()
+
+
+def request(
+    message: str = "hi",
+    *,
+    session_id: str = "s1",
+    policy: spb.TurnPolicy.ValueType = spb.TURN_POLICY_ENQUEUE,
+    key: str = "",
+) -> spb.TurnRequest:
+    return spb.TurnRequest(
+        session_id=session_id, message=message, policy=policy, idempotency_key=key
+    )
+
+
+def turn_of(core: SessionCore, tlog: TurnLog) -> PendingTurn:
+    return core._turns[tlog.session_id]._turns[tlog.turn_id]
+
+
+async def outcome(tlog: TurnLog) -> tuple[list[int], str]:
+    events = [e async for e in tlog.follow()]
+    return [e.type for e in events], events[-1].code
+
+
+class Follower:
+    """A caller's stream: follows the log through core.follow in its own task."""
+
+    def __init__(self, core: SessionCore, tlog: TurnLog, *, cancel_on_disconnect: bool) -> None:
+        self.events: list[event_pb2.Event] = []
+        self.task = asyncio.create_task(self._run(core, tlog, cancel_on_disconnect))
+
+    async def _run(self, core: SessionCore, tlog: TurnLog, cancel: bool) -> None:
+        async for event in core.follow(tlog, 0, cancel):
+            self.events.append(event)
+
+    async def disconnect(self) -> None:
+        self.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await self.task
+
+
+# --- sessions --------------------------------------------------------------------
+
+
+async def test_create_session_binds_the_default_agent(core: SessionCore) -> None:
+    session = await core.create_session("", "", struct_pb2.Struct())
+    assert session.agent_name == "demo"
+    assert len(session.session_id) == 26  # a ULID
+    assert not session.turn_running
+
+
+async def test_create_session_for_an_unknown_agent_refreshes_then_raises(
+    core: SessionCore, pool: FakePool
+) -> None:
+    with pytest.raises(NotFound):
+        await core.create_session("s1", "nope", struct_pb2.Struct())
+    assert pool.refreshes == 1
+    pool.on_refresh = {"late"}
+    assert (await core.create_session("s1", "late", struct_pb2.Struct())).agent_name == "late"
+
+
+async def test_session_proto_shows_the_running_turn(core: SessionCore, runner: FakeRunner) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    await spin_until(lambda: tlog.last_seq >= 1)
+    session = await core.get_session("s1")
+    assert session.turn_running
+    assert session.running_turn_id == tlog.turn_id
+    runner.finish(turn_of(core, tlog))
+    await core._turns["s1"].wait_idle()
+    assert not (await core.get_session("s1")).turn_running
+
+
+async def test_delete_session_cancels_its_turns_and_forgets_everything(
+    core: SessionCore, pool: FakePool
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    running = await core.start_turn(request("one"))
+    queued = await core.start_turn(request("two"))
+    await spin_until(lambda: running.last_seq >= 1)
+    assert await core.delete_session("s1") is True
+    assert (await outcome(running))[1] == "session_deleted"
+    assert (await outcome(queued))[1] == "session_deleted"
+    assert pool.forgotten == ["s1"]
+    with pytest.raises(NotFound):
+        core.logs.get("s1", running.turn_id)
+    assert await core.delete_session("s1") is False
+
+
+async def test_expire_idle_skips_sessions_with_turns(core: SessionCore, runner: FakeRunner) -> None:
+    old = now() - 1000
+    for sid in ("idle", "busy", "fresh"):
+        await core.store.create(SessionRecord(sid, "demo", old, old))
+    await core.store.touch("fresh", now())
+    tlog = await core.start_turn(request(session_id="busy"))
+    await core.store.touch("busy", old)
+    assert await core.expire_idle() == ["idle"]
+    assert await core.store.get("idle") is None
+    assert await core.store.get("busy") is not None
+    runner.finish(turn_of(core, tlog))
+    await core._turns["busy"].wait_idle()
+    assert await core.expire_idle() == ["busy"]
+
+
+# --- start_turn ------------------------------------------------------------------
+
+
+async def test_start_turn_on_an_unknown_session_raises_not_found(core: SessionCore) -> None:
+    with pytest.raises(NotFound):
+        await core.start_turn(request(session_id="nope"))
+
+
+async def test_start_turn_while_draining_is_unavailable(core: SessionCore) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    core.draining = True
+    with pytest.raises(Unavailable):
+        await core.start_turn(request())
+
+
+async def test_start_turn_without_a_worker_for_the_agent_is_unavailable(
+    core: SessionCore, pool: FakePool
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    pool.agents.clear()
+    with pytest.raises(Unavailable):
+        await core.start_turn(request())
+    assert pool.refreshes == 1
+    assert not core._turns["s1"].busy
+
+
+async def test_start_turn_touches_the_session(core: SessionCore, runner: FakeRunner) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    await core.store.touch("s1", 5.0)
+    tlog = await core.start_turn(request())
+    record = await core.store.get("s1")
+    assert record is not None and record.last_activity > 5.0
+    runner.finish(turn_of(core, tlog))
+
+
+async def test_a_retried_idempotency_key_returns_the_same_log(
+    core: SessionCore, runner: FakeRunner
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    first = await core.start_turn(request("one", key="k"))
+    again = await core.start_turn(request("one (retry)", key="k"))
+    assert again is first
+    other = await core.start_turn(request("two", key="k2"))
+    assert other is not first
+    runner.finish(turn_of(core, first))
+    runner.finish(turn_of(core, other))
+    await core._turns["s1"].wait_idle()
+    # Still the same turn after it ended, while its log is kept.
+    assert await core.start_turn(request("one", key="k")) is first
+
+
+async def test_a_retried_key_whose_log_expired_runs_a_new_turn(
+    core: SessionCore, runner: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(eventlog, "time", fake_time_module(clock))
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    first = await core.start_turn(request(key="k"))
+    runner.finish(turn_of(core, first))
+    await core._turns["s1"].wait_idle()
+    clock.advance(core.limits.event_log_ttl_seconds + 1)
+    again = await core.start_turn(request(key="k"))
+    assert again is not first
+    runner.finish(turn_of(core, again))
+
+
+# --- cancel_turn ---------------------------------------------------------------------
+
+
+async def test_cancel_turn(core: SessionCore) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    await spin_until(lambda: tlog.last_seq >= 1)
+    assert core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_CANCELLED
+    assert await outcome(tlog) == ([ET.RUN_STARTED, ET.RUN_ERROR], "cancelled")
+
+
+async def test_cancel_turn_of_an_ended_turn_returns_its_state(
+    core: SessionCore, runner: FakeRunner
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    runner.finish(turn_of(core, tlog))
+    await core._turns["s1"].wait_idle()
+    assert core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_FINISHED
+
+
+async def test_cancel_turn_of_an_unknown_turn_raises_not_found(core: SessionCore) -> None:
+    with pytest.raises(NotFound):
+        core.cancel_turn("s1", "nope")
+
+
+# --- follow and disconnects ------------------------------------------------------------
+
+
+async def test_a_follower_that_asked_to_cancel_cancels_on_disconnect(core: SessionCore) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    follower = Follower(core, tlog, cancel_on_disconnect=True)
+    await spin_until(lambda: len(follower.events) == 1)
+    await spin()
+    await follower.disconnect()
+    assert await outcome(tlog) == ([ET.RUN_STARTED, ET.RUN_ERROR], "disconnected")
+
+
+async def test_a_follower_that_did_not_ask_to_cancel_leaves_the_turn_running(
+    core: SessionCore, runner: FakeRunner
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    follower = Follower(core, tlog, cancel_on_disconnect=False)
+    await spin_until(lambda: len(follower.events) == 1)
+    await spin()
+    await follower.disconnect()
+    await spin()
+    assert not tlog.done
+    runner.finish(turn_of(core, tlog))
+    assert (await outcome(tlog))[0][-1] == ET.RUN_FINISHED
+
+
+async def test_a_follower_that_read_to_the_end_cancels_nothing(
+    core: SessionCore, runner: FakeRunner
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    runner.finish(turn_of(core, tlog))
+    seen = [e.type async for e in core.follow(tlog, 0, True)]
+    assert seen == [ET.RUN_STARTED, ET.RUN_FINISHED]
+
+
+async def test_a_follower_closed_between_events_cancels_on_disconnect(
+    core: SessionCore, runner: FakeRunner
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    await spin_until(lambda: tlog.last_seq >= 1)
+    stream = core.follow(tlog, 0, True)
+    assert (await anext(stream)).type == ET.RUN_STARTED
+    await stream.aclose()  # what finalizing the servicer's generator does
+    await spin()
+    assert tlog.done  # (the fixture's teardown cancels the turn otherwise)
+    assert (await outcome(tlog))[1] == "disconnected"
+
+
+async def test_a_retry_with_the_same_key_keeps_the_turn_alive_when_the_first_stream_drops(
+    core: SessionCore, runner: FakeRunner
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    first_log = await core.start_turn(request(key="k"))
+    first = Follower(core, first_log, cancel_on_disconnect=True)
+    await spin_until(lambda: len(first.events) == 1)
+    # The client lost its stream and retried before the server noticed.
+    retry_log = await core.start_turn(request(key="k"))
+    assert retry_log is first_log
+    retry = Follower(core, retry_log, cancel_on_disconnect=True)
+    await spin_until(lambda: len(retry.events) == 1)
+    await first.disconnect()  # now the server notices the first stream is gone
+    await spin()
+    assert not first_log.done
+    runner.finish(turn_of(core, first_log))
+    await retry.task
+    assert retry.events[-1].type == ET.RUN_FINISHED
+
+
+# --- drain -----------------------------------------------------------------------
+
+
+async def test_drain_waits_for_turns_to_finish(core: SessionCore, runner: FakeRunner) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tlog = await core.start_turn(request())
+    await spin_until(lambda: tlog.last_seq >= 1)
+
+    async def finish_soon() -> None:
+        await spin()
+        runner.finish(turn_of(core, tlog))
+
+    helper = asyncio.create_task(finish_soon())
+    await core.drain(timeout=60)
+    await helper
+    assert core.draining
+    assert (await outcome(tlog))[0][-1] == ET.RUN_FINISHED
+
+
+async def test_drain_cancels_what_is_left_after_the_timeout(core: SessionCore) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    running = await core.start_turn(request("one"))
+    queued = await core.start_turn(request("two"))
+    await spin_until(lambda: running.last_seq >= 1)
+    await core.drain(timeout=0)
+    assert (await outcome(running))[1] == "shutdown"
+    assert (await outcome(queued))[1] == "shutdown"
+    assert not core._turns["s1"].busy
