@@ -14,6 +14,7 @@ import argparse
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -57,12 +58,22 @@ def _preflight(config: UpConfig) -> None:
                 f"unknown agent {config.agent!r}: use one of {', '.join(sorted(BUILTIN_AGENTS))} "
                 "or package.module:Class"
             )
-    from turnmesh.envoy.process import EnvoyError, envoy_binary
+    from turnmesh.envoy import EdgeConfig
+    from turnmesh.envoy.process import EnvoyError, validate, write_config
 
-    try:
-        envoy_binary()
-    except EnvoyError as exc:
-        raise UpError(str(exc)) from exc
+    # Check the edge config (host, ports) before anything starts; the real
+    # upstream addresses are known only once the servers run.
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = EdgeConfig(
+            upstreams=["127.0.0.1:1"],
+            host=config.host,
+            port=config.port,
+            admin_port=config.admin_port,
+        )
+        try:
+            validate(write_config(probe, Path(tmp) / "envoy.json"))
+        except EnvoyError as exc:
+            raise UpError(str(exc)) from exc
 
 
 def _agent_name(spec: str) -> str:
@@ -167,7 +178,7 @@ class Mesh:
 
     def _start_envoy(self, deadline: float) -> None:
         from turnmesh.envoy import EdgeConfig
-        from turnmesh.envoy.process import EnvoyError, envoy_binary, validate, write_config
+        from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
 
         c = self.config
         edge = EdgeConfig(
@@ -182,20 +193,7 @@ class Mesh:
         except EnvoyError as exc:
             raise UpError(str(exc)) from exc
         admin_file = self.run_dir / "envoy-admin-address"
-        argv = [
-            envoy_binary(),
-            "-c",
-            str(path),
-            "-l",
-            "warning",
-            "--use-dynamic-base-id",
-            "--admin-address-path",
-            str(admin_file),
-            "--drain-time-s",
-            "1",
-            "--parent-shutdown-time-s",
-            "2",
-        ]
+        argv = envoy_argv(path, admin_file)
         envoy = Child("envoy", argv, self.run_dir)
         self.envoy.append(envoy)
         while not admin_file.exists() or not admin_file.read_text().strip():
@@ -206,21 +204,12 @@ class Mesh:
         _wait_http_ok(f"http://{self.edge_address}/ready", deadline, envoy)
 
     def _listener_address(self, envoy: Child, deadline: float) -> str:
-        import json
+        from turnmesh.envoy.process import bound_listener
 
-        while True:
-            try:
-                url = f"http://{self.admin_address}/listeners?format=json"
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    status = json.loads(response.read())["listener_statuses"][0]
-                socket_address = status["local_address"]["socket_address"]
-                host = socket_address["address"]
-                if host == "0.0.0.0":
-                    host = "127.0.0.1"
-                return f"{host}:{socket_address['port_value']}"
-            except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError):
-                envoy.check_alive(deadline)
-                time.sleep(0.02)
+        while (address := bound_listener(self.admin_address)) is None:
+            envoy.check_alive(deadline)
+            time.sleep(0.02)
+        return address
 
     def failed_child(self) -> Child | None:
         return next((c for c in self.children if not c.running), None)

@@ -59,6 +59,29 @@ def validate(path: Path) -> None:
         raise EnvoyError(f"invalid Envoy config {path}: {lines[-1] if lines else 'unknown error'}")
 
 
+def envoy_argv(config_path: Path, admin_address_file: Path) -> list[str]:
+    """The command line for a turnmesh Envoy."""
+    return [
+        envoy_binary(),
+        "-c",
+        str(config_path),
+        "-l",
+        "warning",
+        # Several Envoys (tests, two meshes) may run on one machine.
+        "--use-dynamic-base-id",
+        "--admin-address-path",
+        str(admin_address_file),
+        # Quick exit on SIGTERM: the servers behind it drain the turns.
+        "--drain-time-s",
+        "1",
+        "--parent-shutdown-time-s",
+        "2",
+        # Access log lines show up within a quarter second (default 10 s).
+        "--file-flush-interval-msec",
+        "250",
+    ]
+
+
 @dataclass
 class RunningEnvoy:
     proc: subprocess.Popen[bytes]
@@ -82,21 +105,7 @@ def start(
     admin_file = workdir / "envoy-admin-address"
     admin_file.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        [
-            envoy_binary(),
-            "-c",
-            str(config_path),
-            "-l",
-            "warning",
-            "--use-dynamic-base-id",
-            "--admin-address-path",
-            str(admin_file),
-            # Quick exit on SIGTERM: the servers behind it drain the turns.
-            "--drain-time-s",
-            "1",
-            "--parent-shutdown-time-s",
-            "2",
-        ],
+        envoy_argv(config_path, admin_file),
         stdin=subprocess.DEVNULL,
         stdout=stdout,
         stderr=subprocess.STDOUT if stdout is not None else None,
@@ -111,16 +120,27 @@ def start(
             raise EnvoyError("envoy did not start")
         time.sleep(0.02)
     running = RunningEnvoy(proc, admin_file.read_text().strip(), "")
-    while True:
-        try:
-            listeners = json.loads(running.admin("/listeners?format=json"))
-            socket = listeners["listener_statuses"][0]["local_address"]["socket_address"]
-            running.listener_address = f"{socket['address']}:{socket['port_value']}"
-            return running
-        except (OSError, KeyError, IndexError, ValueError):
-            if proc.poll() is not None:
-                raise EnvoyError(f"envoy exited with code {proc.returncode}") from None
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise EnvoyError("envoy did not bind its listener") from None
-            time.sleep(0.02)
+    while (address := bound_listener(running.admin_address)) is None:
+        if proc.poll() is not None:
+            raise EnvoyError(f"envoy exited with code {proc.returncode}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise EnvoyError("envoy did not bind its listener")
+        time.sleep(0.02)
+    running.listener_address = address
+    return running
+
+
+def bound_listener(admin_address: str) -> str | None:
+    """host:port of the public listener once bound (0.0.0.0 shown as loopback)."""
+    url = f"http://{admin_address}/listeners?format=json"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            status = json.loads(response.read())["listener_statuses"][0]
+        socket_address = status["local_address"]["socket_address"]
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+    host = socket_address["address"]
+    if host == "0.0.0.0":
+        host = "127.0.0.1"
+    return f"{host}:{socket_address['port_value']}"

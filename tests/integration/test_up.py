@@ -143,3 +143,49 @@ def test_config_file_and_flags(tmp_path: Path) -> None:
     path.write_text('[up]\nagent = "echo"\nservers = 3\nport = 9000\n')
     config = load(path, {"port": 9100, "workers": None})
     assert (config.agent, config.servers, config.port, config.workers) == ("echo", 3, 9100, 1)
+
+
+def _read_banner(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("Ctrl-C stops the mesh."):
+            break
+    threading.Thread(target=lambda: proc.stdout and proc.stdout.read(), daemon=True).start()
+    return "".join(lines)
+
+
+def test_a_component_that_dies_stops_the_mesh_loudly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _up(run_dir, "--port", "0")
+    try:
+        _read_banner(proc)
+        worker_ready = str(run_dir / "worker-1.ready.json")
+        (victim,) = _processes_mentioning(worker_ready)
+        os.kill(victim, signal.SIGKILL)
+        assert proc.wait(timeout=30) == 1
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        assert "worker-1 exited unexpectedly" in err
+        assert "worker-1.log" in err
+        assert _processes_mentioning(str(run_dir)) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_a_bad_host_fails_cleanly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _up(run_dir, "--host", "not-an-address", "--port", "0")
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "invalid Envoy config" in err
+    assert not run_dir.exists()  # refused before anything started
+    assert "turnmesh up:" in err
+    assert _processes_mentioning(str(run_dir)) == []
