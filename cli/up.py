@@ -11,6 +11,7 @@ none, and the log says why.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import socket
 import sys
@@ -244,7 +245,7 @@ class Mesh:
                 f'  curl -s http://{edge}/v1/sessions -d \'{{"sessionId": "hello"}}\' && '
                 f"curl -N http://{edge}/v1/sessions/hello/turns "
                 f'-d \'{{"message": "What is 6*7?"}}\'',
-                f'  grpcurl -plaintext -d \'{{"session_id": "hello", "message": '
+                f'  {_grpcurl()} -plaintext -d \'{{"session_id": "hello", "message": '
                 f'"What did I ask first?"}}\' {edge} turnmesh.v1.SessionService/Turn',
                 "Ctrl-C stops the mesh.",
             ]
@@ -302,6 +303,17 @@ def run_up(args: argparse.Namespace) -> int:
         return 1
     finally:
         mesh.stop()
+
+
+def _grpcurl() -> str:
+    """grpcurl as the user can run it: the venv's copy may not be on PATH."""
+    local = Path(sys.executable).parent / "grpcurl"
+    if not local.exists() or shutil.which("grpcurl") == str(local):
+        return "grpcurl"
+    try:
+        return str(local.relative_to(Path.cwd()))
+    except ValueError:
+        return str(local)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -141,3 +141,17 @@ async def test_native_grpc_and_typed_client_through_envoy(shared_mesh: SharedMes
         result = await client.send(sid, "What is 6*7?")
         assert "42" in result.text
         assert len(await client.history(sid)) == 4
+
+
+async def test_attachments_up_to_the_limit_pass_through_envoy(rest: httpx.AsyncClient) -> None:
+    import base64
+
+    sid = await _create(rest, agentName="echo")
+    fifty_mb = base64.b64encode(b"a" * (50 * 1024 * 1024)).decode()
+    files = [
+        {"content": fifty_mb, "mime_type": "text/plain", "filename": f"part{i}.txt"} for i in (1, 2)
+    ]
+    events = await _turn(rest, sid, "two big files", files=files)
+    assert events[-1]["type"] == "RUN_FINISHED"
+    history = (await rest.get(f"/v1/sessions/{sid}/history")).json()["messages"]
+    assert [f["size_bytes"] for f in history[0]["files"]] == [str(50 * 1024 * 1024)] * 2

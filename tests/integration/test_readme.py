@@ -55,7 +55,7 @@ def test_readme_grpcurl_conversation(shared_mesh: SharedMesh) -> None:
     outputs = []
     for line in _block("grpcurl").strip().splitlines():
         args = shlex.split(line.replace(README_ADDRESS, address))
-        assert args[0] == "grpcurl"
+        assert args[0] == ".venv/bin/grpcurl"
         args[0] = str(Path(sys.executable).parent / "grpcurl")
         result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
         assert result.returncode == 0, result.stderr
