@@ -4,16 +4,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-# Programs the tests use that come from Debian, not PyPI.
-SYSTEM_COMMANDS := curl
+# Programs the tests use that come from Debian, not PyPI: command:package.
+SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm
+# The real AG-UI client, pinned by package-lock.json, for the AG-UI tests.
+NODE_STAMP := clients/agui/node_modules/.package-lock.json
 
 .PHONY: install system-deps gen test test-unit lint format run bench clean
 
-install: system-deps $(STAMP)
+install: system-deps $(STAMP) $(NODE_STAMP)
 
 # Idempotent and quiet: apt-get runs only when something is missing (CI is root).
 system-deps:
-	@missing=""; for c in $(SYSTEM_COMMANDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	@missing=""; for pair in $(SYSTEM_COMMANDS); do \
+	  command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing$$missing from Debian"; \
@@ -26,6 +29,9 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
+
+$(NODE_STAMP): clients/agui/package.json clients/agui/package-lock.json
+	@npm ci --prefix clients/agui --no-audit --no-fund --silent
 
 gen: install
 	$(PY) scripts/gen_protos.py

@@ -37,6 +37,9 @@ class UpError(Exception):
 def _preflight(config: UpConfig) -> None:
     if config.port:
         with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as s:
+            # As Envoy does: connections lingering in TIME_WAIT from a previous
+            # run do not make the port busy; another listener does.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((config.host, config.port))
             except OSError as exc:

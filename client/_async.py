@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -153,8 +153,12 @@ class AsyncClient:
         *,
         agent: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        messages: Sequence[message_pb2.Message] = (),
     ) -> spb.Session:
-        request = spb.CreateSessionRequest(session_id=session_id or "", agent_name=agent or "")
+        """Create a session; ``messages`` is an optional history to start from."""
+        request = spb.CreateSessionRequest(
+            session_id=session_id or "", agent_name=agent or "", messages=messages
+        )
         if metadata:
             json_format.ParseDict(dict(metadata), request.metadata)
         with map_rpc_errors():

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnmesh.v1 import session_service_pb2
+from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
 HERE = Path(__file__).resolve().parent
 # gen/ sits beside envoy/ in the repository; an installed package finds the
 # descriptor set next to the generated modules instead.
 DESCRIPTOR_SET = HERE.parent / "gen" / "turnmesh.binpb"
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
+COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
 
 # 100 MB of files as base64 (4/3) in JSON, plus the rest of the request.
 MAX_REQUEST_BODY_BYTES = 140 * 1024 * 1024
@@ -126,7 +127,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"
         ".GrpcJsonTranscoder",
         "proto_descriptor": str(config.descriptor_set),
-        "services": [SESSION_SERVICE],
+        "services": [SESSION_SERVICE, COMPAT_SERVICE],
         "print_options": {
             "add_whitespace": False,
             "always_print_primitive_fields": False,

@@ -62,11 +62,32 @@ local function member(s, key)
   return s:sub(e + 1, stop)
 end
 
+-- OpenAI's clients expect OpenAI's error shape on OpenAI's paths.
+local OPENAI_TYPES = {
+  [3] = "invalid_request_error", [5] = "invalid_request_error", [6] = "invalid_request_error",
+  [9] = "invalid_request_error", [10] = "invalid_request_error", [11] = "invalid_request_error",
+  [7] = "permission_error", [16] = "authentication_error", [8] = "rate_limit_error",
+}
+
 -- The transcoder rewrites every REST call into a gRPC POST; keep the method the
--- client sent for the access log.
+-- client sent for the access log, and which error shape the caller expects.
 function envoy_on_request(handle)
   local headers = handle:headers()
   headers:replace("x-turnmesh-original-method", headers:get(":method") or "")
+  local path = headers:get(":path") or ""
+  if path:find("^/v1/chat/completions") or path:find("^/v1/responses") then
+    handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "openai")
+  end
+end
+
+local function openai_error(text, code)
+  local violations = member(text, "fieldViolations")
+  local param = violations and member(violations, "field") or member(text, "param") or "null"
+  local reason = member(text, "reason")
+  local error_code = reason and reason:lower() or "null"
+  return '{"error":{"message":' .. (member(text, "message") or '""')
+    .. ',"type":"' .. (OPENAI_TYPES[code] or "server_error") .. '"'
+    .. ',"param":' .. param .. ',"code":' .. error_code .. "}}"
 end
 
 function envoy_on_response(handle)
@@ -80,6 +101,11 @@ function envoy_on_response(handle)
   local text = body:getBytes(0, body:length())
   local code = tonumber(text:match('^%s*{%s*"code"%s*:%s*(%d+)'))
   if code == nil then return end
+  local shape = handle:streamInfo():dynamicMetadata():get("turnmesh")
+  if shape ~= nil and shape["error_shape"] == "openai" then
+    handle:body():setBytes(openai_error(text, code))
+    return
+  end
   local parts = {
     '{"type":"' .. BASE .. (SLUGS[code] or "error") .. '"',
     '"title":"' .. (TITLES[code] or "Error") .. '"',

@@ -44,13 +44,20 @@ class TurnmeshError(Exception):
 
     code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
     http_status: ClassVar[int] = 500
+    # Seconds; sent as `retry-after` metadata, which Envoy passes on as the
+    # HTTP Retry-After header.
+    retry_after: ClassVar[int | None] = None
     slug: ClassVar[str] = "internal"
     title: ClassVar[str] = "Internal error"
 
-    def __init__(self, detail: str, *, reason: str | None = None) -> None:
+    def __init__(
+        self, detail: str, *, reason: str | None = None, metadata: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.reason = reason
+        # Goes into google.rpc.ErrorInfo.metadata (e.g. {"param": "model"}).
+        self.metadata = metadata or {}
 
     @property
     def problem_type(self) -> str:
@@ -59,7 +66,9 @@ class TurnmeshError(Exception):
     def details(self) -> list[any_pb2.Any]:
         """google.rpc detail messages for this error."""
         info = error_details_pb2.ErrorInfo(
-            reason=self.reason or self.slug.upper().replace("-", "_"), domain=ERROR_DOMAIN
+            reason=self.reason or self.slug.upper().replace("-", "_"),
+            domain=ERROR_DOMAIN,
+            metadata=self.metadata,
         )
         packed = any_pb2.Any()
         packed.Pack(info)
@@ -68,7 +77,14 @@ class TurnmeshError(Exception):
     def to_status(self) -> grpc.Status:
         status = status_pb2.Status(code=_rpc_code(self.code), message=self.detail)
         status.details.extend(self.details())
-        return rpc_status.to_status(status)
+        converted = rpc_status.to_status(status)
+        if self.retry_after is None:
+            return converted
+        return _Status(
+            converted.code,
+            converted.details,
+            (*converted.trailing_metadata, ("retry-after", str(self.retry_after))),
+        )
 
 
 class InvalidArgument(TurnmeshError):
@@ -131,6 +147,7 @@ class SessionBusy(TurnmeshError):
     http_status = 409
     slug = "session-busy"
     title = "Session busy"
+    retry_after = 1
 
 
 class FailedPrecondition(TurnmeshError):
@@ -152,6 +169,7 @@ class ResourceExhausted(TurnmeshError):
     http_status = 429
     slug = "resource-exhausted"
     title = "Too many requests"
+    retry_after = 1
 
 
 class Unavailable(TurnmeshError):
@@ -159,6 +177,13 @@ class Unavailable(TurnmeshError):
     http_status = 503
     slug = "unavailable"
     title = "Service unavailable"
+
+
+@dataclass(frozen=True)
+class _Status(grpc.Status):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, str | bytes], ...]
 
 
 def _rpc_code(code: grpc.StatusCode) -> int:

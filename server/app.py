@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+import grpc
 from pydantic import BaseModel, Field
 
 from turnmesh.runtime.ids import new_member_id
@@ -16,18 +17,21 @@ from turnmesh.runtime.serving import (
     wait_for_signal,
     write_ready_file,
 )
+from turnmesh.server.compat import CompatServicer, Mesh
 from turnmesh.server.core import CoreLimits, SessionCore
 from turnmesh.server.routing import RouteTable
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.store import MemoryStore
 from turnmesh.server.workers import WorkerPool
+from turnmesh.v1 import compat_service_pb2 as cpb
+from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import session_service_pb2 as spb
-from turnmesh.v1 import session_service_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = spb.DESCRIPTOR.services_by_name["SessionService"].full_name
+COMPAT_SERVICE_NAME = cpb.DESCRIPTOR.services_by_name["CompatService"].full_name
 
 
 class ServerConfig(BaseModel):
@@ -91,15 +95,22 @@ class SessionServer:
         )
         self.core = SessionCore(MemoryStore(), self.workers, c.default_agent, limits)
         servicer = SessionServicer(self.core, self.routes, self.member_id, self.lifecycle)
+        # The compatibility surfaces are clients of this server's own public API.
+        self._compat_mesh = Mesh()
+        compat = CompatServicer(self._compat_mesh)
+
+        def register(server: grpc.aio.Server) -> None:
+            session_service_pb2_grpc.add_SessionServiceServicer_to_server(servicer, server)
+            compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
+
         self._process = GrpcProcess(
             host=c.host,
             port=c.port,
-            service_names=[SERVICE_NAME],
-            register=lambda s: session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-                servicer, s
-            ),
+            service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME],
+            register=register,
         )
         await self._process.start()
+        self._compat_mesh.connect(self._process.address)
         address = self._process.address
         if c.advertise_host:
             address = f"{c.advertise_host}:{self._process.bound_port}"
@@ -150,6 +161,7 @@ class SessionServer:
             await self._membership.stop()
         await self.workers.stop()
         await self.routes.close()
+        await self._compat_mesh.close()
         if self._process is not None:
             await self._process.stop(grace=1.0)
         self.state = spb.LIFECYCLE_STATE_STOPPED

@@ -61,7 +61,11 @@ class SessionCore:
         return agent
 
     async def create_session(
-        self, session_id: str, agent_name: str, metadata: struct_pb2.Struct
+        self,
+        session_id: str,
+        agent_name: str,
+        metadata: struct_pb2.Struct,
+        messages: list[message_pb2.Message] | None = None,
     ) -> spb.Session:
         agent = await self.require_agent(agent_name)
         t = now()
@@ -72,7 +76,7 @@ class SessionCore:
             last_activity=t,
             metadata=json_format.MessageToDict(metadata),
         )
-        await self.store.create(record)
+        await self.store.create(record, messages)
         return self._to_proto(record)
 
     async def get_record(self, session_id: str) -> SessionRecord:

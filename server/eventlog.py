@@ -17,6 +17,12 @@ from turnmesh.runtime.errors import NotFound, OutOfRange
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
+
+def now_ms() -> float:
+    """Whole milliseconds: AG-UI clients reject a timestamp with a fraction."""
+    return float(time.time_ns() // 1_000_000)
+
+
 TERMINAL_TYPES = frozenset({event_pb2.RUN_FINISHED, event_pb2.RUN_ERROR})
 
 
@@ -48,7 +54,7 @@ class TurnLog:
         event.thread_id = self.session_id
         event.run_id = self.turn_id
         if not event.timestamp:
-            event.timestamp = time.time() * 1000.0
+            event.timestamp = now_ms()
         self._next_seq += 1
         self._events.append(event)
         if len(self._events) > self._max_events:
@@ -104,7 +110,7 @@ class TurnLog:
             type=event_pb2.CUSTOM,
             thread_id=self.session_id,
             run_id=self.turn_id,
-            timestamp=time.time() * 1000.0,
+            timestamp=now_ms(),
             name="keepalive",
         )
         event.value.struct_value.SetInParent()  # AG-UI requires a value

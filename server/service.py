@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 Response = TypeVar("Response")
 Metadata = tuple[tuple[str, str], ...]
+# What a forwarded call's error keeps of the owner's trailers.
+PASSED_TRAILERS = frozenset({"grpc-status-details-bin", "retry-after"})
 
 
 class SessionServicer(SessionServiceServicer):
@@ -140,7 +142,7 @@ class SessionServicer(SessionServiceServicer):
 
         async def local() -> spb.CreateSessionResponse:
             session = await self._core.create_session(
-                request.session_id, request.agent_name, request.metadata
+                request.session_id, request.agent_name, request.metadata, list(request.messages)
             )
             return spb.CreateSessionResponse(session=session)
 
@@ -273,7 +275,5 @@ class SessionServicer(SessionServiceServicer):
 
 async def _pass_through(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> None:
     """Give the caller the owner's status exactly, details included."""
-    trailing = tuple(
-        (k, v) for k, v in (exc.trailing_metadata() or ()) if k == "grpc-status-details-bin"
-    )
+    trailing = tuple((k, v) for k, v in (exc.trailing_metadata() or ()) if k in PASSED_TRAILERS)
     await context.abort(exc.code(), exc.details() or "", trailing)

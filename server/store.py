@@ -28,8 +28,11 @@ class SessionRecord:
 
 
 class SessionStore(Protocol):
-    async def create(self, record: SessionRecord) -> None:
-        """Add a session; AlreadyExists if the id is taken."""
+    async def create(
+        self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
+    ) -> None:
+        """Add a session with an optional starting history, atomically;
+        AlreadyExists if the id is taken."""
 
     async def get(self, session_id: str) -> SessionRecord | None: ...
 
@@ -57,11 +60,15 @@ class MemoryStore:
         self._records: dict[str, SessionRecord] = {}
         self._messages: dict[str, list[message_pb2.Message]] = {}
 
-    async def create(self, record: SessionRecord) -> None:
+    async def create(
+        self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
+    ) -> None:
         if record.session_id in self._records:
             raise AlreadyExists(f"session {record.session_id!r} already exists")
+        initial = list(messages or [])
+        record.message_count = len(initial)
         self._records[record.session_id] = record
-        self._messages[record.session_id] = []
+        self._messages[record.session_id] = initial
 
     async def get(self, session_id: str) -> SessionRecord | None:
         record = self._records.get(session_id)

@@ -279,6 +279,8 @@ class TurnRunner:
             if turn.metadata.fields:
                 users[-1].metadata.CopyFrom(turn.metadata)
             messages = users + builder.finish(created, outcome.result)
+            if outcome.usage:
+                messages[-1].usage.CopyFrom(_total(outcome.usage))
             # Once the agent has finished, the turn commits even if a cancel
             # arrives during the write; the turn then ends as finished.
             commit = asyncio.ensure_future(self._store.append_messages(session_id, messages, now()))
@@ -417,6 +419,15 @@ class TurnRunner:
             self._workers.release(worker)
         # The stream ended without RUN_FINISHED or RUN_ERROR.
         raise WorkerFailed(streamed)
+
+
+def _total(usage: list[event_pb2.TokenUsage]) -> event_pb2.TokenUsage:
+    total = event_pb2.TokenUsage()
+    for u in usage:
+        total.input_tokens += u.input_tokens
+        total.output_tokens += u.output_tokens
+        total.total_tokens += u.total_tokens
+    return total
 
 
 def _strip(event: event_pb2.Event) -> event_pb2.Event:

@@ -17,6 +17,9 @@ MAX_TOTAL_FILE_BYTES = 100 * 1024 * 1024
 MAX_FILENAME_CHARS = 255
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 MAX_METADATA_BYTES = 64 * 1024
+MAX_SEED_MESSAGES = 1000
+MAX_SEED_MESSAGE_CHARS = 100_000
+SEED_ROLES = frozenset({"user", "assistant", "system", "tool"})
 ALLOWED_MIME_TYPES = frozenset(
     {
         "image/png",
@@ -71,6 +74,22 @@ def validate_create_session(request: spb.CreateSessionRequest) -> None:
         violations.append(FieldViolation("agent_name", "must be at most 128 characters"))
     if request.metadata.ByteSize() > MAX_METADATA_BYTES:
         violations.append(FieldViolation("metadata", f"must be at most {MAX_METADATA_BYTES} bytes"))
+    if len(request.messages) > MAX_SEED_MESSAGES:
+        violations.append(FieldViolation("messages", f"at most {MAX_SEED_MESSAGES} messages"))
+    for index, message in enumerate(request.messages[:MAX_SEED_MESSAGES]):
+        if message.role not in SEED_ROLES:
+            violations.append(
+                FieldViolation(
+                    f"messages[{index}].role", "must be one of assistant, system, tool, user"
+                )
+            )
+        if len(message.content) > MAX_SEED_MESSAGE_CHARS:
+            violations.append(
+                FieldViolation(
+                    f"messages[{index}].content",
+                    f"must be at most {MAX_SEED_MESSAGE_CHARS} characters",
+                )
+            )
     _raise_if(violations)
 
 

@@ -22,8 +22,10 @@ ET = event_pb2.EventType
 
 
 def now_ms() -> float:
-    """Milliseconds since the epoch as a double: AG-UI needs a JSON number."""
-    return time.time() * 1000
+    """Whole milliseconds since the epoch. A double in the proto (an int64
+    prints as a JSON string), but integral: the AG-UI client rejects a
+    timestamp with a fraction (it checks for a safe integer)."""
+    return float(time.time_ns() // 1_000_000)
 
 
 def make_event(type_: event_pb2.EventType.ValueType, **fields: Any) -> event_pb2.Event:

@@ -35,7 +35,7 @@ def fake_time_module(clock: FakeClock) -> SimpleNamespace:
     """A stand-in for a module's ``time`` import: ``monotonic`` is the fake clock,
     ``time`` stays real. Patching the module attribute (not ``time.monotonic``
     itself) keeps the event loop's own clock untouched."""
-    return SimpleNamespace(monotonic=clock, time=time.time)
+    return SimpleNamespace(monotonic=clock, time=time.time, time_ns=time.time_ns)
 
 
 async def spin_until(predicate: Callable[[], bool], *, max_spins: int = 1000) -> None:

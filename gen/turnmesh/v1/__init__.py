@@ -1,5 +1,7 @@
 """Generated from proto/turnmesh/v1 by scripts/gen_protos.py. DO NOT EDIT."""
 
+from turnmesh.v1 import compat_service_pb2
+from turnmesh.v1 import compat_service_pb2_grpc
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import event_pb2_grpc
 from turnmesh.v1 import message_pb2
@@ -11,6 +13,15 @@ from turnmesh.v1 import session_service_pb2_grpc
 from turnmesh.v1 import worker_service_pb2
 from turnmesh.v1 import worker_service_pb2_grpc
 
+from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
+from turnmesh.v1.compat_service_pb2 import ChatRequest as ChatRequest
+from turnmesh.v1.compat_service_pb2 import ChatToolCall as ChatToolCall
+from turnmesh.v1.compat_service_pb2 import ChatTokensUsed as ChatTokensUsed
+from turnmesh.v1.compat_service_pb2 import ChatResponse as ChatResponse
+from turnmesh.v1.compat_service_pb2_grpc import CompatServiceStub as CompatServiceStub
+from turnmesh.v1.compat_service_pb2_grpc import CompatServiceServicer as CompatServiceServicer
+from turnmesh.v1.compat_service_pb2_grpc import add_CompatServiceServicer_to_server as add_CompatServiceServicer_to_server
+from turnmesh.v1.compat_service_pb2_grpc import CompatService as CompatService
 from turnmesh.v1.event_pb2 import EventType as EventType
 from turnmesh.v1.event_pb2 import TokenUsage as TokenUsage
 from turnmesh.v1.event_pb2 import Problem as Problem
@@ -74,6 +85,13 @@ from turnmesh.v1.worker_service_pb2_grpc import WorkerService as WorkerService
 __all__ = [
     "CancelTurnRequest",
     "CancelTurnResponse",
+    "ChatRequest",
+    "ChatResponse",
+    "ChatTokensUsed",
+    "ChatToolCall",
+    "CompatService",
+    "CompatServiceServicer",
+    "CompatServiceStub",
     "CreateSessionRequest",
     "CreateSessionResponse",
     "DeleteSessionRequest",
@@ -92,6 +110,7 @@ __all__ = [
     "GetInfoResponse",
     "GetReadinessRequest",
     "GetReadinessResponse",
+    "GetResponseRequest",
     "GetSessionRequest",
     "GetSessionResponse",
     "HeartbeatRequest",
@@ -128,9 +147,12 @@ __all__ = [
     "WorkerService",
     "WorkerServiceServicer",
     "WorkerServiceStub",
+    "add_CompatServiceServicer_to_server",
     "add_RouterServiceServicer_to_server",
     "add_SessionServiceServicer_to_server",
     "add_WorkerServiceServicer_to_server",
+    "compat_service_pb2",
+    "compat_service_pb2_grpc",
     "event_pb2",
     "event_pb2_grpc",
     "message_pb2",

@@ -169,7 +169,10 @@ class Event(_message.Message):
     run_id: _builtins.str
     """The turn id (AG-UI's run)."""
     timestamp: _builtins.float
-    """Milliseconds since the Unix epoch (a JSON number, as AG-UI requires)."""
+    """Whole milliseconds since the Unix epoch. A double so that JSON prints a
+    number (an int64 prints as a string); always integral, because the AG-UI
+    client rejects a timestamp with a fraction.
+    """
     message_id: _builtins.str
     """TEXT_MESSAGE_*, TOOL_CALL_RESULT: the message this event belongs to."""
     role: _builtins.str

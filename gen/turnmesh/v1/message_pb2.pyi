@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from turnmesh.v1 import event_pb2 as _event_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -151,6 +152,7 @@ class Message(_message.Message):
     TURN_ID_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """"user", "assistant", "tool" or "system"."""
     content: _builtins.str
@@ -174,6 +176,10 @@ class Message(_message.Message):
         assistant message of a turn.
         """
 
+    @_builtins.property
+    def usage(self) -> _event_pb2.TokenUsage:
+        """The final assistant message of a turn: the turn's token usage."""
+
     def __init__(
         self,
         *,
@@ -185,10 +191,11 @@ class Message(_message.Message):
         turn_id: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        usage: _event_pb2.TokenUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "metadata", b"metadata", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "created_at", b"created_at", "files", b"files", "metadata", b"metadata", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "created_at", b"created_at", "files", b"files", "metadata", b"metadata", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

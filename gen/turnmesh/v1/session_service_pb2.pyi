@@ -199,22 +199,30 @@ class CreateSessionRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     AGENT_NAME_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional; 1-128 characters of [A-Za-z0-9._:-]. A ULID is minted if unset."""
     agent_name: _builtins.str
     """Optional; the mesh's default agent if unset."""
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
+        """Optional history to start from (a conversation held elsewhere so far):
+        at most 1,000 messages with role user, assistant, system or tool.
+        """
+
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
         agent_name: _builtins.str = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        messages: _abc.Iterable[_message_pb2.Message] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "metadata", b"metadata", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "messages", b"messages", "metadata", b"metadata", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,8 @@
+"""The APIs clients already speak (OpenAI chat completions and Responses,
+AG-UI, simple chat), served by every session server as clients of its own
+public SessionService."""
+
+from turnmesh.server.compat._common import Mesh
+from turnmesh.server.compat.service import CompatServicer
+
+__all__ = ["CompatServicer", "Mesh"]

@@ -1,0 +1,138 @@
+"""What every compatibility surface shares: a client of the public
+SessionService (so forwarding, policies and validation are the ones the
+native API has), error translation, and HTTP body framing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.api import httpbody_pb2
+from pydantic import ValidationError
+
+from turnmesh.client import (
+    AlreadyExistsError,
+    AsyncClient,
+    InvalidArgumentError,
+    NotFoundError,
+    SessionBusyError,
+    TurnmeshClientError,
+    UnavailableError,
+)
+from turnmesh.runtime.errors import (
+    AlreadyExists,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    SessionBusy,
+    TurnmeshError,
+    Unavailable,
+)
+from turnmesh.v1 import message_pb2
+
+
+class Mesh:
+    """The public API as the compatibility surfaces see it."""
+
+    def __init__(self) -> None:
+        self._client: AsyncClient | None = None
+
+    def connect(self, address: str) -> None:
+        self._client = AsyncClient(address, timeout=60)
+
+    @property
+    def client(self) -> AsyncClient:
+        if self._client is None:
+            raise Unavailable("this server is still starting")
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def session_exists(self, session_id: str) -> bool:
+        try:
+            await self.client.get_session(session_id)
+        except NotFoundError:
+            return False
+        except InvalidArgumentError:
+            return False  # not even a valid id: it cannot exist
+        except TurnmeshClientError as exc:
+            raise to_domain(exc) from exc
+        return True
+
+    async def create_session(
+        self,
+        session_id: str | None,
+        agent: str | None,
+        history: list[message_pb2.Message] | None = None,
+        *,
+        param: str = "agent_name",
+    ) -> str:
+        try:
+            session = await self.client.create_session(
+                session_id, agent=agent, messages=history or ()
+            )
+        except NotFoundError as exc:
+            raise NotFound(
+                exc.message, reason="MODEL_NOT_FOUND", metadata={"param": param}
+            ) from exc
+        except TurnmeshClientError as exc:
+            raise to_domain(exc) from exc
+        return session.session_id
+
+
+def to_domain(exc: TurnmeshClientError) -> TurnmeshError:
+    """A client error of the self-call, as the error this surface reports."""
+    if isinstance(exc, InvalidArgumentError) and exc.violations:
+        return InvalidArgument([FieldViolation(f, d) for f, d in exc.violations.items()])
+    mapped: dict[type[TurnmeshClientError], type[TurnmeshError]] = {
+        NotFoundError: NotFound,
+        AlreadyExistsError: AlreadyExists,
+        SessionBusyError: SessionBusy,
+        UnavailableError: Unavailable,
+    }
+    kind = mapped.get(type(exc), TurnmeshError)
+    return kind(
+        exc.message if kind is not TurnmeshError else "internal error", reason=exc.reason or None
+    )
+
+
+def invalid(field: str, description: str) -> InvalidArgument:
+    return InvalidArgument([FieldViolation(field, description)])
+
+
+def parse_json_body(body: httpbody_pb2.HttpBody) -> dict[str, Any]:
+    try:
+        data = json.loads(body.data or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid("body", f"not valid JSON: {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+    if not isinstance(data, dict):
+        raise invalid("body", "must be a JSON object")
+    return data
+
+
+def json_body(payload: Any) -> httpbody_pb2.HttpBody:
+    return httpbody_pb2.HttpBody(
+        content_type="application/json", data=json.dumps(payload, separators=(",", ":")).encode()
+    )
+
+
+def sse_body(payload: Any, event: str | None = None) -> httpbody_pb2.HttpBody:
+    """One SSE frame; the stream's first HttpBody sets the content type."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    prefix = f"event: {event}\n" if event else ""
+    return httpbody_pb2.HttpBody(
+        content_type="text/event-stream", data=f"{prefix}data: {data}\n\n".encode()
+    )
+
+
+def from_pydantic(exc: ValidationError) -> InvalidArgument:
+    """A request body that does not fit the schema, one violation per error."""
+    violations = []
+    for error in exc.errors()[:20]:
+        field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(
+            ".[", "["
+        )
+        violations.append(FieldViolation(field or "body", error["msg"]))
+    return InvalidArgument(violations)

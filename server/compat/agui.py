@@ -1,0 +1,163 @@
+"""AG-UI (``POST /v1/agui``): a RunAgentInput in, AG-UI events out over SSE.
+
+The events carry only the fields AG-UI defines for each type (with AG-UI's
+value types), so the real client validates them without a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from google.api import httpbody_pb2
+from google.protobuf import json_format
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from turnmesh.client import TurnmeshClientError
+from turnmesh.client._async import POLICIES
+from turnmesh.runtime.errors import AlreadyExists
+from turnmesh.server.compat._common import (
+    Mesh,
+    from_pydantic,
+    invalid,
+    parse_json_body,
+    sse_body,
+    to_domain,
+)
+from turnmesh.v1 import event_pb2, message_pb2
+
+
+class _FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = ""
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: str = "function"
+    function: _FunctionCall
+
+
+class AguiMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    id: str = ""
+    role: Literal["developer", "system", "assistant", "user", "tool"]
+    content: str | None = None
+    tool_calls: list[_ToolCall] = Field(default_factory=list, alias="toolCalls")
+    tool_call_id: str | None = Field(default=None, alias="toolCallId")
+
+
+class RunAgentInput(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    thread_id: str = Field(alias="threadId", min_length=1, max_length=128)
+    run_id: str = Field(default="", alias="runId")
+    messages: list[AguiMessage] = Field(min_length=1, max_length=1000)
+    state: Any = None
+    tools: list[Any] = Field(default_factory=list)
+    context: list[Any] = Field(default_factory=list)
+    forwarded_props: dict[str, Any] = Field(default_factory=dict, alias="forwardedProps")
+
+
+def parse(body: httpbody_pb2.HttpBody) -> RunAgentInput:
+    try:
+        run = RunAgentInput.model_validate(parse_json_body(body))
+    except ValidationError as exc:
+        raise from_pydantic(exc) from exc
+    if run.messages[-1].role != "user":
+        raise invalid(
+            f"messages[{len(run.messages) - 1}].role", "the last message must be the user's"
+        )
+    policy = run.forwarded_props.get("policy", "collect")
+    if policy not in POLICIES:
+        raise invalid("forwardedProps.policy", f"one of {', '.join(sorted(POLICIES))}")
+    return run
+
+
+def _history(messages: list[AguiMessage]) -> list[message_pb2.Message]:
+    history = []
+    for m in messages:
+        message = message_pb2.Message(
+            role="system" if m.role == "developer" else m.role,
+            content=m.content or "",
+            tool_call_id=m.tool_call_id or "",
+        )
+        for call in m.tool_calls:
+            message.tool_calls.add(
+                id=call.id,
+                type="function",
+                function=message_pb2.FunctionCall(
+                    name=call.function.name, arguments=call.function.arguments
+                ),
+            )
+        history.append(message)
+    return history
+
+
+def to_agui(event: event_pb2.Event, thread_id: str, run_id: str) -> dict[str, Any] | None:
+    """Our event as AG-UI's, with exactly AG-UI's fields."""
+    t = event.type
+    out: dict[str, Any] = {"type": event_pb2.EventType.Name(t)}
+    if event.timestamp:
+        out["timestamp"] = int(event.timestamp)
+    if t in (event_pb2.RUN_STARTED, event_pb2.RUN_FINISHED):
+        out.update(threadId=thread_id, runId=run_id)
+        if t == event_pb2.RUN_FINISHED and event.HasField("result"):
+            out["result"] = json_format.MessageToDict(event.result)
+    elif t == event_pb2.RUN_ERROR:
+        out.update(message=event.message or "the run failed", code=event.code or "error")
+    elif t == event_pb2.TEXT_MESSAGE_START:
+        out.update(messageId=event.message_id, role="assistant")
+    elif t == event_pb2.TEXT_MESSAGE_CONTENT:
+        out.update(messageId=event.message_id, delta=event.delta)
+    elif t == event_pb2.TEXT_MESSAGE_END:
+        out.update(messageId=event.message_id)
+    elif t == event_pb2.TOOL_CALL_START:
+        out.update(toolCallId=event.tool_call_id, toolCallName=event.tool_call_name)
+        if event.parent_message_id:
+            out["parentMessageId"] = event.parent_message_id
+    elif t == event_pb2.TOOL_CALL_ARGS:
+        out.update(toolCallId=event.tool_call_id, delta=event.delta)
+    elif t == event_pb2.TOOL_CALL_END:
+        out.update(toolCallId=event.tool_call_id)
+    elif t == event_pb2.TOOL_CALL_RESULT:
+        out.update(
+            messageId=event.message_id,
+            toolCallId=event.tool_call_id,
+            content=event.content,
+            role="tool",
+        )
+    elif t == event_pb2.CUSTOM:
+        out.update(
+            name=event.name,
+            value=json_format.MessageToDict(event.value) if event.HasField("value") else None,
+        )
+    else:
+        return None
+    return out
+
+
+async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    thread = request.thread_id
+    message = request.messages[-1].content or ""
+    if not await mesh.session_exists(thread):
+        agent = request.forwarded_props.get("agent")
+        # A concurrent first run on the same thread may have created it.
+        with contextlib.suppress(AlreadyExists):
+            await mesh.create_session(
+                thread, agent if isinstance(agent, str) else None, _history(request.messages[:-1])
+            )
+    run_id = request.run_id
+    try:
+        async with mesh.client.stream_turn(
+            thread, message, policy=request.forwarded_props.get("policy", "collect")
+        ) as stream:
+            async for event in stream:
+                run_id = run_id or event.run_id
+                payload = to_agui(event, thread, run_id)
+                if payload is not None:
+                    yield sse_body(payload)
+    except TurnmeshClientError as exc:
+        raise to_domain(exc) from exc

@@ -1,0 +1,221 @@
+"""OpenAI chat completions (``POST /v1/chat/completions``), byte for byte what
+the official SDK expects, streaming or not."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from google.api import httpbody_pb2
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from turnmesh.client import TurnmeshClientError
+from turnmesh.runtime.errors import TurnmeshError, Unavailable
+from turnmesh.server.compat._common import (
+    Mesh,
+    from_pydantic,
+    invalid,
+    json_body,
+    parse_json_body,
+    sse_body,
+    to_domain,
+)
+from turnmesh.v1 import event_pb2, message_pb2
+
+
+class _ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[_ContentPart] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content if p.type in ("text", "input_text"))
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    # Sampling options and the like are accepted and left to the agent.
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=128)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
+    stream: bool = False
+    stream_options: _StreamOptions | None = None
+
+
+def to_history(messages: list[ChatMessage]) -> list[message_pb2.Message]:
+    history = []
+    for m in messages:
+        role = "system" if m.role == "developer" else m.role
+        history.append(
+            message_pb2.Message(role=role, content=m.text(), tool_call_id=m.tool_call_id or "")
+        )
+    return history
+
+
+class Turn:
+    """One chat completion's turn: which session, and how it ends."""
+
+    def __init__(self, session_id: str, throwaway: bool) -> None:
+        self.session_id = session_id
+        self.throwaway = throwaway
+        self.id = ""
+        self.created = int(time.time())
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+    def finish(self, event: event_pb2.Event) -> None:
+        for u in event.usage:
+            self.usage["prompt_tokens"] += u.input_tokens
+            self.usage["completion_tokens"] += u.output_tokens
+            self.usage["total_tokens"] += u.total_tokens
+
+
+async def open_turn(
+    mesh: Mesh, request: ChatCompletionRequest, session_header: str | None
+) -> tuple[Turn, str]:
+    """The session for this request, and the new user message."""
+    last = request.messages[-1]
+    if last.role != "user":
+        raise invalid(
+            f"messages[{len(request.messages) - 1}].role", "the last message must be the user's"
+        )
+    if session_header and await mesh.session_exists(session_header):
+        return Turn(session_header, throwaway=False), last.text()
+    history = to_history(request.messages[:-1])
+    session_id = await mesh.create_session(
+        session_header or None, request.model, history, param="model"
+    )
+    return Turn(session_id, throwaway=not session_header), last.text()
+
+
+def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
+    try:
+        return ChatCompletionRequest.model_validate(parse_json_body(body))
+    except ValidationError as exc:
+        raise from_pydantic(exc) from exc
+
+
+async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb2.Event]:
+    try:
+        async with mesh.client.stream_turn(turn.session_id, message) as stream:
+            async for event in stream:
+                if not turn.id:
+                    turn.id = f"chatcmpl-{event.run_id}"
+                yield event
+    except TurnmeshClientError as exc:
+        raise to_domain(exc) from exc
+    finally:
+        if turn.throwaway:
+            with contextlib.suppress(TurnmeshClientError):  # it would expire anyway
+                await mesh.client.delete_session(turn.session_id)
+
+
+def error_payload(event: event_pb2.Event) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": event.message or "the turn failed",
+            "type": "server_error",
+            "param": None,
+            "code": event.code or None,
+        }
+    }
+
+
+def turn_error(event: event_pb2.Event) -> TurnmeshError:
+    if event.problem.status in (502, 503):
+        return Unavailable(event.message or "the turn failed")
+    return TurnmeshError(event.message or "the turn failed", reason=event.code.upper() or None)
+
+
+async def complete(
+    mesh: Mesh, request: ChatCompletionRequest, turn: Turn, message: str
+) -> httpbody_pb2.HttpBody:
+    text: list[str] = []
+    async for event in events(mesh, turn, message):
+        if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+            text.append(event.delta)
+        elif event.type == event_pb2.TOOL_CALL_RESULT:
+            text.clear()
+        elif event.type == event_pb2.RUN_FINISHED:
+            turn.finish(event)
+        elif event.type == event_pb2.RUN_ERROR:
+            raise turn_error(event)
+    return json_body(
+        {
+            "id": turn.id,
+            "object": "chat.completion",
+            "created": turn.created,
+            "model": request.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(text), "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": turn.usage,
+            "system_fingerprint": None,
+        }
+    )
+
+
+async def stream(
+    mesh: Mesh, request: ChatCompletionRequest, turn: Turn, message: str
+) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> httpbody_pb2.HttpBody:
+        payload: dict[str, Any] = {
+            "id": turn.id,
+            "object": "chat.completion.chunk",
+            "created": turn.created,
+            "model": request.model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if include_usage:
+            payload["usage"] = None
+        return sse_body(payload)
+
+    async for event in events(mesh, turn, message):
+        if event.type == event_pb2.RUN_STARTED:
+            yield chunk({"role": "assistant", "content": "", "refusal": None})
+        elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+            yield chunk({"content": event.delta})
+        elif event.type == event_pb2.RUN_FINISHED:
+            turn.finish(event)
+            yield chunk({}, "stop")
+            if include_usage:
+                usage_chunk = {
+                    "id": turn.id,
+                    "object": "chat.completion.chunk",
+                    "created": turn.created,
+                    "model": request.model,
+                    "system_fingerprint": None,
+                    "choices": [],
+                    "usage": turn.usage,
+                }
+                yield sse_body(usage_chunk)
+        elif event.type == event_pb2.RUN_ERROR:
+            # After the first chunk an HTTP status can no longer change: the
+            # SDK raises an APIError for an `error` frame.
+            yield sse_body(error_payload(event))
+            break
+    yield sse_body("[DONE]")

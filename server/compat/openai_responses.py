@@ -1,0 +1,296 @@
+"""OpenAI Responses (``POST /v1/responses``, ``GET /v1/responses/{id}``).
+
+A response id names its session and turn (``resp_<turn>.<session, base64url>``),
+so any server can continue or read it without a shared index.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from google.api import httpbody_pb2
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from turnmesh.client import NotFoundError, TurnmeshClientError
+from turnmesh.runtime.errors import NotFound
+from turnmesh.server.compat._common import (
+    Mesh,
+    from_pydantic,
+    invalid,
+    json_body,
+    parse_json_body,
+    sse_body,
+    to_domain,
+)
+from turnmesh.server.compat.openai_chat import turn_error
+from turnmesh.v1 import event_pb2, message_pb2
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[_Part]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content)
+
+
+class ResponseRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1, max_length=128)
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    stream: bool = False
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+
+    def items(self) -> list[InputMessage]:
+        if isinstance(self.input, str):
+            return [InputMessage(role="user", content=self.input)]
+        return self.input
+
+
+def response_id(session_id: str, turn_id: str) -> str:
+    encoded = base64.urlsafe_b64encode(session_id.encode()).decode().rstrip("=")
+    return f"resp_{turn_id}.{encoded}"
+
+
+def parse_response_id(value: str, field: str) -> tuple[str, str]:
+    try:
+        turn_id, encoded = value.removeprefix("resp_").split(".", 1)
+        session_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise invalid(field, "not a response id from this service") from exc
+    if not value.startswith("resp_") or not turn_id or not session_id:
+        raise invalid(field, "not a response id from this service")
+    return session_id, turn_id
+
+
+def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
+    try:
+        request = ResponseRequest.model_validate(parse_json_body(body))
+    except ValidationError as exc:
+        raise from_pydantic(exc) from exc
+    items = request.items()
+    if not items or items[-1].role != "user":
+        raise invalid("input", "must end with a user message")
+    return request
+
+
+class Response:
+    """The response object, as it grows."""
+
+    def __init__(self, request: ResponseRequest, session_id: str) -> None:
+        self.request = request
+        self.session_id = session_id
+        self.id = ""
+        self.item_id = ""
+        self.created_at = int(time.time())
+        self.text = ""
+        self.status = "in_progress"
+        self.usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        self.error: dict[str, str] | None = None
+
+    def started(self, turn_id: str) -> None:
+        self.id = response_id(self.session_id, turn_id)
+        self.item_id = f"msg_{turn_id}"
+
+    def part(self) -> dict[str, Any]:
+        return {"type": "output_text", "text": self.text, "annotations": []}
+
+    def item(self, status: str) -> dict[str, Any]:
+        content = [self.part()] if status == "completed" else []
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "model": self.request.model,
+            "output": [self.item("completed")] if self.status == "completed" else [],
+            "usage": {
+                **self.usage,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+            "instructions": self.request.instructions,
+            "metadata": self.request.metadata or {},
+            "previous_response_id": self.request.previous_response_id,
+            "error": self.error,
+            "incomplete_details": None,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "temperature": None,
+            "top_p": None,
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "store": True,
+        }
+
+    def finish(self, event: event_pb2.Event) -> None:
+        for u in event.usage:
+            self.usage["input_tokens"] += u.input_tokens
+            self.usage["output_tokens"] += u.output_tokens
+            self.usage["total_tokens"] += u.total_tokens
+        self.status = "completed"
+
+
+async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response, str]:
+    """The session this request continues or starts, and the new user message."""
+    items = request.items()
+    message = items[-1].text()
+    if request.previous_response_id:
+        session_id, _ = parse_response_id(request.previous_response_id, "previous_response_id")
+        if not await mesh.session_exists(session_id):
+            raise NotFound(
+                f"previous response {request.previous_response_id!r} not found",
+                reason="PREVIOUS_RESPONSE_NOT_FOUND",
+                metadata={"param": "previous_response_id"},
+            )
+        return Response(request, session_id), message
+    history = []
+    if request.instructions:
+        history.append(message_pb2.Message(role="system", content=request.instructions))
+    for item in items[:-1]:
+        role = "system" if item.role == "developer" else item.role
+        history.append(message_pb2.Message(role=role, content=item.text()))
+    session_id = await mesh.create_session(None, request.model, history, param="model")
+    return Response(request, session_id), message
+
+
+async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator[event_pb2.Event]:
+    metadata: dict[str, Any] = dict(response.request.metadata or {})
+    if response.request.instructions and response.request.previous_response_id:
+        metadata["instructions"] = response.request.instructions
+    try:
+        async with mesh.client.stream_turn(
+            response.session_id, message, metadata=metadata
+        ) as stream:
+            async for event in stream:
+                if event.type == event_pb2.RUN_STARTED:
+                    response.started(event.run_id)
+                yield event
+    except TurnmeshClientError as exc:
+        raise to_domain(exc) from exc
+
+
+async def create(mesh: Mesh, request: ResponseRequest) -> httpbody_pb2.HttpBody:
+    response, message = await open_response(mesh, request)
+    text: list[str] = []
+    async for event in _events(mesh, response, message):
+        if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+            text.append(event.delta)
+        elif event.type == event_pb2.TOOL_CALL_RESULT:
+            text.clear()
+        elif event.type == event_pb2.RUN_FINISHED:
+            response.text = "".join(text)
+            response.finish(event)
+        elif event.type == event_pb2.RUN_ERROR:
+            raise turn_error(event)
+    return json_body(response.body())
+
+
+async def stream(mesh: Mesh, request: ResponseRequest) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    response, message = await open_response(mesh, request)
+    sequence = 0
+
+    def emit(kind: str, **fields: Any) -> httpbody_pb2.HttpBody:
+        nonlocal sequence
+        frame = sse_body({"type": kind, "sequence_number": sequence, **fields}, event=kind)
+        sequence += 1
+        return frame
+
+    where = {"output_index": 0, "content_index": 0}
+    async for event in _events(mesh, response, message):
+        if event.type == event_pb2.RUN_STARTED:
+            yield emit("response.created", response=response.body())
+            yield emit("response.in_progress", response=response.body())
+            yield emit(
+                "response.output_item.added", output_index=0, item=response.item("in_progress")
+            )
+            yield emit(
+                "response.content_part.added",
+                item_id=response.item_id,
+                part={"type": "output_text", "text": "", "annotations": []},
+                **where,
+            )
+        elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+            response.text += event.delta
+            yield emit(
+                "response.output_text.delta",
+                item_id=response.item_id,
+                delta=event.delta,
+                logprobs=[],
+                **where,
+            )
+        elif event.type == event_pb2.RUN_FINISHED:
+            response.finish(event)
+            yield emit(
+                "response.output_text.done",
+                item_id=response.item_id,
+                text=response.text,
+                logprobs=[],
+                **where,
+            )
+            yield emit(
+                "response.content_part.done",
+                item_id=response.item_id,
+                part=response.part(),
+                **where,
+            )
+            yield emit("response.output_item.done", output_index=0, item=response.item("completed"))
+            yield emit("response.completed", response=response.body())
+        elif event.type == event_pb2.RUN_ERROR:
+            response.status = "failed"
+            response.error = {"code": event.code or "server_error", "message": event.message}
+            yield emit("response.failed", response=response.body())
+
+
+async def get(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
+    session_id, turn_id = parse_response_id(response_id_value, "response_id")
+    try:
+        session = await mesh.client.get_session(session_id)
+        history = await mesh.client.history(session_id)
+    except NotFoundError as exc:
+        raise NotFound(f"response {response_id_value!r} not found") from exc
+    except TurnmeshClientError as exc:
+        raise to_domain(exc) from exc
+    messages = [m for m in history if m.turn_id == turn_id]
+    if not messages or messages[-1].role != "assistant":
+        raise NotFound(f"response {response_id_value!r} not found")
+    final = messages[-1]
+    # The model a response was made with is the session's agent.
+    request = ResponseRequest(model=session.agent_name, input="")
+    response = Response(request, session_id)
+    response.started(turn_id)
+    response.created_at = final.created_at.seconds
+    response.text = final.content
+    response.status = "completed"
+    response.usage = {
+        "input_tokens": final.usage.input_tokens,
+        "output_tokens": final.usage.output_tokens,
+        "total_tokens": final.usage.total_tokens,
+    }
+    return json_body(response.body())

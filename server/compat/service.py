@@ -1,0 +1,109 @@
+"""CompatService: the other APIs' surfaces, thin over the modules that speak them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from google.api import httpbody_pb2
+
+from turnmesh.server import validation
+from turnmesh.server.compat import agui, openai_chat, openai_responses, simple_chat
+from turnmesh.server.compat._common import Mesh
+from turnmesh.v1 import compat_service_pb2 as cpb
+from turnmesh.v1 import event_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1.compat_service_pb2_grpc import CompatServiceServicer
+
+SESSION_HEADER = "x-session-id"
+
+
+def _header(context: grpc.aio.ServicerContext, name: str) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == name and isinstance(value, str) and value:
+            return value
+    return None
+
+
+async def _then_headers(
+    context: grpc.aio.ServicerContext,
+    headers: tuple[tuple[str, str], ...],
+    bodies: AsyncIterator[httpbody_pb2.HttpBody],
+) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    """Send response headers only with the first body, so an error before it
+    is still a plain HTTP error status."""
+    first = True
+    async for body in bodies:
+        if first and headers:
+            await context.send_initial_metadata(headers)
+        first = False
+        yield body
+
+
+class CompatServicer(CompatServiceServicer):
+    def __init__(self, mesh: Mesh) -> None:
+        self._mesh = mesh
+
+    async def CreateChatCompletion(
+        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        parsed = openai_chat.parse(request)
+        turn, message = await openai_chat.open_turn(
+            self._mesh, parsed, _header(context, SESSION_HEADER)
+        )
+        if parsed.stream:
+            bodies = openai_chat.stream(self._mesh, parsed, turn, message)
+        else:
+            bodies = _one(openai_chat.complete(self._mesh, parsed, turn, message))
+        async for body in _then_headers(context, ((SESSION_HEADER, turn.session_id),), bodies):
+            yield body
+
+    async def CreateResponse(
+        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        parsed = openai_responses.parse(request)
+        if parsed.stream:
+            bodies = openai_responses.stream(self._mesh, parsed)
+        else:
+            bodies = _one(openai_responses.create(self._mesh, parsed))
+        async for body in bodies:
+            yield body
+
+    async def GetResponse(
+        self, request: cpb.GetResponseRequest, context: grpc.aio.ServicerContext
+    ) -> httpbody_pb2.HttpBody:
+        return await openai_responses.get(self._mesh, request.response_id)
+
+    async def RunAgent(
+        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        parsed = agui.parse(request)
+        async for body in agui.run(self._mesh, parsed):
+            yield body
+
+    async def Chat(
+        self, request: cpb.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ChatResponse:
+        _validate_chat(request)
+        return await simple_chat.chat(self._mesh, request)
+
+    async def ChatStream(
+        self, request: cpb.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[event_pb2.Event]:
+        _validate_chat(request)
+        async for event in simple_chat.stream(self._mesh, request):
+            yield event
+
+
+async def _one(
+    body: AsyncIterator[httpbody_pb2.HttpBody] | object,
+) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    yield await body  # type: ignore[misc]
+
+
+def _validate_chat(request: cpb.ChatRequest) -> None:
+    """The Turn rules, named as this API's fields, before any session is made."""
+    turn = spb.TurnRequest(
+        session_id=request.session_id or "placeholder", message=request.message, files=request.files
+    )
+    validation.validate_turn(turn)

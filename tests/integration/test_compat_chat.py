@@ -1,0 +1,83 @@
+"""The simple chat API (/v1/chat, /v1/chat:stream) with httpx and httpx-sse."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from httpx_sse import aconnect_sse
+
+
+async def test_chat_starts_a_session_and_continues_it(rest: httpx.AsyncClient) -> None:
+    first = await rest.post("/v1/chat", json={"message": "What is 12*(3+4)?"})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["content"] == "12*(3+4) = 84."
+    assert body["tool_calls"] == [
+        {"name": "calculator", "arguments": '{"expression":"12*(3+4)"}', "status": "completed"}
+    ]
+    assert body["tokens_used"]["total_tokens"] == (
+        body["tokens_used"]["prompt_tokens"] + body["tokens_used"]["completion_tokens"]
+    )
+    assert body["message_id"]
+    session_id = body["session_id"]
+
+    second = await rest.post(
+        "/v1/chat", json={"message": "What did I ask first?", "session_id": session_id}
+    )
+    assert second.json()["session_id"] == session_id
+    assert "What is 12*(3+4)?" in second.json()["content"]
+
+
+async def test_unknown_session_id_starts_a_new_session(rest: httpx.AsyncClient) -> None:
+    response = await rest.post(
+        "/v1/chat", json={"message": "What did I ask first?", "session_id": "expired-or-never-was"}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["session_id"] != "expired-or-never-was"
+    # A fresh session: nothing was asked before.
+    assert body["content"] == "You have not asked me anything before this message."
+
+
+async def test_chat_stream_sends_native_events(rest: httpx.AsyncClient) -> None:
+    async with aconnect_sse(
+        rest, "POST", "/v1/chat:stream", json={"message": "hello there", "agent_name": "echo"}
+    ) as source:
+        events = [json.loads(sse.data) async for sse in source.aiter_sse()]
+    assert events[0]["type"] == "RUN_STARTED"
+    assert events[-1]["type"] == "RUN_FINISHED"
+    text = "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == "hello there"
+
+
+async def test_file_validation_errors_name_the_file(rest: httpx.AsyncClient) -> None:
+    response = await rest.post(
+        "/v1/chat",
+        json={
+            "message": "read this",
+            "files": [{"content": "UEsDBA==", "mime_type": "application/zip", "filename": "a.zip"}],
+        },
+    )
+    assert response.status_code == 400
+    assert response.headers["content-type"] == "application/problem+json"
+    violation = response.json()["violations"][0]
+    assert violation["field"] == "files[0].mime_type"
+    assert "a.zip" in violation["description"]
+
+
+async def test_text_files_reach_the_agent(rest: httpx.AsyncClient) -> None:
+    response = await rest.post(
+        "/v1/chat",
+        json={
+            "message": "here is a note",
+            "agent_name": "echo",
+            "files": [{"content": "aGVsbG8=", "mime_type": "text/plain", "filename": "n.txt"}],
+        },
+    )
+    assert response.status_code == 200
+    session_id = response.json()["session_id"]
+    history = (await rest.get(f"/v1/sessions/{session_id}/history")).json()["messages"]
+    assert history[0]["files"] == [
+        {"mime_type": "text/plain", "filename": "n.txt", "size_bytes": "5"}
+    ]

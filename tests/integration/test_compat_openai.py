@@ -1,0 +1,174 @@
+"""The official openai SDK against /v1/chat/completions and /v1/responses, through Envoy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.conftest import SharedMesh
+
+
+@pytest.fixture
+def sdk(shared_mesh: SharedMesh) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(
+        base_url=f"http://{shared_mesh.edge}/v1", api_key="not-needed", max_retries=0
+    )
+    yield client
+    client.close()
+
+
+def test_chat_completion(sdk: openai.OpenAI) -> None:
+    completion = sdk.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "What is 12*(3+4)?"}]
+    )
+    assert completion.object == "chat.completion"
+    assert completion.model == "demo"
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.role == "assistant"
+    assert "84" in (choice.message.content or "")
+    assert completion.usage is not None
+    assert completion.usage.total_tokens > 0
+
+
+def test_streamed_chat_completion_with_usage(sdk: openai.OpenAI) -> None:
+    stream = sdk.chat.completions.create(
+        model="echo",
+        messages=[{"role": "user", "content": "one two three"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "one two three"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop"
+    assert finishes.count("stop") == 1
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == 6
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_stateless_client_gets_the_conversation_it_sent(sdk: openai.OpenAI) -> None:
+    completion = sdk.chat.completions.create(
+        model="demo",
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": [{"type": "text", "text": "What did I ask first?"}]},
+        ],
+    )
+    assert "What is 2+2?" in (completion.choices[0].message.content or "")
+
+
+def test_stateful_conversation_with_x_session_id(sdk: openai.OpenAI) -> None:
+    headers = {"X-Session-Id": "openai-thread-1"}
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="demo",
+        messages=[{"role": "user", "content": "What is 12*(3+4)?"}],
+        extra_headers=headers,
+    )
+    assert raw.headers["x-session-id"] == "openai-thread-1"
+    # Only the new message: the server keeps the history.
+    second = sdk.chat.completions.create(
+        model="demo",
+        messages=[{"role": "user", "content": "What did I ask first?"}],
+        extra_headers=headers,
+    )
+    assert "What is 12*(3+4)?" in (second.choices[0].message.content or "")
+
+
+def test_throwaway_sessions_are_named_and_removed(
+    sdk: openai.OpenAI, shared_mesh: SharedMesh
+) -> None:
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="echo", messages=[{"role": "user", "content": "hi"}]
+    )
+    session_id = raw.headers["x-session-id"]
+    assert session_id
+    import httpx
+
+    gone = httpx.get(f"http://{shared_mesh.edge}/v1/sessions/{session_id}")
+    assert gone.status_code == 404
+
+
+def test_unknown_model_raises_the_sdks_not_found_error(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk.chat.completions.create(
+            model="no-such-agent", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert info.value.status_code == 404
+    assert info.value.code == "model_not_found"
+    assert info.value.param == "model"
+    assert info.value.type == "invalid_request_error"
+
+
+def test_bad_request_uses_openais_error_shape(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model="demo", messages=[{"role": "user", "content": "  "}])
+    assert info.value.param == "message"
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(
+            model="demo", messages=[{"role": "assistant", "content": "no user message"}]
+        )
+    assert info.value.param == "messages[0].role"
+
+
+def test_response_create_and_retrieve(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model="demo", input="What is 6*7?")
+    assert response.status == "completed"
+    assert response.id.startswith("resp_")
+    assert "42" in response.output_text
+    assert response.usage is not None
+    assert response.usage.total_tokens > 0
+    stored = sdk.responses.retrieve(response.id)
+    assert stored.id == response.id
+    assert stored.output_text == response.output_text
+    assert stored.model == "demo"
+    assert stored.usage is not None
+    assert stored.usage.total_tokens == response.usage.total_tokens
+
+
+def test_streamed_response_and_previous_response_id(sdk: openai.OpenAI) -> None:
+    first = sdk.responses.create(model="demo", input="What is 12*(3+4)?")
+    with sdk.responses.stream(
+        model="demo",
+        input=[{"role": "user", "content": "What did I ask first?"}],
+        previous_response_id=first.id,
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert "response.output_text.delta" in kinds
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    numbers = [e.sequence_number for e in events]
+    assert numbers == sorted(numbers)
+    assert len(set(numbers)) == len(numbers)
+    assert "What is 12*(3+4)?" in final.output_text
+    assert final.status == "completed"
+
+
+def test_unknown_previous_response_is_not_found(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.create(
+            model="demo", input="hi", previous_response_id="resp_01J00000000000000000000000.bm9wZQ"
+        )
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.responses.create(model="demo", input="hi", previous_response_id="garbage")
+    assert info.value.param == "previous_response_id"
