@@ -28,6 +28,8 @@ MAX_REQUEST_BODY_BYTES = 140 * 1024 * 1024
 # reaps streams whose peer vanished.
 STREAM_IDLE_TIMEOUT = "3600s"
 
+OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
+
 PROBLEM_TITLES = {
     400: "Bad request",
     401: "Authentication required",
@@ -112,12 +114,44 @@ def _problem_mappers() -> list[dict[str, Any]]:
         value = {"default_value": code, "runtime_key": f"turnmesh.problem_{op}_{code}"}
         return {"status_code_filter": {"comparison": {"op": op, "value": value}}}
 
+    def openai_mapper(status_filter: dict[str, Any], error_type: str) -> dict[str, Any]:
+        return {
+            "filter": {"and_filter": {"filters": [_openai_paths(), status_filter]}},
+            "body_format_override": {
+                "json_format": {
+                    "error": {
+                        "message": "%LOCAL_REPLY_BODY%",
+                        "type": error_type,
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                "content_type": "application/json",
+            },
+        }
+
+    # OpenAI's clients get OpenAI's error shape for Envoy's own replies too.
     mappers = [
+        openai_mapper(status("EQ", 429), "rate_limit_error"),
+        openai_mapper(status("GE", 500), "server_error"),
+        openai_mapper(status("GE", 400), "invalid_request_error"),
+    ]
+    mappers += [
         mapper(status("EQ", code), title, title.lower().replace(" ", "-"))
         for code, title in PROBLEM_TITLES.items()
     ]
     mappers.append(mapper(status("GE", 400), "Error", "error"))
     return mappers
+
+
+def _openai_paths() -> dict[str, Any]:
+    """Requests to OpenAI's paths, before or after the transcoder rewrote :path."""
+    filters = [
+        {"header_filter": {"header": {"name": name, "string_match": {"prefix": prefix}}}}
+        for name in (":path", "x-envoy-original-path")
+        for prefix in OPENAI_PATH_PREFIXES
+    ]
+    return {"or_filter": {"filters": filters}}
 
 
 def render(config: EdgeConfig) -> dict[str, Any]:

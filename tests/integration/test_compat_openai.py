@@ -172,3 +172,25 @@ def test_unknown_previous_response_is_not_found(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         sdk.responses.create(model="demo", input="hi", previous_response_id="garbage")
     assert info.value.param == "previous_response_id"
+
+
+def test_every_error_on_openai_paths_has_openais_shape(shared_mesh: SharedMesh) -> None:
+    import httpx
+
+    base = f"http://{shared_mesh.edge}"
+    with httpx.Client(base_url=base, timeout=60) as http:
+        bad_json = http.post(
+            "/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}
+        )
+        oversize = http.post(
+            "/v1/responses",
+            content=b'{"input": "' + b"a" * (150 * 1024 * 1024) + b'"}',
+            headers={"content-type": "application/json"},
+        )
+    for response, status in ((bad_json, 400), (oversize, 413)):
+        assert response.status_code == status
+        assert response.headers["content-type"].startswith("application/json")
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "invalid_request_error"
+    assert bad_json.json()["error"]["param"] == "body"

@@ -88,3 +88,46 @@ def test_readme_python_client(shared_mesh: SharedMesh) -> None:
     assert "What is 12*(3+4)?" in lines[1]
     assert lines[2:][0].startswith("user What is 12*(3+4)?")
     assert lines[-1].startswith("assistant ")
+
+
+def test_readme_openai_example(shared_mesh: SharedMesh) -> None:
+    code = _block("openai").replace(README_ADDRESS, shared_mesh.edge)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "6*7 = 42."
+
+
+def test_readme_agui_example(shared_mesh: SharedMesh) -> None:
+    import shutil
+
+    code = _block("agui").replace(README_ADDRESS, shared_mesh.edge)
+    client_dir = ROOT / "clients" / "agui"
+    script = client_dir / ".readme-example.mjs"  # beside node_modules, so imports resolve
+    script.write_text(code)
+    try:
+        node = shutil.which("node")
+        assert node
+        result = subprocess.run(
+            [node, script.name],
+            cwd=client_dir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        script.unlink()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "6*7 = 42."
+
+
+def test_readme_simple_chat_example(shared_mesh: SharedMesh) -> None:
+    (line,) = _block("chat").strip().splitlines()
+    args = shlex.split(line.replace(README_ADDRESS, shared_mesh.edge))
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["content"] == "6*7 = 42."
+    assert answer["tool_calls"][0]["name"] == "calculator"

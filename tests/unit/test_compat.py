@@ -1,0 +1,134 @@
+"""Pure logic of the compatibility surfaces: ids, event shapes, request parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from google.api import httpbody_pb2
+
+from turnmesh.runtime.errors import InvalidArgument
+from turnmesh.server.compat import agui, openai_chat, openai_responses
+from turnmesh.v1 import event_pb2
+
+ET = event_pb2
+
+
+def body(payload: object) -> httpbody_pb2.HttpBody:
+    return httpbody_pb2.HttpBody(content_type="application/json", data=json.dumps(payload).encode())
+
+
+def fields(error: InvalidArgument) -> list[str]:
+    return [v.field for v in error.violations]
+
+
+@pytest.mark.parametrize("session_id", ["s", "thread-1.a:B_c", "01J" + "Z" * 23, "x" * 128])
+def test_response_ids_round_trip(session_id: str) -> None:
+    rid = openai_responses.response_id(session_id, "01JTURN")
+    assert rid.startswith("resp_")
+    assert openai_responses.parse_response_id(rid, "f") == (session_id, "01JTURN")
+
+
+@pytest.mark.parametrize("value", ["", "resp_", "garbage", "resp_x", "resp_.YQ", "resp_t.!!!"])
+def test_bad_response_ids_name_the_field(value: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        openai_responses.parse_response_id(value, "previous_response_id")
+    assert fields(info.value) == ["previous_response_id"]
+
+
+AGUI_FIELDS = {
+    ET.RUN_STARTED: {"type", "timestamp", "threadId", "runId"},
+    ET.RUN_FINISHED: {"type", "timestamp", "threadId", "runId"},
+    ET.RUN_ERROR: {"type", "timestamp", "message", "code"},
+    ET.TEXT_MESSAGE_START: {"type", "timestamp", "messageId", "role"},
+    ET.TEXT_MESSAGE_CONTENT: {"type", "timestamp", "messageId", "delta"},
+    ET.TEXT_MESSAGE_END: {"type", "timestamp", "messageId"},
+    ET.TOOL_CALL_START: {"type", "timestamp", "toolCallId", "toolCallName", "parentMessageId"},
+    ET.TOOL_CALL_ARGS: {"type", "timestamp", "toolCallId", "delta"},
+    ET.TOOL_CALL_END: {"type", "timestamp", "toolCallId"},
+    ET.TOOL_CALL_RESULT: {"type", "timestamp", "messageId", "toolCallId", "content", "role"},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(AGUI_FIELDS))
+def test_agui_events_carry_exactly_aguis_fields(kind: int) -> None:
+    event = event_pb2.Event(
+        type=kind,  # type: ignore[arg-type]
+        seq=7,
+        thread_id="s",
+        run_id="turn",
+        timestamp=1700000000123.0,
+        message_id="m",
+        delta="d",
+        tool_call_id="c",
+        tool_call_name="calculator",
+        parent_message_id="p",
+        content="r",
+        message="boom",
+        code="agent_error",
+    )
+    out = agui.to_agui(event, "thread", "client-run")
+    assert out is not None
+    assert set(out) == AGUI_FIELDS[kind]
+    assert isinstance(out["timestamp"], int)
+    if "runId" in out:
+        assert out["runId"] == "client-run"
+        assert out["threadId"] == "thread"
+    if "role" in out:
+        assert out["role"] == ("tool" if kind == ET.TOOL_CALL_RESULT else "assistant")
+
+
+def test_chat_completion_requests_are_checked_field_by_field() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        openai_chat.parse(body({"model": "", "messages": [{"role": "robot"}]}))
+    assert fields(info.value) == ["model", "messages[0].role"]
+    with pytest.raises(InvalidArgument) as info:
+        openai_chat.parse(httpbody_pb2.HttpBody(data=b"[1, 2]"))
+    assert fields(info.value) == ["body"]
+
+
+def test_chat_history_maps_developer_to_system_and_parts_to_text() -> None:
+    request = openai_chat.parse(
+        body(
+            {
+                "model": "demo",
+                "messages": [
+                    {"role": "developer", "content": "rules"},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "a"}, {"type": "image_url"}],
+                    },
+                ],
+                "temperature": 0.2,
+            }
+        )
+    )
+    history = openai_chat.to_history(request.messages)
+    assert [(m.role, m.content) for m in history] == [("system", "rules"), ("user", "a")]
+
+
+def test_responses_input_must_end_with_a_user_message() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        openai_responses.parse(
+            body({"model": "demo", "input": [{"role": "assistant", "content": "x"}]})
+        )
+    assert fields(info.value) == ["input"]
+    parsed = openai_responses.parse(body({"model": "demo", "input": "hi"}))
+    assert [i.text() for i in parsed.items()] == ["hi"]
+
+
+def test_agui_input_is_checked() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        agui.parse(
+            body(
+                {
+                    "threadId": "t",
+                    "messages": [{"id": "1", "role": "user", "content": "hi"}],
+                    "forwardedProps": {"policy": "shout"},
+                }
+            )
+        )
+    assert fields(info.value) == ["forwardedProps.policy"]
+    with pytest.raises(InvalidArgument) as info:
+        agui.parse(body({"threadId": "t", "messages": [{"role": "assistant", "content": "x"}]}))
+    assert fields(info.value) == ["messages[0].role"]
