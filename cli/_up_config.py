@@ -25,6 +25,7 @@ class UpConfig(BaseModel):
     port: int = Field(default=8080, ge=0, le=65535)
     admin_port: int = Field(default=0, ge=0, le=65535)
     session_ttl: float = Field(default=1800.0, gt=0)
+    store: str = "memory"
     admin_key: str | None = None
     allow_open: bool = False
     run_dir: Path | None = None

@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument("--advertise-host", default=_env("advertise_host"))
     server.add_argument(
+        "--store",
+        default=_env("store", "memory"),
+        help="memory (default), sqlite:PATH, or redis://HOST:PORT/DB",
+    )
+    server.add_argument(
         "--keepalive",
         type=float,
         default=float(_env("keepalive", "15") or 15),
@@ -94,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default=None, help="public address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=None, help="public port (default 8080)")
     up.add_argument("--admin-port", type=int, default=None, help="Envoy admin (default: any)")
+    up.add_argument("--store", default=None, help="memory (default), sqlite:PATH, redis://...")
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
     up.add_argument("--log-level", default=None)
@@ -135,6 +141,7 @@ def _component(
             session_ttl_seconds=args.session_ttl,
             advertise_host=args.advertise_host,
             keepalive_seconds=args.keepalive,
+            store=args.store,
             grace_seconds=args.grace_seconds,
         )
         return "server", config, serve_server

@@ -173,6 +173,8 @@ class Mesh:
                     str(c.session_ttl),
                     "--grace-seconds",
                     str(c.drain_seconds),
+                    "--store",
+                    c.store,
                     *common,
                 )
             )
@@ -264,6 +266,7 @@ def run_up(args: argparse.Namespace) -> int:
         "port": args.port,
         "admin_port": args.admin_port,
         "run_dir": args.run_dir,
+        "store": args.store,
         "log_level": args.log_level,
     }
     try:

@@ -156,7 +156,11 @@ def _openai_paths() -> dict[str, Any]:
 
 def render(config: EdgeConfig) -> dict[str, Any]:
     """The whole Envoy bootstrap as a dict (JSON is valid Envoy YAML)."""
-    lua_source = (HERE / "problem.lua").read_text()
+    lua_source = (
+        (HERE / "problem.lua")
+        .read_text()
+        .replace("__MAX_REQUEST_BYTES__", str(MAX_REQUEST_BODY_BYTES))
+    )
     transcoder = {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"
         ".GrpcJsonTranscoder",

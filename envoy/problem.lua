@@ -71,8 +71,20 @@ local OPENAI_TYPES = {
 
 -- The transcoder rewrites every REST call into a gRPC POST; keep the method the
 -- client sent for the access log, and which error shape the caller expects.
+local MAX_REQUEST_BYTES = __MAX_REQUEST_BYTES__
+
 function envoy_on_request(handle)
   local headers = handle:headers()
+  -- Refuse an oversize body from its Content-Length, before it is sent: a
+  -- client using Expect: 100-continue then never uploads it. (The buffer
+  -- filter still catches bodies without a length.)
+  local length = tonumber(headers:get("content-length") or "")
+  local grpc = (headers:get("content-type") or ""):sub(1, 16) == "application/grpc"
+  if length ~= nil and length > MAX_REQUEST_BYTES and not grpc then
+    handle:respond({[":status"] = "413"}, "the request body is " .. length
+      .. " bytes; the limit is " .. MAX_REQUEST_BYTES)
+    return
+  end
   headers:replace("x-turnmesh-original-method", headers:get(":method") or "")
   local path = headers:get(":path") or ""
   if path:find("^/v1/chat/completions") or path:find("^/v1/responses") then

@@ -21,7 +21,7 @@ from turnmesh.server.compat import CompatServicer, Mesh
 from turnmesh.server.core import CoreLimits, SessionCore
 from turnmesh.server.routing import RouteTable
 from turnmesh.server.service import SessionServicer
-from turnmesh.server.store import MemoryStore
+from turnmesh.server.store import open_store
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
@@ -39,6 +39,8 @@ class ServerConfig(BaseModel):
     port: int = Field(default=0, ge=0, le=65535)
     router_address: str
     default_agent: str = "demo"
+    # memory | sqlite:PATH | redis://HOST:PORT/DB
+    store: str = "memory"
     session_ttl_seconds: float = Field(default=1800.0, gt=0)
     event_log_max_events: int = Field(default=50_000, gt=0)
     event_log_max_turns: int = Field(default=32, gt=0)
@@ -93,7 +95,8 @@ class SessionServer:
             event_log_ttl_seconds=c.event_log_ttl_seconds,
             keepalive_seconds=c.keepalive_seconds,
         )
-        self.core = SessionCore(MemoryStore(), self.workers, c.default_agent, limits)
+        self.store = open_store(c.store, c.event_log_ttl_seconds)
+        self.core = SessionCore(self.store, self.workers, c.default_agent, limits)
         servicer = SessionServicer(self.core, self.routes, self.member_id, self.lifecycle)
         # The compatibility surfaces are clients of this server's own public API.
         self._compat_mesh = Mesh()
@@ -162,6 +165,7 @@ class SessionServer:
         await self.workers.stop()
         await self.routes.close()
         await self._compat_mesh.close()
+        await self.store.close()
         if self._process is not None:
             await self._process.stop(grace=1.0)
         self.state = spb.LIFECYCLE_STATE_STOPPED

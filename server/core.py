@@ -43,7 +43,10 @@ class SessionCore:
         self.default_agent = default_agent
         self.limits = limits
         self.logs = EventLogs(
-            limits.event_log_max_events, limits.event_log_max_turns, limits.event_log_ttl_seconds
+            limits.event_log_max_events,
+            limits.event_log_max_turns,
+            limits.event_log_ttl_seconds,
+            store,
         )
         self.runner = TurnRunner(store, workers)
         self._turns: dict[str, SessionTurns] = {}
@@ -119,11 +122,13 @@ class SessionCore:
             raise Unavailable("this server is shutting down; retry on another")
         record = await self.get_record(request.session_id)
         turns = self._session_turns(record)
-        if request.idempotency_key:
-            earlier = turns.turn_for_key(request.idempotency_key)
+        key = request.idempotency_key
+        earlier: str | None = None
+        if key:
+            earlier = turns.turn_for_key(key) or await self.store.get_key(record.session_id, key)
             if earlier is not None:
                 try:
-                    tlog = self.logs.get(record.session_id, earlier)
+                    tlog = await self.logs.find(record.session_id, earlier)
                 except NotFound:
                     pass  # its events expired: run it as a new turn
                 else:
@@ -133,13 +138,15 @@ class SessionCore:
             await self.workers.refresh()
             if not self.workers.has_agent(record.agent_name):
                 raise Unavailable(f"no live worker serves agent {record.agent_name!r}")
+        if key and (arrived := turns.turn_for_key(key)) not in (None, earlier):
+            # The same key arrived (and was submitted) while we looked in the store.
+            turns.rejoin(arrived)
+            return self.logs.get(record.session_id, arrived)
         turn = turns.submit(
-            request.message,
-            list(request.files),
-            request.metadata,
-            request.policy,
-            request.idempotency_key,
+            request.message, list(request.files), request.metadata, request.policy, key
         )
+        if key:
+            await self.store.set_key(record.session_id, key, turn.turn_id)
         await self.store.touch(record.session_id, now())
         return turn.log
 
@@ -150,10 +157,10 @@ class SessionCore:
             self._turns[record.session_id] = turns
         return turns
 
-    def cancel_turn(
+    async def cancel_turn(
         self, session_id: str, turn_id: str, reason: str = "cancelled"
     ) -> spb.TurnState.ValueType:
-        tlog = self.logs.get(session_id, turn_id)
+        tlog = await self.logs.find(session_id, turn_id)
         if tlog.done:
             return tlog.state
         turns = self._turns.get(session_id)

@@ -9,9 +9,11 @@ the turn ends.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 from turnmesh.runtime.errors import NotFound, OutOfRange
 from turnmesh.v1 import event_pb2
@@ -24,10 +26,30 @@ def now_ms() -> float:
 
 
 TERMINAL_TYPES = frozenset({event_pb2.RUN_FINISHED, event_pb2.RUN_ERROR})
+PROBLEM_BASE = "https://turnmesh.dev/problems/"
+
+log = logging.getLogger(__name__)
+
+# Writes a turn's events to a durable store: (session_id, turn_id, events).
+EventSink = Callable[[str, str, list[event_pb2.Event]], Awaitable[None]]
+
+
+def error_event(code: str, title: str, status: int, detail: str) -> event_pb2.Event:
+    """A RUN_ERROR with an RFC 7807 problem."""
+    return event_pb2.Event(
+        type=event_pb2.RUN_ERROR,
+        message=detail,
+        code=code,
+        problem=event_pb2.Problem(
+            type=PROBLEM_BASE + code.replace("_", "-"), title=title, status=status, detail=detail
+        ),
+    )
 
 
 class TurnLog:
-    def __init__(self, session_id: str, turn_id: str, max_events: int) -> None:
+    def __init__(
+        self, session_id: str, turn_id: str, max_events: int, sink: EventSink | None = None
+    ) -> None:
         self.session_id = session_id
         self.turn_id = turn_id
         self.state: spb.TurnState.ValueType = spb.TURN_STATE_QUEUED
@@ -37,6 +59,35 @@ class TurnLog:
         self._max_events = max_events
         self._changed = asyncio.Event()
         self.ended_at: float | None = None
+        # Write-through to a durable store, in order, by one writer task.
+        self._sink = sink
+        self._unwritten: list[event_pb2.Event] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    @classmethod
+    def restore(
+        cls,
+        session_id: str,
+        turn_id: str,
+        events: list[event_pb2.Event],
+        max_events: int,
+        sink: EventSink | None,
+    ) -> TurnLog:
+        """A log rebuilt from a store's events (another server wrote them)."""
+        restored = cls(session_id, turn_id, max_events, sink)
+        restored._events = list(events[-max_events:])
+        if restored._events:
+            restored._first_seq = restored._events[0].seq
+            restored._next_seq = restored._events[-1].seq + 1
+            last = restored._events[-1]
+            if last.type in TERMINAL_TYPES:
+                restored.ended_at = time.monotonic()
+                restored.state = (
+                    spb.TURN_STATE_FINISHED
+                    if last.type == event_pb2.RUN_FINISHED
+                    else spb.TURN_STATE_FAILED
+                )
+        return restored
 
     @property
     def done(self) -> bool:
@@ -46,16 +97,26 @@ class TurnLog:
     def last_seq(self) -> int:
         return self._next_seq - 1
 
-    def append(self, event: event_pb2.Event) -> event_pb2.Event:
-        """Stamp the event with its seq and ids, and wake every reader."""
-        if self.done:
-            raise RuntimeError("append to an ended turn")
+    def stamp(self, event: event_pb2.Event) -> event_pb2.Event:
+        """Give the event the seq and ids it gets when appended next."""
         event.seq = self._next_seq
         event.thread_id = self.session_id
         event.run_id = self.turn_id
         if not event.timestamp:
             event.timestamp = now_ms()
+        return event
+
+    def append(self, event: event_pb2.Event, *, persisted: bool = False) -> event_pb2.Event:
+        """Stamp the event, wake every reader, and queue it for the store
+        (unless the caller already ``persisted`` it, as a turn's commit does)."""
+        if self.done:
+            raise RuntimeError("append to an ended turn")
+        self.stamp(event)
         self._next_seq += 1
+        if self._sink is not None and not persisted:
+            self._unwritten.append(event)
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.create_task(self._write(), name=f"events-{self.turn_id}")
         self._events.append(event)
         if len(self._events) > self._max_events:
             drop = len(self._events) - self._max_events
@@ -68,6 +129,20 @@ class TurnLog:
 
     def set_state(self, state: spb.TurnState.ValueType) -> None:
         self.state = state
+
+    async def _write(self) -> None:
+        assert self._sink is not None
+        while self._unwritten:
+            batch, self._unwritten = self._unwritten, []
+            try:
+                await self._sink(self.session_id, self.turn_id, batch)
+            except Exception:  # the live log still has them; only a resume elsewhere suffers
+                log.warning("could not store %d events of turn %s", len(batch), self.turn_id)
+
+    async def flush(self) -> None:
+        """Wait until every appended event is in the store."""
+        while self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
 
     def _wake(self) -> None:
         self._changed.set()
@@ -118,17 +193,29 @@ class TurnLog:
 
 
 class EventLogs:
-    """The turn logs of every session on this server."""
+    """The turn logs of every session this server owns; with a durable store,
+    also the logs other servers wrote (loaded on demand)."""
 
-    def __init__(self, max_events: int, max_turns_per_session: int, ttl_seconds: float) -> None:
+    def __init__(
+        self,
+        max_events: int,
+        max_turns_per_session: int,
+        ttl_seconds: float,
+        store: EventStore | None = None,
+    ) -> None:
         self._max_events = max_events
         self._max_turns = max_turns_per_session
         self._ttl = ttl_seconds
         self._by_session: dict[str, OrderedDict[str, TurnLog]] = {}
+        self._store = store if store is not None and store.persists_events else None
+
+    @property
+    def _sink(self) -> EventSink | None:
+        return self._store.append_events if self._store is not None else None
 
     def create(self, session_id: str, turn_id: str) -> TurnLog:
         logs = self._by_session.setdefault(session_id, OrderedDict())
-        log = TurnLog(session_id, turn_id, self._max_events)
+        log = TurnLog(session_id, turn_id, self._max_events, self._sink)
         logs[turn_id] = log
         self._evict(logs)
         return log
@@ -140,6 +227,38 @@ class EventLogs:
             raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found or expired")
         return log
 
+    async def find(self, session_id: str, turn_id: str) -> TurnLog:
+        """This server's log of the turn, or the store's. A turn the store
+        holds unfinished ran on a server that is gone (only the owner runs
+        turns): it is ended here with RUN_ERROR "owner_lost"."""
+        try:
+            return self.get(session_id, turn_id)
+        except NotFound:
+            if self._store is None:
+                raise
+        events = await self._store.read_events(session_id, turn_id)
+        try:
+            return self.get(session_id, turn_id)  # loaded meanwhile by another caller
+        except NotFound:
+            pass
+        if not events:
+            raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found or expired")
+        restored = TurnLog.restore(session_id, turn_id, events, self._max_events, self._sink)
+        if not restored.done:
+            restored.append(
+                error_event(
+                    "owner_lost",
+                    "Server lost",
+                    503,
+                    "the server running this turn stopped; history is unchanged",
+                )
+            )
+            restored.set_state(spb.TURN_STATE_FAILED)
+        logs = self._by_session.setdefault(session_id, OrderedDict())
+        logs[turn_id] = restored
+        self._evict(logs)
+        return restored
+
     def drop_session(self, session_id: str) -> None:
         self._by_session.pop(session_id, None)
 
@@ -150,3 +269,16 @@ class EventLogs:
             expired = log.ended_at is not None and now - log.ended_at > self._ttl
             if log.done and (too_many or expired):
                 del logs[turn_id]
+
+
+class EventStore(Protocol):
+    """What EventLogs needs of a session store."""
+
+    @property
+    def persists_events(self) -> bool: ...
+
+    async def append_events(
+        self, session_id: str, turn_id: str, events: list[event_pb2.Event]
+    ) -> None: ...
+
+    async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None: ...

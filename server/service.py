@@ -223,7 +223,7 @@ class SessionServicer(SessionServiceServicer):
         validation.validate_turn_ref(request.session_id, request.turn_id)
 
         async def local() -> spb.CancelTurnResponse:
-            state = self._core.cancel_turn(request.session_id, request.turn_id)
+            state = await self._core.cancel_turn(request.session_id, request.turn_id)
             return spb.CancelTurnResponse(state=state)
 
         return await self._unary(
@@ -239,7 +239,7 @@ class SessionServicer(SessionServiceServicer):
         validation.validate_subscribe(request)
 
         async def local() -> AsyncIterator[event_pb2.Event]:
-            tlog = self._core.logs.get(request.session_id, request.turn_id)
+            tlog = await self._core.logs.find(request.session_id, request.turn_id)
             async for event in self._core.follow(tlog, request.after_seq, False):
                 yield event
 

@@ -1,8 +1,12 @@
-"""Where sessions live: one interface, an in-memory backend.
+"""Where sessions live: one interface, three backends.
 
-Durable backends (SQLite, Redis) implement the same ``SessionStore``. The
-contract every backend keeps: ``append_messages`` is atomic (all of a turn's
-messages or none) and costs the same whatever the history's length.
+``memory`` (this module), ``sqlite:PATH`` (``store_sqlite``) and
+``redis://HOST:PORT/DB`` (``store_redis``); ``open_store`` picks one from a
+URL. The contract every backend keeps: a turn is committed atomically (all of
+its messages and its terminal event, or nothing), and committing costs the
+same whatever the history's length. Durable backends also keep each turn's
+events (``persists_events``), so a stream can be resumed after its server is
+gone, and idempotency keys, so a retried turn never runs twice.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.v1 import message_pb2
+from turnmesh.v1 import event_pb2, message_pb2
 
 
 @dataclass
@@ -46,11 +50,39 @@ class SessionStore(Protocol):
     ) -> None:
         """Append one turn's messages atomically; NotFound if the session is gone."""
 
+    async def commit_turn(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final_event: event_pb2.Event,
+        now: float,
+    ) -> None:
+        """Append a finished turn's messages and its RUN_FINISHED event in one
+        atomic step; NotFound if the session is gone."""
+
     async def touch(self, session_id: str, now: float) -> None: ...
 
     async def idle_sessions(self, last_activity_before: float) -> list[str]: ...
 
     async def count(self) -> int: ...
+
+    @property
+    def persists_events(self) -> bool:
+        """Whether turn events and idempotency keys outlive this process."""
+
+    async def append_events(
+        self, session_id: str, turn_id: str, events: list[event_pb2.Event]
+    ) -> None: ...
+
+    async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None:
+        """A turn's stored events in order; None if the turn is unknown."""
+
+    async def get_key(self, session_id: str, key: str) -> str | None:
+        """The turn an idempotency key was used for."""
+
+    async def set_key(self, session_id: str, key: str, turn_id: str) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class MemoryStore:
@@ -96,6 +128,37 @@ class MemoryStore:
         record.message_count += len(messages)
         record.last_activity = now
 
+    async def commit_turn(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final_event: event_pb2.Event,
+        now: float,
+    ) -> None:
+        # The event log of this process holds the final event.
+        await self.append_messages(session_id, messages, now)
+
+    @property
+    def persists_events(self) -> bool:
+        return False
+
+    async def append_events(
+        self, session_id: str, turn_id: str, events: list[event_pb2.Event]
+    ) -> None:
+        return None
+
+    async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None:
+        return None
+
+    async def get_key(self, session_id: str, key: str) -> str | None:
+        return None
+
+    async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
     async def touch(self, session_id: str, now: float) -> None:
         record = self._records.get(session_id)
         if record is not None:
@@ -110,3 +173,18 @@ class MemoryStore:
 
 def now() -> float:
     return time.time()
+
+
+def open_store(url: str, event_ttl_seconds: float) -> SessionStore:
+    """A store from ``memory``, ``sqlite:PATH`` or ``redis://HOST:PORT/DB``."""
+    if url in ("", "memory"):
+        return MemoryStore()
+    if url.startswith("sqlite:"):
+        from turnmesh.server.store_sqlite import SqliteStore
+
+        return SqliteStore(url.removeprefix("sqlite:"), event_ttl_seconds)
+    if url.startswith(("redis://", "rediss://")):
+        from turnmesh.server.store_redis import RedisStore
+
+        return RedisStore(url, event_ttl_seconds)
+    raise ValueError(f"unknown store {url!r}: use memory, sqlite:PATH or redis://HOST:PORT/DB")

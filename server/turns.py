@@ -21,7 +21,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 
 from turnmesh.runtime.errors import NotFound, SessionBusy
 from turnmesh.runtime.ids import new_id
-from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.eventlog import EventLogs, TurnLog, error_event
 from turnmesh.server.history import HistoryBuilder
 from turnmesh.server.store import SessionStore, now
 from turnmesh.server.workers import WorkerPool, WorkerRef
@@ -31,7 +31,6 @@ from turnmesh.v1 import worker_service_pb2 as wpb
 
 log = logging.getLogger(__name__)
 
-PROBLEM_BASE = "https://turnmesh.dev/problems/"
 MAX_IDEMPOTENCY_KEYS = 256
 
 # Why a turn was cancelled: the RUN_ERROR code and title it ends with.
@@ -282,8 +281,11 @@ class TurnRunner:
             if outcome.usage:
                 messages[-1].usage.CopyFrom(_total(outcome.usage))
             # Once the agent has finished, the turn commits even if a cancel
-            # arrives during the write; the turn then ends as finished.
-            commit = asyncio.ensure_future(self._store.append_messages(session_id, messages, now()))
+            # arrives during the write; the turn then ends as finished. The
+            # history and the RUN_FINISHED event are stored in one step, after
+            # the turn's other events.
+            final = tlog.stamp(_finished_event(started, outcome))
+            commit = asyncio.ensure_future(self._commit(session_id, messages, final, tlog))
             cancelled = False
             while not commit.done():
                 try:
@@ -291,7 +293,8 @@ class TurnRunner:
                 except asyncio.CancelledError:
                     cancelled = True  # every cancel: the write goes on regardless
             commit.result()
-            self._finish(tlog, started, outcome)
+            tlog.append(final, persisted=True)
+            tlog.set_state(spb.TURN_STATE_FINISHED)
             if cancelled:
                 raise asyncio.CancelledError
         except asyncio.CancelledError:
@@ -308,22 +311,20 @@ class TurnRunner:
         except Exception:
             log.exception("turn %s failed", turn.turn_id)
             if not tlog.done:
-                tlog.append(_error_event("internal", "Internal error", 500, "the turn failed"))
+                tlog.append(error_event("internal", "Internal error", 500, "the turn failed"))
                 tlog.set_state(spb.TURN_STATE_FAILED)
         finally:
             self.inflight -= 1
 
-    @staticmethod
-    def _finish(tlog: TurnLog, started: float, outcome: TurnOutcome) -> None:
-        done = event_pb2.Event(
-            type=event_pb2.RUN_FINISHED,
-            execution_time_ms=int((time.monotonic() - started) * 1000),
-        )
-        done.usage.extend(outcome.usage)
-        if outcome.result is not None:
-            done.result.CopyFrom(outcome.result)
-        tlog.append(done)
-        tlog.set_state(spb.TURN_STATE_FINISHED)
+    async def _commit(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final: event_pb2.Event,
+        tlog: TurnLog,
+    ) -> None:
+        await tlog.flush()
+        await self._store.commit_turn(session_id, messages, final, now())
 
     def end_cancelled(self, turn: PendingTurn) -> None:
         """End a turn that never started."""
@@ -368,7 +369,7 @@ class TurnRunner:
                 if failure.streamed:
                     return TurnOutcome(
                         ok=False,
-                        error=_error_event(
+                        error=error_event(
                             "worker_failed",
                             "Worker failed",
                             502,
@@ -380,7 +381,7 @@ class TurnRunner:
         else:
             detail = "the workers for this turn failed before answering; history is unchanged"
         return TurnOutcome(
-            ok=False, error=_error_event("worker_unavailable", "No worker available", 503, detail)
+            ok=False, error=error_event("worker_unavailable", "No worker available", 503, detail)
         )
 
     async def _stream(
@@ -421,6 +422,17 @@ class TurnRunner:
         raise WorkerFailed(streamed)
 
 
+def _finished_event(started: float, outcome: TurnOutcome) -> event_pb2.Event:
+    done = event_pb2.Event(
+        type=event_pb2.RUN_FINISHED,
+        execution_time_ms=int((time.monotonic() - started) * 1000),
+    )
+    done.usage.extend(outcome.usage)
+    if outcome.result is not None:
+        done.result.CopyFrom(outcome.result)
+    return done
+
+
 def _total(usage: list[event_pb2.TokenUsage]) -> event_pb2.TokenUsage:
     total = event_pb2.TokenUsage()
     for u in usage:
@@ -447,18 +459,7 @@ def _copy_error(event: event_pb2.Event) -> event_pb2.Event:
     return out
 
 
-def _error_event(code: str, title: str, status: int, detail: str) -> event_pb2.Event:
-    return event_pb2.Event(
-        type=event_pb2.RUN_ERROR,
-        message=detail,
-        code=code,
-        problem=event_pb2.Problem(
-            type=PROBLEM_BASE + code.replace("_", "-"), title=title, status=status, detail=detail
-        ),
-    )
-
-
 def _cancel_event(reason: str) -> event_pb2.Event:
     title = CANCEL_REASONS.get(reason, "Turn cancelled")
     # 499: the de facto status for a request the client cancelled.
-    return _error_event(reason, title, 499, f"{title.lower()}; history is unchanged")
+    return error_event(reason, title, 499, f"{title.lower()}; history is unchanged")

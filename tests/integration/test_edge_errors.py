@@ -3,6 +3,9 @@ native gRPC callers on the same port keep plain gRPC statuses."""
 
 from __future__ import annotations
 
+import json
+import socket
+
 import grpc
 import httpx
 import pytest
@@ -96,13 +99,46 @@ async def test_bad_json_and_bad_enum_are_400(rest: httpx.AsyncClient) -> None:
     )
 
 
-async def test_oversize_body_is_413_before_any_server(rest: httpx.AsyncClient) -> None:
+def _raw_request(address: str, head: str) -> tuple[int, dict[str, str], bytes]:
+    """Send only a request head (no body) and read the final response,
+    skipping interim 1xx responses such as "100 Continue"."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(head.encode())
+        data = b""
+        while True:
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    raise ConnectionError(f"connection closed after {data!r}")
+                data += chunk
+            header_block, _, data = data.partition(b"\r\n\r\n")
+            lines = header_block.decode().split("\r\n")
+            status = int(lines[0].split()[1])
+            if status >= 200:
+                break
+        headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+        while len(data) < int(headers.get("content-length", "0")):
+            data += conn.recv(65536)
+    return status, headers, data
+
+
+async def test_oversize_body_is_413_before_it_is_sent(
+    rest: httpx.AsyncClient, shared_mesh: SharedMesh
+) -> None:
     sid = await _session(rest, agentName="echo")
-    body = b'{"message": "' + b"a" * (150 * 1024 * 1024) + b'"}'
-    response = await rest.post(
-        f"/v1/sessions/{sid}/turns", content=body, headers={"content-type": "application/json"}
+    size = 150 * 1024 * 1024
+    status, headers, body = _raw_request(
+        shared_mesh.edge,
+        f"POST /v1/sessions/{sid}/turns HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {size}\r\n"
+        "Expect: 100-continue\r\n\r\n",
     )
-    _problem(response, 413)
+    assert status == 413  # decided from the head: the body is never uploaded
+    assert headers["content-type"] == "application/problem+json"
+    problem = json.loads(body)
+    assert problem["status"] == 413
+    assert str(size) in problem["detail"]
     assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {}
 
 

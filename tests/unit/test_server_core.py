@@ -234,7 +234,7 @@ async def test_cancel_turn(core: SessionCore) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
     tlog = await core.start_turn(request())
     await spin_until(lambda: tlog.last_seq >= 1)
-    assert core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_CANCELLED
+    assert await core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_CANCELLED
     assert await outcome(tlog) == ([ET.RUN_STARTED, ET.RUN_ERROR], "cancelled")
 
 
@@ -245,12 +245,12 @@ async def test_cancel_turn_of_an_ended_turn_returns_its_state(
     tlog = await core.start_turn(request())
     runner.finish(turn_of(core, tlog))
     await core._turns["s1"].wait_idle()
-    assert core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_FINISHED
+    assert await core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_FINISHED
 
 
 async def test_cancel_turn_of_an_unknown_turn_raises_not_found(core: SessionCore) -> None:
     with pytest.raises(NotFound):
-        core.cancel_turn("s1", "nope")
+        await core.cancel_turn("s1", "nope")
 
 
 # --- follow and disconnects ------------------------------------------------------------

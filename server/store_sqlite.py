@@ -1,0 +1,297 @@
+"""SessionStore on SQLite: one node, sessions survive a restart of the server.
+
+WAL mode; every statement runs on one dedicated thread (sqlite3 connections
+belong to their thread), so the event loop never blocks on disk. A turn is
+one transaction; history rows are appended, never rewritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from turnmesh.runtime.errors import AlreadyExists, NotFound
+from turnmesh.server.store import SessionRecord
+from turnmesh.v1 import event_pb2, message_pb2
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    agent_name TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    last_activity REAL NOT NULL,
+    metadata TEXT NOT NULL,
+    message_count INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_activity);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session_id, position)
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    written_at REAL NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session_id, turn_id, seq)
+);
+CREATE INDEX IF NOT EXISTS events_by_age ON events (written_at);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    session_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+"""
+
+
+class SqliteStore:
+    def __init__(self, path: str, event_ttl_seconds: float) -> None:
+        if not path:
+            raise ValueError("sqlite store needs a path: sqlite:PATH")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._path = path
+        self._event_ttl = event_ttl_seconds
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._db: sqlite3.Connection | None = None
+        self._executor.submit(self._open).result()
+
+    def _open(self) -> None:
+        db = sqlite3.connect(self._path, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+        self._db = db
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            assert self._db is not None
+            return fn(self._db)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    # Sessions ---------------------------------------------------------------
+
+    async def create(
+        self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
+    ) -> None:
+        initial = list(messages or [])
+
+        def create(db: sqlite3.Connection) -> None:
+            with _transaction(db):
+                try:
+                    db.execute(
+                        "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?)",
+                        (
+                            record.session_id,
+                            record.agent_name,
+                            record.created_at,
+                            record.last_activity,
+                            json.dumps(record.metadata),
+                            len(initial),
+                        ),
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise AlreadyExists(f"session {record.session_id!r} already exists") from exc
+                db.executemany(
+                    "INSERT INTO messages VALUES (?, ?, ?)",
+                    [(record.session_id, i, m.SerializeToString()) for i, m in enumerate(initial)],
+                )
+
+        await self._run(create)
+        record.message_count = len(initial)
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        row = await self._run(
+            lambda db: db.execute(
+                "SELECT session_id, agent_name, created_at, last_activity, metadata, message_count"
+                " FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+        )
+        if row is None:
+            return None
+        return SessionRecord(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5])
+
+    async def delete(self, session_id: str) -> bool:
+        def delete(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                deleted = db.execute(
+                    "DELETE FROM sessions WHERE session_id = ?", (session_id,)
+                ).rowcount
+                for table in ("messages", "events", "idempotency_keys"):
+                    db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+            return deleted > 0
+
+        return await self._run(delete)
+
+    async def history(self, session_id: str) -> list[message_pb2.Message]:
+        def history(db: sqlite3.Connection) -> list[bytes] | None:
+            if (
+                db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+                is None
+            ):
+                return None
+            rows = db.execute(
+                "SELECT data FROM messages WHERE session_id = ? ORDER BY position", (session_id,)
+            ).fetchall()
+            return [r[0] for r in rows]
+
+        rows = await self._run(history)
+        if rows is None:
+            raise NotFound(f"session {session_id!r} not found")
+        return [message_pb2.Message.FromString(r) for r in rows]
+
+    async def append_messages(
+        self, session_id: str, messages: list[message_pb2.Message], now: float
+    ) -> None:
+        await self._commit(session_id, messages, None, now)
+
+    async def commit_turn(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final_event: event_pb2.Event,
+        now: float,
+    ) -> None:
+        await self._commit(session_id, messages, final_event, now)
+
+    async def _commit(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final_event: event_pb2.Event | None,
+        now: float,
+    ) -> None:
+        def commit(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                row = db.execute(
+                    "SELECT message_count FROM sessions WHERE session_id = ?", (session_id,)
+                ).fetchone()
+                if row is None:
+                    return False
+                start = row[0]
+                db.executemany(
+                    "INSERT INTO messages VALUES (?, ?, ?)",
+                    [
+                        (session_id, start + i, m.SerializeToString())
+                        for i, m in enumerate(messages)
+                    ],
+                )
+                db.execute(
+                    "UPDATE sessions SET message_count = ?, last_activity = ? WHERE session_id = ?",
+                    (start + len(messages), now, session_id),
+                )
+                if final_event is not None:
+                    _insert_events(db, session_id, final_event.run_id, [final_event])
+            return True
+
+        if not await self._run(commit):
+            raise NotFound(f"session {session_id!r} not found")
+
+    async def touch(self, session_id: str, now: float) -> None:
+        await self._run(
+            lambda db: db.execute(
+                "UPDATE sessions SET last_activity = ? WHERE session_id = ?", (now, session_id)
+            )
+        )
+
+    async def idle_sessions(self, last_activity_before: float) -> list[str]:
+        def idle(db: sqlite3.Connection) -> list[str]:
+            # Events are pruned on the same schedule as idle sessions.
+            db.execute("DELETE FROM events WHERE written_at < ?", (time.time() - self._event_ttl,))
+            rows = db.execute(
+                "SELECT session_id FROM sessions WHERE last_activity < ?", (last_activity_before,)
+            ).fetchall()
+            return [r[0] for r in rows]
+
+        return await self._run(idle)
+
+    async def count(self) -> int:
+        return int(
+            await self._run(lambda db: db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
+        )
+
+    # Events and keys ----------------------------------------------------------
+
+    @property
+    def persists_events(self) -> bool:
+        return True
+
+    async def append_events(
+        self, session_id: str, turn_id: str, events: list[event_pb2.Event]
+    ) -> None:
+        def append(db: sqlite3.Connection) -> None:
+            with _transaction(db):
+                _insert_events(db, session_id, turn_id, events)
+
+        await self._run(append)
+
+    async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None:
+        rows = await self._run(
+            lambda db: db.execute(
+                "SELECT data FROM events WHERE session_id = ? AND turn_id = ? ORDER BY seq",
+                (session_id, turn_id),
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        return [event_pb2.Event.FromString(r[0]) for r in rows]
+
+    async def get_key(self, session_id: str, key: str) -> str | None:
+        row = await self._run(
+            lambda db: db.execute(
+                "SELECT turn_id FROM idempotency_keys WHERE session_id = ? AND key = ?",
+                (session_id, key),
+            ).fetchone()
+        )
+        return row[0] if row else None
+
+    async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
+        await self._run(
+            lambda db: db.execute(
+                "INSERT OR REPLACE INTO idempotency_keys VALUES (?, ?, ?)",
+                (session_id, key, turn_id),
+            )
+        )
+
+    async def close(self) -> None:
+        def close(db: sqlite3.Connection) -> None:
+            db.close()
+
+        await self._run(close)
+        self._executor.shutdown(wait=True)
+
+
+class _transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _insert_events(
+    db: sqlite3.Connection, session_id: str, turn_id: str, events: list[event_pb2.Event]
+) -> None:
+    written = time.time()
+    db.executemany(
+        "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?)",
+        [(session_id, turn_id, e.seq, written, e.SerializeToString()) for e in events],
+    )
