@@ -131,6 +131,15 @@ class FakeStore:
             raise NotFound(session_id)
         self.sessions[session_id].extend(messages)
 
+    async def commit_turn(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final_event: event_pb2.Event,
+        now: float,
+    ) -> None:
+        await self.append_messages(session_id, messages, now)
+
 
 @pytest.fixture
 def store() -> FakeStore:
