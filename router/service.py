@@ -47,7 +47,9 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
             violations.append(FieldViolation("member.agent_name", "too long"))
         if m.inflight_turns < 0:
             violations.append(FieldViolation("member.inflight_turns", "must not be negative"))
-        _raise_if(violations)
+        for index, session_id in enumerate(request.session_ids):
+            violations += _check_session_id(f"session_ids[{index}]", session_id)
+        _raise_if(violations[:20])
         record = self.state.register(
             MemberSpec(
                 member_id=m.member_id,
@@ -56,7 +58,9 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
                 agent_name=m.agent_name,
                 inflight_turns=m.inflight_turns,
                 accepting=m.accepting,
-            )
+            ),
+            sessions=request.session_ids,
+            rejoining=request.rejoining,
         )
         return rpb.RegisterResponse(
             member=to_proto(record),
@@ -96,6 +100,7 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
             request.session_id,
             list(request.unreachable_member_ids),
             lookup_only=request.lookup_only,
+            caller=request.caller_member_id,
         )
         return rpb.RouteResponse(owner=to_proto(owner), assigned=assigned)
 

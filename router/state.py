@@ -71,10 +71,15 @@ class RouterState:
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
         orphan_ttl: float | None = None,
+        warmup: float = 0.0,
     ) -> None:
         if heartbeat_timeout <= 0:
             raise ValueError("heartbeat_timeout must be positive")
         self.heartbeat_timeout = heartbeat_timeout
+        # After a (re)start, live servers re-register with their sessions
+        # within a heartbeat timeout. Until then "no owner" may only mean "not
+        # told yet": lookups answer Unavailable (retryable), not NotFound.
+        self._warm_until = clock() + warmup
         self._clock = clock
         self._wall_clock = wall_clock
         self._orphan_ttl = (
@@ -92,9 +97,13 @@ class RouterState:
 
     # -- membership ---------------------------------------------------------
 
-    def register(self, member: MemberSpec) -> MemberRecord:
+    def register(
+        self, member: MemberSpec, sessions: Iterable[str] = (), *, rejoining: bool = False
+    ) -> MemberRecord:
         """Add a member, or refresh it if its id is live. A member coming back
-        under a dropped id keeps the sessions nobody took over meanwhile."""
+        under a dropped id keeps the sessions nobody took over meanwhile; a
+        server also claims the ``sessions`` it says it owns (after a router
+        restart), unless another live server owns them."""
         now, wall = self._clock(), self._wall_clock()
         role = Role(member.role)
         previous = self._members.get(member.member_id)
@@ -111,6 +120,14 @@ class RouterState:
         )
         self._members[member.member_id] = record
         self._departed.pop(member.member_id, None)
+        if rejoining:
+            # Other members will re-register within a heartbeat timeout.
+            self._warm_until = max(self._warm_until, now + self.heartbeat_timeout)
+        if role == Role.SERVER:
+            for session_id in sessions:
+                owner = self._owner.get(session_id)
+                if owner is None or owner not in self._members:
+                    self._assign(session_id, member.member_id)
         if previous is None:
             log.info(
                 "member joined: %s role=%s address=%s agent=%r sessions=%d",
@@ -191,7 +208,12 @@ class RouterState:
     # -- session ownership --------------------------------------------------
 
     def route(
-        self, session_id: str, unreachable: Iterable[str] = (), *, lookup_only: bool = False
+        self,
+        session_id: str,
+        unreachable: Iterable[str] = (),
+        *,
+        lookup_only: bool = False,
+        caller: str = "",
     ) -> tuple[MemberRecord, bool]:
         """The session's owner, and whether this call assigned it. With
         ``lookup_only``, a session with no recorded owner is NotFound."""
@@ -208,6 +230,8 @@ class RouterState:
             if owner is not None and owner.role == Role.SERVER:
                 return owner, False
         elif lookup_only:
+            if self._clock() < self._warm_until or (caller and caller not in self._members):
+                raise Unavailable("the router restarted and is still learning who owns what")
             raise NotFound(f"session {session_id!r} has no owner")
         owner = self._next_server()
         self._assign(session_id, owner.member_id)

@@ -41,6 +41,7 @@ class Membership:
         admin_key: str | None = None,
         inflight: Callable[[], int] = lambda: 0,
         accepting: Callable[[], bool] = lambda: True,
+        owned_sessions: Callable[[], list[str]] = list,
         heartbeat_interval: float = 1.0,
     ) -> None:
         self.member = member
@@ -49,9 +50,12 @@ class Membership:
         self._metadata = ((ADMIN_KEY_METADATA, admin_key),) if admin_key else ()
         self._inflight = inflight
         self._accepting = accepting
+        self._owned_sessions = owned_sessions
         self._interval = heartbeat_interval
         self._task: asyncio.Task[None] | None = None
         self.registered = asyncio.Event()
+        # Set when the router forgot us after a registration (it restarted).
+        self._forgotten = False
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -72,7 +76,9 @@ class Membership:
                     agent_name=m.agent_name,
                     inflight_turns=self._inflight(),
                     accepting=self._accepting(),
-                )
+                ),
+                session_ids=self._owned_sessions(),
+                rejoining=self._forgotten,
             ),
             metadata=self._metadata,
             timeout=5,
@@ -103,6 +109,7 @@ class Membership:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning("router forgot this member; registering again")
                     self.registered.clear()
+                    self._forgotten = True
                     continue
                 log.debug("router unreachable: %s", exc.code())
             await asyncio.sleep(self._interval)

@@ -85,6 +85,7 @@ class SessionServer:
             admin_key=c.admin_key,
             inflight=lambda: self.core.running_turns,
             accepting=lambda: self.state != spb.LIFECYCLE_STATE_SHUTTING_DOWN,
+            owned_sessions=lambda: sorted(self.core.owned),
         )
         self.workers = WorkerPool(self._membership)
         self.routes = RouteTable(self._membership)

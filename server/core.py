@@ -51,6 +51,9 @@ class SessionCore:
         self.runner = TurnRunner(store, workers)
         self._turns: dict[str, SessionTurns] = {}
         self.draining = False
+        # Sessions this server has served: reported when it (re-)registers,
+        # so a restarted router keeps routing them here.
+        self.owned: set[str] = set()
 
     # Sessions ---------------------------------------------------------------
 
@@ -80,18 +83,22 @@ class SessionCore:
             metadata=json_format.MessageToDict(metadata),
         )
         await self.store.create(record, messages)
+        self.owned.add(record.session_id)
         return self._to_proto(record)
 
     async def get_record(self, session_id: str) -> SessionRecord:
         record = await self.store.get(session_id)
         if record is None:
+            self.owned.discard(session_id)
             raise NotFound(f"session {session_id!r} not found")
+        self.owned.add(session_id)
         return record
 
     async def get_session(self, session_id: str) -> spb.Session:
         return self._to_proto(await self.get_record(session_id))
 
     async def delete_session(self, session_id: str) -> bool:
+        self.owned.discard(session_id)
         turns = self._turns.pop(session_id, None)
         if turns is not None:
             turns.cancel_all("session_deleted")

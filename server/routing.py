@@ -50,6 +50,7 @@ class RouteTable:
                     session_id=session_id,
                     unreachable_member_ids=[unreachable.member_id] if unreachable else [],
                     lookup_only=not assign,
+                    caller_member_id=self._membership.member.member_id,
                 ),
                 metadata=self._membership.metadata,
                 timeout=5,

@@ -6,7 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.mesh import Component, Mesh
+from tests.support.mesh import Component, Mesh, RedisServer
 from turnmesh.client import AsyncClient
 
 
@@ -77,3 +77,12 @@ async def client(shared_mesh: SharedMesh) -> AsyncIterator[AsyncClient]:
 async def client2(shared_mesh: SharedMesh) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(shared_mesh.servers[1].address) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -96,16 +96,32 @@ class RegisterRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMBER_FIELD_NUMBER: _builtins.int
+    SESSION_IDS_FIELD_NUMBER: _builtins.int
+    REJOINING_FIELD_NUMBER: _builtins.int
+    rejoining: _builtins.bool
+    """True when the member was registered before and the router forgot it
+    (the router restarted): lookups of unknown sessions answer UNAVAILABLE for
+    a heartbeat timeout, while the other members re-register.
+    """
     @_builtins.property
     def member(self) -> Global___Member: ...
+    @_builtins.property
+    def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Servers: the sessions they own. A restarted router rebuilds its ownership
+        table from these, so routes to live owners are not reshuffled; a session
+        already owned by another live server stays with it.
+        """
+
     def __init__(
         self,
         *,
         member: Global___Member | None = ...,
+        session_ids: _abc.Iterable[_builtins.str] | None = ...,
+        rejoining: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["member", b"member"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "rejoining", b"rejoining", "session_ids", b"session_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -224,11 +240,17 @@ class RouteRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     UNREACHABLE_MEMBER_IDS_FIELD_NUMBER: _builtins.int
     LOOKUP_ONLY_FIELD_NUMBER: _builtins.int
+    CALLER_MEMBER_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     lookup_only: _builtins.bool
     """Do not assign an owner to a session that has none: answer NOT_FOUND.
     Servers look up with this for every call but CreateSession, so that calls
     naming unknown session ids leave no state in the router.
+    """
+    caller_member_id: _builtins.str
+    """The server asking. A lookup from a server the router does not know (it
+    restarted, or dropped the caller) answers UNAVAILABLE, not NOT_FOUND:
+    the owner may simply not have re-registered yet.
     """
     @_builtins.property
     def unreachable_member_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -242,10 +264,11 @@ class RouteRequest(_message.Message):
         session_id: _builtins.str = ...,
         unreachable_member_ids: _abc.Iterable[_builtins.str] | None = ...,
         lookup_only: _builtins.bool = ...,
+        caller_member_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lookup_only", b"lookup_only", "session_id", b"session_id", "unreachable_member_ids", b"unreachable_member_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["caller_member_id", b"caller_member_id", "lookup_only", b"lookup_only", "session_id", b"session_id", "unreachable_member_ids", b"unreachable_member_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
