@@ -69,7 +69,7 @@ class Mesh:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def spawn(self, name: str, *args: str) -> Component:
+    def spawn(self, name: str, *args: str, port: int = 0) -> Component:
         ready = self.workdir / f"{name}.ready.json"
         ready.unlink(missing_ok=True)
         log_path = self.workdir / f"{name}.log"
@@ -81,7 +81,7 @@ class Mesh:
                     "turnmesh",
                     *args,
                     "--port",
-                    "0",
+                    str(port),
                     "--ready-file",
                     str(ready),
                 ],
@@ -106,17 +106,25 @@ class Mesh:
                 time.sleep(POLL)
             c.info = json.loads(c.ready_file.read_text())
 
-    def start_router(self) -> Component:
+    def start_router(self, port: int = 0, name: str = "router") -> Component:
         self.router = self.spawn(
-            "router",
+            name,
             "router",
             "--heartbeat-interval",
             str(self.heartbeat_interval),
             "--heartbeat-timeout",
             str(self.heartbeat_interval * 5),
+            port=port,
         )
         self.wait_ready(self.router)
         return self.router
+
+    def restart_router(self) -> Component:
+        """SIGKILL the router and start a new one on the same address."""
+        assert self.router is not None
+        port = int(self.router.address.rsplit(":", 1)[1])
+        self.kill(self.router)
+        return self.start_router(port=port, name=f"router-{len(self.components)}")
 
     def spawn_worker(self, name: str, agent: str) -> Component:
         assert self.router is not None

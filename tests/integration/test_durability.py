@@ -1,0 +1,151 @@
+"""Lose nothing: SQLite survives a restart, Redis survives the loss of an
+owner, streams resume on any server, retries never run twice, and a router
+restart reshuffles no session."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from tests.support.mesh import Component, Mesh, RedisServer, eventually
+from turnmesh.client import AsyncClient
+from turnmesh.runtime.serving import insecure_channel
+from turnmesh.v1 import event_pb2
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
+
+
+async def _owner(mesh: Mesh, session_id: str) -> str:
+    assert mesh.router is not None
+    async with insecure_channel(mesh.router.address) as channel:
+        route = await RouterServiceStub(channel).Route(
+            rpb.RouteRequest(session_id=session_id, lookup_only=True)
+        )
+    return route.owner.member_id
+
+
+async def _session_owned_by(client: AsyncClient, mesh: Mesh, server: Component, agent: str) -> str:
+    while True:
+        sid = (await client.create_session(agent=agent)).session_id
+        if await _owner(mesh, sid) == server.member_id:
+            return sid
+
+
+async def test_sqlite_sessions_survive_a_server_restart(mesh_factory: Mesh, tmp_path: Path) -> None:
+    mesh = mesh_factory
+    store = f"sqlite:{tmp_path / 'sessions.db'}"
+    mesh.start_router()
+    worker = mesh.spawn_worker("demo", "demo")
+    first = mesh.spawn_server("server-a", "--store", store)
+    mesh.wait_ready(worker, first)
+    async with AsyncClient(first.address) as client:
+        sid = (await client.create_session()).session_id
+        done = await client.send(sid, "What is 12*(3+4)?")
+    mesh.kill(first, signal.SIGTERM)
+
+    second = mesh.spawn_server("server-b", "--store", store)
+    mesh.wait_ready(second)
+    async with AsyncClient(second.address) as client:
+        assert [m.role for m in await client.history(sid)] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        replay = [e async for e in client.subscribe(sid, done.turn_id)]
+        assert replay == done.events
+        again = await client.send(sid, "What did I ask first?")
+        assert "What is 12*(3+4)?" in again.text
+
+
+async def test_redis_sessions_survive_the_loss_of_their_owner(
+    mesh_factory: Mesh, redis_server: RedisServer
+) -> None:
+    mesh = mesh_factory
+    mesh.start_router()
+    workers = [
+        mesh.spawn_worker("probe", "probe_agent:ProbeAgent"),
+        mesh.spawn_worker("demo", "demo"),
+    ]
+    servers = [mesh.spawn_server(f"s{i}", "--store", redis_server.url) for i in (1, 2)]
+    mesh.wait_ready(*workers, *servers)
+    victim, survivor = servers
+    async with AsyncClient(survivor.address) as client:
+        sid = await _session_owned_by(client, mesh, victim, "probe")
+        finished = await client.send(sid, "one", metadata={"deltas": 2, "delay_ms": 1})
+        # A turn in flight on the owner when it dies.
+        async with client.stream_turn(sid, "two", metadata={"deltas": 500, "delay_ms": 20}) as s:
+            async for event in s:
+                if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+                    lost_turn = event.run_id
+                    break
+        mesh.kill(victim, signal.SIGKILL)
+
+        # Full history on the survivor; the finished turn replays; the lost
+        # turn ends cleanly; the conversation goes on.
+        history = await client.history(sid)
+        assert [m.content for m in history] == ["one", "part0 part1 "]
+        assert [e async for e in client.subscribe(sid, finished.turn_id)] == finished.events
+        tail = [e async for e in client.subscribe(sid, lost_turn, after_seq=1)]
+        assert tail[-1].type == event_pb2.RUN_ERROR
+        assert tail[-1].code == "owner_lost"
+        assert await _owner(mesh, sid) == survivor.member_id
+        result = await client.send(sid, "three", metadata={"deltas": 1, "delay_ms": 1})
+        assert result.text == "part0 "
+        assert [m.content for m in await client.history(sid)][-2:] == ["three", "part0 "]
+
+
+async def test_a_retried_turn_never_runs_twice(
+    mesh_factory: Mesh, redis_server: RedisServer
+) -> None:
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("echo", "echo")
+    servers = [mesh.spawn_server(f"s{i}", "--store", redis_server.url) for i in (1, 2)]
+    mesh.wait_ready(worker, *servers)
+    victim, survivor = servers
+    async with AsyncClient(survivor.address) as client:
+        sid = await _session_owned_by(client, mesh, victim, "echo")
+        first = await client.send(sid, "only once", idempotency_key="key-1")
+        retry = await client.send(sid, "only once", idempotency_key="key-1")
+        assert retry.events == first.events
+        # Even after the owner is gone, the key still names the same turn.
+        mesh.kill(victim, signal.SIGKILL)
+        after = await client.send(sid, "only once", idempotency_key="key-1")
+        assert after.events == first.events
+        assert [m.content for m in await client.history(sid)] == ["only once", "only once"]
+        fresh = await client.send(sid, "a new one", idempotency_key="key-2")
+        assert fresh.turn_id != first.turn_id
+
+
+async def test_a_router_restart_reshuffles_no_session(mesh_factory: Mesh) -> None:
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("echo", "echo")
+    servers = [mesh.spawn_server(f"s{i}") for i in (1, 2)]
+    mesh.wait_ready(worker, *servers)
+    async with AsyncClient(servers[0].address) as client:
+        sessions = [(await client.create_session(agent="echo")).session_id for _ in range(6)]
+        for sid in sessions:
+            await client.send(sid, "before")
+        owners = {sid: await _owner(mesh, sid) for sid in sessions}
+        assert len(set(owners.values())) == 2
+
+        mesh.restart_router()
+        assert mesh.router is not None
+
+        async def rejoined() -> bool:
+            async with insecure_channel(mesh.router.address) as channel:  # type: ignore[union-attr]
+                members = await RouterServiceStub(channel).ListMembers(rpb.ListMembersRequest())
+            return len(members.members) == 3
+
+        await eventually(rejoined, what="members to re-register")
+        assert {sid: await _owner(mesh, sid) for sid in sessions} == owners
+        for sid in sessions:
+            assert (await client.send(sid, "after")).text == "after"
+            assert [m.content for m in await client.history(sid)] == [
+                "before",
+                "before",
+                "after",
+                "after",
+            ]
