@@ -9,7 +9,7 @@ SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server
 # The real AG-UI client, pinned by package-lock.json, for the AG-UI tests.
 NODE_STAMP := clients/agui/node_modules/.package-lock.json
 
-.PHONY: install system-deps gen test test-unit lint format run bench clean
+.PHONY: install system-deps gen test test-unit lint format run bench chaos clean
 
 install: system-deps $(STAMP) $(NODE_STAMP)
 
@@ -56,6 +56,11 @@ run: install
 
 bench: install
 	$(PY) -m bench.turn_overhead
+
+# 64 conversations for 90 s while workers, a server and the router are killed;
+# writes chaos-report.json and fails if a turn was lost or duplicated.
+chaos: install
+	$(PY) -m tests.support.chaos --seconds 90 --conversations 64 --report chaos-report.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,361 @@
+"""The chaos run: conversations through Envoy (REST/SSE and native gRPC) while
+workers, a server and the router are killed; then every history is checked.
+
+`make chaos` runs it long; `tests/integration/test_chaos.py` runs it short.
+Loopback only, bounded in time, stops by itself, ends only processes it
+started. Usage: python -m tests.support.chaos [--seconds N] [--conversations N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from tests.support.mesh import Component, Mesh, RedisServer
+from turnmesh.client import AsyncClient, TurnmeshClientError
+
+TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
+REQUEST_TIMEOUT = 30.0  # a request that takes longer counts as hung
+RESUME_ATTEMPTS = 40
+
+
+@dataclass
+class Counts:
+    turns_attempted: int = 0
+    turns_finished: int = 0
+    turns_failed_cleanly: int = 0
+    turns_retried_with_same_key: int = 0
+    streams_resumed: int = 0
+    resumed_seq_errors: int = 0
+    hung: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    partial: int = 0
+    faults: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.hung or self.lost or self.duplicated or self.partial or self.resumed_seq_errors
+        )
+
+
+class Broken(Exception):
+    """The stream broke before a terminal event (connection or status)."""
+
+
+@dataclass
+class Conversation:
+    index: int
+    session_id: str
+    via_rest: bool
+    finished: list[str] = field(default_factory=list)  # turn ids, in order
+
+
+class ChaosRun:
+    def __init__(self, workdir: Path, seconds: float, conversations: int) -> None:
+        self.workdir = workdir
+        self.seconds = seconds
+        self.conversations = conversations
+        self.counts = Counts()
+        self.mesh = Mesh(workdir / "mesh")
+        self.redis: RedisServer | None = None
+        self.rng = random.Random(7)
+
+    # The mesh ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.redis = RedisServer(self.workdir)
+        mesh = self.mesh
+        mesh.start_router()
+        self.workers = [mesh.spawn_worker(f"worker-{i}", "echo") for i in range(3)]
+        self.servers = [
+            mesh.spawn_server(f"server-{i}", "--store", self.redis.url, "--grace-seconds", "2")
+            for i in range(2)
+        ]
+        mesh.wait_ready(*self.workers, *self.servers)
+        self.envoy = mesh.start_envoy(self.servers)
+        self.edge = self.envoy.listener_address
+
+    def stop(self) -> None:
+        self.mesh.stop()
+        if self.redis is not None:
+            self.redis.stop()
+
+    async def faults(self, deadline: float) -> None:
+        """SIGKILL a random worker every few seconds (and start a new one);
+        SIGKILL and restart one server once; restart the router once."""
+        start = time.monotonic()
+        server_done = router_done = False
+        generation = 0
+        while time.monotonic() < deadline - 2:
+            await asyncio.sleep(2.0)
+            elapsed = (time.monotonic() - start) / self.seconds
+            generation += 1
+            victim = self.rng.choice(self.workers)
+            self.mesh.kill(victim, signal.SIGKILL)
+            replacement = self.mesh.spawn_worker(f"worker-g{generation}", "echo")
+            self.workers[self.workers.index(victim)] = replacement
+            self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGKILL {victim.name}")
+            await asyncio.to_thread(self.mesh.wait_ready, replacement)
+            if not server_done and elapsed > 0.3:
+                server_done = True
+                await self._restart_server(self.servers[0], start)
+            if not router_done and elapsed > 0.6:
+                router_done = True
+                await asyncio.to_thread(self.mesh.restart_router)
+                self.counts.faults.append(f"{time.monotonic() - start:.1f}s restart router")
+
+    async def _restart_server(self, server: Component, start: float) -> None:
+        port = int(server.address.rsplit(":", 1)[1])
+        self.mesh.kill(server, signal.SIGKILL)
+        self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGKILL {server.name}")
+        assert self.redis is not None
+        # Same port: Envoy's upstream list is static.
+        fresh = self.mesh.spawn(
+            f"{server.name}-again",
+            "server",
+            "--router",
+            self.mesh.router.address if self.mesh.router else "",
+            "--store",
+            self.redis.url,
+            "--grace-seconds",
+            "2",
+            port=port,
+        )
+        await asyncio.to_thread(self.mesh.wait_ready, fresh)
+        self.servers[self.servers.index(server)] = fresh
+        self.counts.faults.append(f"{time.monotonic() - start:.1f}s restarted {server.name}")
+
+    # Conversations -------------------------------------------------------------
+
+    async def run(self) -> Counts:
+        deadline = time.monotonic() + self.seconds
+        async with (
+            httpx.AsyncClient(base_url=f"http://{self.edge}", timeout=REQUEST_TIMEOUT) as rest,
+            AsyncClient(self.edge, timeout=REQUEST_TIMEOUT) as grpc_client,
+        ):
+            self.rest, self.grpc = rest, grpc_client
+            conversations = [
+                Conversation(i, f"chaos-{i}", via_rest=i % 2 == 0)
+                for i in range(self.conversations)
+            ]
+            for c in conversations:
+                await self._retry(lambda c=c: self.grpc.create_session(c.session_id, agent="echo"))
+            faults = asyncio.create_task(self.faults(deadline))
+            await asyncio.gather(*(self._converse(c, deadline) for c in conversations))
+            faults.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await faults
+            for c in conversations:
+                await self._check(c)
+        return self.counts
+
+    async def _retry(self, call: Any) -> Any:
+        for attempt in range(RESUME_ATTEMPTS):
+            try:
+                return await call()
+            except (TurnmeshClientError, httpx.HTTPError):
+                if attempt == RESUME_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.25)
+        return None
+
+    async def _converse(self, c: Conversation, deadline: float) -> None:
+        turn = 0
+        while time.monotonic() < deadline:
+            turn += 1
+            message = f"c{c.index} t{turn} alpha beta gamma"
+            key = f"{c.session_id}-{turn}"
+            self.counts.turns_attempted += 1
+            try:
+                outcome = await asyncio.wait_for(
+                    self._one_turn(c, message, key), REQUEST_TIMEOUT * 3
+                )
+            except TimeoutError:
+                self.counts.hung += 1
+                continue
+            if outcome is None:
+                self.counts.turns_failed_cleanly += 1
+            else:
+                self.counts.turns_finished += 1
+                c.finished.append(outcome)
+
+    async def _one_turn(self, c: Conversation, message: str, key: str) -> str | None:
+        """The turn id if it finished, None if it failed cleanly. Broken
+        streams are resumed; a turn that never started is retried with the
+        same idempotency key (which must not run it twice)."""
+        for attempt in range(RESUME_ATTEMPTS):
+            if attempt:
+                self.counts.turns_retried_with_same_key += 1
+                await asyncio.sleep(0.25)
+            seen: list[dict[str, Any]] = []
+            try:
+                async for event in self._turn_events(c, message, key):
+                    seen.append(event)
+            except Broken:
+                if not seen:
+                    continue  # nothing started (or we never heard): same key again
+                return await self._resume(c, seen)
+            except (TurnmeshClientError, httpx.HTTPStatusError):
+                continue
+            if not seen or seen[-1]["type"] not in TERMINAL:
+                if seen:
+                    return await self._resume(c, seen)
+                continue
+            return seen[-1]["runId"] if seen[-1]["type"] == "RUN_FINISHED" else None
+        return None
+
+    async def _turn_events(
+        self, c: Conversation, message: str, key: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        body = {
+            "message": message,
+            "idempotencyKey": key,
+            "policy": "TURN_POLICY_ENQUEUE",
+            "metadata": {"delay_ms": 20},
+        }
+        if c.via_rest:
+            try:
+                async with aconnect_sse(
+                    self.rest, "POST", f"/v1/sessions/{c.session_id}/turns", json=body
+                ) as source:
+                    if source.response.status_code != 200:
+                        await source.response.aread()
+                        raise Broken(source.response.status_code)
+                    async for sse in source.aiter_sse():
+                        event = json.loads(sse.data)
+                        if event["type"] != "CUSTOM":
+                            yield event
+            except httpx.TransportError as exc:
+                raise Broken(str(exc)) from exc
+            return
+        try:
+            async with self.grpc.stream_turn(
+                c.session_id,
+                message,
+                policy="enqueue",
+                idempotency_key=key,
+                metadata={"delay_ms": 20},
+            ) as stream:
+                async for e in stream:
+                    if e.type != 11:  # CUSTOM keepalive
+                        yield _event_dict(e)
+        except TurnmeshClientError as exc:
+            raise Broken(str(exc)) from exc
+
+    async def _resume(self, c: Conversation, seen: list[dict[str, Any]]) -> str | None:
+        """Follow a broken turn to its end with SubscribeTurn; each seq once."""
+        self.counts.streams_resumed += 1
+        turn_id = seen[0]["runId"]
+        last = seen[-1]["seq"]
+        for _ in range(RESUME_ATTEMPTS):
+            try:
+                async for event in self._subscribe(c, turn_id, last):
+                    if event["seq"] != last + 1:
+                        self.counts.resumed_seq_errors += 1
+                    last = event["seq"]
+                    if event["type"] in TERMINAL:
+                        return turn_id if event["type"] == "RUN_FINISHED" else None
+            except (Broken, TurnmeshClientError, httpx.HTTPError):
+                pass
+            await asyncio.sleep(0.25)
+        return None
+
+    async def _subscribe(
+        self, c: Conversation, turn_id: str, after: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        if c.via_rest:
+            async with aconnect_sse(
+                self.rest,
+                "GET",
+                f"/v1/sessions/{c.session_id}/turns/{turn_id}/events",
+                params={"after_seq": after},
+            ) as source:
+                if source.response.status_code != 200:
+                    await source.response.aread()
+                    raise Broken(source.response.status_code)
+                async for sse in source.aiter_sse():
+                    event = json.loads(sse.data)
+                    if event["type"] != "CUSTOM":
+                        yield event
+            return
+        async with self.grpc.subscribe(c.session_id, turn_id, after) as stream:
+            async for e in stream:
+                if e.type != 11:
+                    yield _event_dict(e)
+
+    # Checks ----------------------------------------------------------------------
+
+    async def _check(self, c: Conversation) -> None:
+        history = await self._retry(lambda: self.grpc.history(c.session_id))
+        turns: list[str] = []
+        users: list[str] = []
+        for message in history:
+            if not turns or turns[-1] != message.turn_id:
+                turns.append(message.turn_id)
+            if message.role == "user":
+                users.append(message.content)
+        by_turn: dict[str, list[Any]] = {}
+        for message in history:
+            by_turn.setdefault(message.turn_id, []).append(message)
+        # A turn appears once, as one block: [user, assistant echoing it].
+        self.counts.duplicated += len(turns) - len(set(turns))
+        self.counts.duplicated += len(users) - len(set(users))
+        for messages in by_turn.values():
+            roles = [m.role for m in messages]
+            if roles != ["user", "assistant"] or messages[1].content != messages[0].content:
+                self.counts.partial += 1
+        # Every turn the client saw finish is there, in the order it finished.
+        positions = [turns.index(t) for t in c.finished if t in turns]
+        self.counts.lost += len(c.finished) - len(positions)
+        if positions != sorted(positions):
+            self.counts.lost += 1
+
+
+def _event_dict(event: Any) -> dict[str, Any]:
+    from turnmesh.v1 import event_pb2
+
+    return {"type": event_pb2.EventType.Name(event.type), "seq": event.seq, "runId": event.run_id}
+
+
+async def chaos(seconds: float, conversations: int, report: Path | None) -> Counts:
+    with tempfile.TemporaryDirectory(prefix="turnmesh-chaos-") as tmp:
+        run = ChaosRun(Path(tmp), seconds, conversations)
+        try:
+            await asyncio.to_thread(run.start)
+            counts = await run.run()
+        finally:
+            await asyncio.to_thread(run.stop)
+    if report is not None:
+        text = json.dumps({**asdict(counts), "ok": counts.ok}, indent=2)
+        await asyncio.to_thread(report.write_text, text)
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="turnmesh chaos run")
+    parser.add_argument("--seconds", type=float, default=90.0)
+    parser.add_argument("--conversations", type=int, default=64)
+    parser.add_argument("--report", type=Path, default=Path("chaos-report.json"))
+    args = parser.parse_args()
+    counts = asyncio.run(chaos(args.seconds, args.conversations, args.report))
+    print(json.dumps({**asdict(counts), "ok": counts.ok}, indent=2))
+    raise SystemExit(0 if counts.ok else 1)
+
+
+if __name__ == "__main__":
+    main()
