@@ -56,6 +56,7 @@ run: install
 
 bench: install
 	$(PY) -m bench.turn_overhead
+	$(PY) -m bench.store_append
 
 # 64 conversations for 90 s while workers, a server and the router are killed;
 # writes chaos-report.json and fails if a turn was lost or duplicated.

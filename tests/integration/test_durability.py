@@ -149,3 +149,32 @@ async def test_a_router_restart_reshuffles_no_session(mesh_factory: Mesh) -> Non
                 "after",
                 "after",
             ]
+
+
+async def test_a_turn_that_outlives_the_drain_ends_cleanly(
+    mesh_factory: Mesh, redis_server: RedisServer
+) -> None:
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
+    servers = [
+        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--grace-seconds", "0.5")
+        for i in (1, 2)
+    ]
+    mesh.wait_ready(worker, *servers)
+    victim, survivor = servers
+    async with AsyncClient(victim.address) as direct, AsyncClient(survivor.address) as other:
+        sid = await _session_owned_by(other, mesh, victim, "probe")
+        await direct.send(sid, "kept", metadata={"deltas": 1, "delay_ms": 1})
+        events = []
+        async with direct.stream_turn(
+            sid, "too slow", metadata={"deltas": 1000, "delay_ms": 20}
+        ) as s:
+            async for event in s:
+                events.append(event)
+                if event.type == event_pb2.TEXT_MESSAGE_CONTENT and len(events) == 3:
+                    victim.proc.send_signal(signal.SIGTERM)
+        assert events[-1].type == event_pb2.RUN_ERROR
+        assert events[-1].code == "shutdown"
+        assert victim.proc.wait(timeout=30) == 0
+        assert [m.content for m in await other.history(sid)] == ["kept", "part0 "]
