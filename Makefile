@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # Programs the tests use that come from Debian, not PyPI: command:package.
-SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server
+SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server wrk:wrk
 # The real AG-UI client, pinned by package-lock.json, for the AG-UI tests.
 NODE_STAMP := clients/agui/node_modules/.package-lock.json
 
@@ -55,7 +55,7 @@ run: install
 	$(VENV)/bin/turnmesh up
 
 bench: install
-	$(PY) -m bench.turn_overhead
+	$(PY) -m bench.suite
 	$(PY) -m bench.store_append
 
 # 64 conversations for 90 s while workers, a server and the router are killed;

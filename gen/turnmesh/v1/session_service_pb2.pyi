@@ -209,7 +209,7 @@ class CreateSessionRequest(_message.Message):
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
         """Optional history to start from (a conversation held elsewhere so far):
-        at most 1,000 messages with role user, assistant, system or tool.
+        at most 10,000 messages with role user, assistant, system or tool.
         """
 
     def __init__(

@@ -1,0 +1,77 @@
+"""The baseline: a bare single-process grpc.aio server that streams the same
+events, of the same sizes, as the echo worker does for one turn. Nothing in
+Python can serve a streamed turn over one gRPC hop faster on this machine.
+
+Usage: python -m bench.baseline --port 0 --ready-file PATH
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from turnmesh.runtime.serving import SERVER_OPTIONS, write_ready_file
+from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
+
+
+class BaselineWorker(worker_service_pb2_grpc.WorkerServiceServicer):
+    """Streams what EchoAgent streams: RUN_STARTED, a text message word by
+    word, RUN_FINISHED with usage; no agent, no emitter, no queue."""
+
+    async def Run(
+        self, request: worker_service_pb2.RunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[event_pb2.Event]:
+        now = float(time.time_ns() // 1_000_000)
+        ids = {"thread_id": request.session_id, "run_id": request.turn_id}
+        yield event_pb2.Event(type=event_pb2.RUN_STARTED, seq=1, timestamp=now, **ids)
+        message_id = "01JBASELINEMESSAGE00000000"
+        yield event_pb2.Event(
+            type=event_pb2.TEXT_MESSAGE_START,
+            seq=2,
+            message_id=message_id,
+            role="assistant",
+            timestamp=now,
+            **ids,
+        )
+        text = "\n\n".join(request.messages)
+        seq = 3
+        for word in text.split(" "):
+            yield event_pb2.Event(
+                type=event_pb2.TEXT_MESSAGE_CONTENT,
+                seq=seq,
+                message_id=message_id,
+                delta=word + " ",
+                timestamp=now,
+                **ids,
+            )
+            seq += 1
+        yield event_pb2.Event(
+            type=event_pb2.TEXT_MESSAGE_END, seq=seq, message_id=message_id, timestamp=now, **ids
+        )
+        done = event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=seq + 1, timestamp=now, **ids)
+        words = len(text.split())
+        done.usage.add(input_tokens=words, output_tokens=words, total_tokens=2 * words)
+        yield done
+
+
+async def serve(port: int, ready_file: Path) -> None:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(BaselineWorker(), server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    write_ready_file(str(ready_file), address=f"127.0.0.1:{bound}", pid=os.getpid())
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--ready-file", type=Path, required=True)
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.ready_file))

@@ -1,0 +1,45 @@
+"""A tiny run of the benchmark suite, so it cannot rot (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_suite_smoke_run(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.suite",
+            "--smoke",
+            "--concurrency",
+            "1",
+            "2",
+            "--turns",
+            "20",
+            "--sessions",
+            "200",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (report_file,) = tmp_path.glob("*.json")
+    report = json.loads(report_file.read_text())
+    paths = {(c["path"], c["concurrency"]) for c in report["cells"]}
+    assert paths == {
+        (p, c) for p in ("baseline", "worker", "mesh-grpc", "mesh-rest") for c in (1, 2)
+    }
+    assert all(c["turns_per_s"] > 0 for c in report["cells"])
+    assert set(report["history"]) == {"2", "200", "2000"}
+    assert set(report["long_turn_events_per_s"]) == {"baseline", "worker", "mesh-grpc", "mesh-rest"}
+    assert report["up_seconds"] > 0
+    assert list(tmp_path.glob("*.png"))
+    assert "| path | concurrency |" in next(tmp_path.glob("*.md")).read_text()
