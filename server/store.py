@@ -43,7 +43,8 @@ class SessionStore(Protocol):
     async def delete(self, session_id: str) -> bool:
         """Remove a session and its history; False if it did not exist."""
 
-    async def history(self, session_id: str) -> list[message_pb2.Message]: ...
+    async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
+        """The session's messages from position ``start`` on; NotFound if none."""
 
     async def append_messages(
         self, session_id: str, messages: list[message_pb2.Message], now: float
@@ -112,11 +113,11 @@ class MemoryStore:
         self._messages.pop(session_id, None)
         return self._records.pop(session_id, None) is not None
 
-    async def history(self, session_id: str) -> list[message_pb2.Message]:
+    async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         if session_id not in self._messages:
             raise NotFound(f"session {session_id!r} not found")
         # Messages are never mutated after append, so sharing them is safe.
-        return list(self._messages[session_id])
+        return self._messages[session_id][start:]
 
     async def append_messages(
         self, session_id: str, messages: list[message_pb2.Message], now: float

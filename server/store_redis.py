@@ -106,11 +106,11 @@ class RedisStore:
             results: list[Any] = await pipe.execute()
         return bool(results[0])
 
-    async def history(self, session_id: str) -> list[message_pb2.Message]:
+    async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         record_key, history_key = self._keys(session_id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.exists(record_key)
-            pipe.lrange(history_key, 0, -1)
+            pipe.lrange(history_key, start, -1)
             exists, rows = await pipe.execute()
         if not exists:
             raise NotFound(f"session {session_id!r} not found")

@@ -136,7 +136,7 @@ class SqliteStore:
 
         return await self._run(delete)
 
-    async def history(self, session_id: str) -> list[message_pb2.Message]:
+    async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         def history(db: sqlite3.Connection) -> list[bytes] | None:
             if (
                 db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
@@ -144,7 +144,9 @@ class SqliteStore:
             ):
                 return None
             rows = db.execute(
-                "SELECT data FROM messages WHERE session_id = ? ORDER BY position", (session_id,)
+                "SELECT data FROM messages WHERE session_id = ? AND position >= ?"
+                " ORDER BY position",
+                (session_id, start),
             ).fetchall()
             return [r[0] for r in rows]
 

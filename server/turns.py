@@ -67,6 +67,10 @@ class TurnOutcome:
     error: event_pb2.Event | None = None
 
 
+class HistoryMiss(Exception):
+    """The worker does not hold the history we assumed it does."""
+
+
 class WorkerFailed(Exception):
     """The worker's stream broke (not an agent error)."""
 
@@ -255,9 +259,8 @@ class TurnRunner:
         tlog.append(first)
         self.inflight += 1
         try:
-            history = await self._store.history(session_id)
             builder = HistoryBuilder(turn.turn_id)
-            outcome = await self._run_on_workers(session_id, agent_name, turn, history, builder)
+            outcome = await self._run_on_workers(session_id, agent_name, turn, builder)
             if not outcome.ok:
                 assert outcome.error is not None
                 tlog.append(outcome.error)
@@ -336,17 +339,8 @@ class TurnRunner:
         session_id: str,
         agent_name: str,
         turn: PendingTurn,
-        history: list[message_pb2.Message],
         builder: HistoryBuilder,
     ) -> TurnOutcome:
-        request = wpb.RunRequest(
-            session_id=session_id,
-            turn_id=turn.turn_id,
-            messages=turn.messages,
-            files=turn.files,
-            history=history,
-            metadata=turn.metadata,
-        )
         tried: set[str] = set()
         for _attempt in range(2):  # one transparent retry
             worker = self._workers.pick(agent_name, session_id, tried)
@@ -357,7 +351,7 @@ class TurnRunner:
                 break
             tried.add(worker.member_id)
             try:
-                return await self._stream(worker, session_id, request, turn.log, builder)
+                return await self._run_on(worker, session_id, turn, builder)
             except WorkerFailed as failure:
                 self._workers.mark_failed(worker)
                 log.warning(
@@ -384,6 +378,35 @@ class TurnRunner:
             ok=False, error=error_event("worker_unavailable", "No worker available", 503, detail)
         )
 
+    async def _run_on(
+        self, worker: WorkerRef, session_id: str, turn: PendingTurn, builder: HistoryBuilder
+    ) -> TurnOutcome:
+        """Run the turn on one worker, sending only the history it lacks."""
+        base = self._workers.history_base(worker, session_id)
+        while True:
+            history = await self._store.history(session_id, start=base)
+            request = wpb.RunRequest(
+                session_id=session_id,
+                turn_id=turn.turn_id,
+                messages=turn.messages,
+                files=turn.files,
+                history=history,
+                history_base=base,
+                metadata=turn.metadata,
+            )
+            try:
+                outcome = await self._stream(worker, session_id, request, turn.log, builder)
+            except HistoryMiss:
+                if base == 0:
+                    raise WorkerFailed(streamed=False) from None
+                base = 0  # the worker restarted or evicted it: send everything
+                continue
+            except WorkerFailed:
+                self._workers.forget_history(worker, session_id)
+                raise
+            self._workers.remember_history(worker, session_id, base + len(history))
+            return outcome
+
     async def _stream(
         self,
         worker: WorkerRef,
@@ -409,8 +432,10 @@ class TurnRunner:
                     return TurnOutcome(ok=False, error=_copy_error(event))
                 streamed = True
                 builder.feed(event)
-                tlog.append(_strip(event))
+                tlog.append(event)  # the log stamps its own seq and ids
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and not streamed:
+                raise HistoryMiss from exc
             log.debug("worker %s stream error: %s", worker.member_id, exc.code())
             raise WorkerFailed(streamed) from exc
         except asyncio.CancelledError:
@@ -440,14 +465,6 @@ def _total(usage: list[event_pb2.TokenUsage]) -> event_pb2.TokenUsage:
         total.output_tokens += u.output_tokens
         total.total_tokens += u.total_tokens
     return total
-
-
-def _strip(event: event_pb2.Event) -> event_pb2.Event:
-    """A worker event without the ids and seq the turn log stamps itself."""
-    out = event_pb2.Event()
-    out.CopyFrom(event)
-    out.ClearField("seq")
-    return out
 
 
 def _copy_error(event: event_pb2.Event) -> event_pb2.Event:

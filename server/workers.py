@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import grpc
@@ -29,6 +30,9 @@ STICKY_SLACK = 2
 # A worker that failed a call is skipped for this long, even if the router
 # still lists it (the router drops it only after missed heartbeats).
 FAILED_WORKER_QUARANTINE = 5.0
+# Bound on remembered (worker, session) history positions; a forgotten one
+# only costs one full history send.
+MAX_HISTORY_ENTRIES = 100_000
 
 
 @dataclass
@@ -49,6 +53,8 @@ class WorkerPool:
         self._last_worker: dict[str, str] = {}
         self._failed_until: dict[str, float] = {}
         self._address_of: dict[str, str] = {}
+        # (worker, session) -> how many messages of history that worker holds.
+        self._history_sent: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self._refresh_lock = asyncio.Lock()
         self.known = asyncio.Event()
@@ -154,3 +160,19 @@ class WorkerPool:
 
     def forget_session(self, session_id: str) -> None:
         self._last_worker.pop(session_id, None)
+        for key in [k for k in self._history_sent if k[1] == session_id]:
+            del self._history_sent[key]
+
+    def history_base(self, worker: WorkerRef, session_id: str) -> int:
+        """Messages of the session's history this worker already holds."""
+        return self._history_sent.get((worker.member_id, session_id), 0)
+
+    def remember_history(self, worker: WorkerRef, session_id: str, count: int) -> None:
+        key = (worker.member_id, session_id)
+        self._history_sent[key] = count
+        self._history_sent.move_to_end(key)
+        while len(self._history_sent) > MAX_HISTORY_ENTRIES:
+            self._history_sent.popitem(last=False)
+
+    def forget_history(self, worker: WorkerRef, session_id: str) -> None:
+        self._history_sent.pop((worker.member_id, session_id), None)

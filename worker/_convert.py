@@ -13,14 +13,18 @@ from turnmesh.v1 import message_pb2, worker_service_pb2
 __all__ = ["to_agent_request"]
 
 
-def to_agent_request(request: worker_service_pb2.RunRequest) -> AgentRequest:
+def to_agent_request(
+    request: worker_service_pb2.RunRequest, history: list[dict[str, Any]] | None = None
+) -> AgentRequest:
+    """``history``: the whole history, when the caller resolved it (the
+    request may carry only its tail); else the request's own."""
     if not request.messages:
         raise InvalidArgument([FieldViolation("messages", "at least one message is required")])
     return AgentRequest.from_messages(
         list(request.messages),
         session_id=request.session_id,
         turn_id=request.turn_id,
-        history=[history_message(m) for m in request.history],
+        history=history if history is not None else [history_message(m) for m in request.history],
         metadata=json_format.MessageToDict(request.metadata)
         if request.HasField("metadata")
         else {},

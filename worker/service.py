@@ -17,8 +17,9 @@ from google.protobuf import struct_pb2
 from turnmesh.agent import AgentResponse, AgentRunnable
 from turnmesh.runtime.errors import PROBLEM_BASE
 from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
-from turnmesh.worker._convert import to_agent_request
+from turnmesh.worker._convert import history_message, to_agent_request
 from turnmesh.worker.emitter import ET, QueueEmitter, make_event
+from turnmesh.worker.history_cache import HistoryCache
 
 __all__ = ["WorkerServicer"]
 
@@ -40,6 +41,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         self.worker_id = worker_id
         self.ready = True  # the agent is loaded before the servicer exists
         self._inflight = 0
+        self._histories = HistoryCache()
 
     @property
     def inflight(self) -> int:
@@ -63,7 +65,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         request: worker_service_pb2.RunRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[event_pb2.Event]:
-        agent_request = to_agent_request(request)  # invalid input: a status, before any event
+        # Invalid input or a history miss: a status, before any event.
+        history = self._histories.resolve(
+            request.session_id,
+            request.history_base,
+            [history_message(m) for m in request.history],
+        )
+        agent_request = to_agent_request(request, history)
         seq = itertools.count(1)
 
         def stamped(event: event_pb2.Event) -> event_pb2.Event:

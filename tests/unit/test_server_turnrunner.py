@@ -79,6 +79,7 @@ class FakePool:
         self.failed: list[str] = []
         self.inflight: dict[str, int] = {}
         self.call_metadata = MD
+        self.bases: dict[tuple[str, str], int] = {}
 
     def add(self, member_id: str, script: list[Any]) -> FakeStub:
         stub = FakeStub(script)
@@ -106,6 +107,15 @@ class FakePool:
     def mark_failed(self, worker: WorkerRef) -> None:
         self.failed.append(worker.member_id)
 
+    def history_base(self, worker: WorkerRef, session_id: str) -> int:
+        return self.bases.get((worker.member_id, session_id), 0)
+
+    def remember_history(self, worker: WorkerRef, session_id: str, count: int) -> None:
+        self.bases[(worker.member_id, session_id)] = count
+
+    def forget_history(self, worker: WorkerRef, session_id: str) -> None:
+        self.bases.pop((worker.member_id, session_id), None)
+
 
 class FakeStore:
     def __init__(self) -> None:
@@ -114,12 +124,12 @@ class FakeStore:
         self.append_gate: asyncio.Event | None = None
         self.history_error: Exception | None = None
 
-    async def history(self, session_id: str) -> list[message_pb2.Message]:
+    async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         if self.history_error is not None:
             raise self.history_error
         if session_id not in self.sessions:
             raise NotFound(session_id)
-        return list(self.sessions[session_id])
+        return self.sessions[session_id][start:]
 
     async def append_messages(
         self, session_id: str, messages: list[message_pb2.Message], now: float
@@ -467,6 +477,7 @@ async def test_a_session_deleted_while_the_turn_ran(
 async def test_an_unexpected_error_fails_the_turn_with_no_detail_leaked(
     runner: TurnRunner, pool: FakePool, store: FakeStore
 ) -> None:
+    pool.add("w1", answer("never sent"))
     store.history_error = RuntimeError("db password is hunter2")
     turn = pending()
     await runner.run("s1", "demo", turn)

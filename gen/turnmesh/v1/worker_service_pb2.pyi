@@ -30,8 +30,15 @@ class RunRequest(_message.Message):
     FILES_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    HISTORY_BASE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     turn_id: _builtins.str
+    history_base: _builtins.int
+    """How many messages of history the worker already holds for this session
+    (0: `history` is the whole history). A worker that holds a different
+    number answers FAILED_PRECONDITION (reason HISTORY_MISS) before any
+    event, and the server sends the whole history again.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The new user message(s) of this turn. More than one when the turn
@@ -42,7 +49,11 @@ class RunRequest(_message.Message):
     def files(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.File]: ...
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.Message]:
-        """The session's history before this turn."""
+        """The session's history before this turn, from position `history_base`
+        on. A worker keeps the history of the sessions it served, so a server
+        that sent it the first N messages before sends only the rest: a turn's
+        cost does not grow with the conversation.
+        """
 
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
@@ -55,10 +66,11 @@ class RunRequest(_message.Message):
         files: _abc.Iterable[_message_pb2.File] | None = ...,
         history: _abc.Iterable[_message_pb2.Message] | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        history_base: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "history", b"history", "messages", b"messages", "metadata", b"metadata", "session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "history", b"history", "history_base", b"history_base", "messages", b"messages", "metadata", b"metadata", "session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

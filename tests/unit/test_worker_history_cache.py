@@ -1,0 +1,45 @@
+"""The worker's history cache: tails on top of what it holds, misses when not."""
+
+from __future__ import annotations
+
+import pytest
+
+from turnmesh.worker.history_cache import HistoryCache, HistoryMiss
+
+
+def m(i: int) -> dict[str, str]:
+    return {"role": "user", "content": str(i)}
+
+
+def test_a_tail_extends_the_held_history() -> None:
+    cache = HistoryCache()
+    assert cache.resolve("s", 0, [m(0), m(1)]) == [m(0), m(1)]
+    assert cache.resolve("s", 2, [m(2), m(3)]) == [m(0), m(1), m(2), m(3)]
+    assert cache.resolve("s", 4, []) == [m(0), m(1), m(2), m(3)]
+
+
+@pytest.mark.parametrize("base", [1, 3])
+def test_a_wrong_base_is_a_miss(base: int) -> None:
+    cache = HistoryCache()
+    cache.resolve("s", 0, [m(0), m(1)])
+    with pytest.raises(HistoryMiss) as info:
+        cache.resolve("s", base, [m(9)])
+    assert info.value.reason == "HISTORY_MISS"
+
+
+def test_unknown_and_evicted_sessions_miss() -> None:
+    cache = HistoryCache(max_sessions=2)
+    with pytest.raises(HistoryMiss):
+        cache.resolve("nobody", 2, [])
+    for sid in ("a", "b", "c"):
+        cache.resolve(sid, 0, [m(0)])
+    with pytest.raises(HistoryMiss):
+        cache.resolve("a", 1, [])
+    assert cache.resolve("c", 1, [m(1)]) == [m(0), m(1)]
+
+
+def test_the_agent_cannot_change_the_cache() -> None:
+    cache = HistoryCache()
+    given = cache.resolve("s", 0, [m(0)])
+    given.append(m(99))
+    assert cache.resolve("s", 1, []) == [m(0)]
