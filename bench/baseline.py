@@ -39,7 +39,10 @@ class BaselineWorker(worker_service_pb2_grpc.WorkerServiceServicer):
             timestamp=now,
             **ids,
         )
-        text = "\n\n".join(request.messages)
+        repeat = 1
+        if "repeat" in request.metadata.fields:
+            repeat = int(request.metadata.fields["repeat"].number_value)
+        text = " ".join(["\n\n".join(request.messages)] * repeat)
         seq = 3
         for word in text.split(" "):
             yield event_pb2.Event(

@@ -269,8 +269,11 @@ class Bench:
         return costs
 
     async def long_turn(self) -> dict[str, float]:
-        words = 200 if self.smoke else 10_000
-        message = " ".join(f"w{i}" for i in range(words))
+        # 5,000 one-letter words (10,000 characters, the message limit), said
+        # twice by the echo agent: 10,000 deltas.
+        words = 100 if self.smoke else 5_000
+        message = " ".join("w" for _ in range(words))
+        repeat = 2
         rates: dict[str, float] = {}
         from turnmesh.runtime.serving import insecure_channel
         from turnmesh.v1 import worker_service_pb2 as wpb
@@ -280,16 +283,16 @@ class Bench:
             async with insecure_channel(address) as channel:
                 start = time.perf_counter()
                 count = 0
-                async for _ in WorkerServiceStub(channel).Run(
-                    wpb.RunRequest(session_id="long", turn_id="long", messages=[message])
-                ):
+                request = wpb.RunRequest(session_id="long", turn_id="long", messages=[message])
+                request.metadata.update({"repeat": repeat})
+                async for _ in WorkerServiceStub(channel).Run(request):
                     count += 1
                 rates[path] = count / (time.perf_counter() - start)
         (sid,) = await self.sessions(1)
         async with AsyncClient(self.server.address) as client:
             start = time.perf_counter()
             count = 0
-            async with client.stream_turn(sid, message) as stream:
+            async with client.stream_turn(sid, message, metadata={"repeat": repeat}) as stream:
                 async for _ in stream:
                     count += 1
             rates["mesh-grpc"] = count / (time.perf_counter() - start)
@@ -299,7 +302,9 @@ class Bench:
             start = time.perf_counter()
             count = 0
             async with http.stream(
-                "POST", f"/v1/sessions/{sid}/turns", json={"message": message}
+                "POST",
+                f"/v1/sessions/{sid}/turns",
+                json={"message": message, "metadata": {"repeat": repeat}},
             ) as response:
                 async for line in response.aiter_lines():
                     if line.startswith("data: "):
