@@ -21,46 +21,45 @@ from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 
 
 class BaselineWorker(worker_service_pb2_grpc.WorkerServiceServicer):
-    """Streams what EchoAgent streams: RUN_STARTED, a text message word by
-    word, RUN_FINISHED with usage; no agent, no emitter, no queue."""
+    """Streams what EchoAgent streams, one message per event (as the public
+    stream does): RUN_STARTED, a text message word by word, RUN_FINISHED with
+    usage; no agent, no emitter, no queue."""
 
     async def Run(
         self, request: worker_service_pb2.RunRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[event_pb2.Event]:
-        now = float(time.time_ns() // 1_000_000)
-        ids = {"thread_id": request.session_id, "run_id": request.turn_id}
-        yield event_pb2.Event(type=event_pb2.RUN_STARTED, seq=1, timestamp=now, **ids)
-        message_id = "01JBASELINEMESSAGE00000000"
-        yield event_pb2.Event(
-            type=event_pb2.TEXT_MESSAGE_START,
-            seq=2,
-            message_id=message_id,
-            role="assistant",
-            timestamp=now,
-            **ids,
+    ) -> AsyncIterator[worker_service_pb2.RunResponse]:
+        for event in _events(request):
+            yield worker_service_pb2.RunResponse(events=[event])
+
+
+def _events(request: worker_service_pb2.RunRequest) -> list[event_pb2.Event]:
+    now = float(time.time_ns() // 1_000_000)
+    ids = {"thread_id": request.session_id, "run_id": request.turn_id, "timestamp": now}
+    message_id = "01JBASELINEMESSAGE00000000"
+    repeat = 1
+    if "repeat" in request.metadata.fields:
+        repeat = int(request.metadata.fields["repeat"].number_value)
+    text = " ".join(["\n\n".join(request.messages)] * repeat)
+    events = [
+        event_pb2.Event(type=event_pb2.RUN_STARTED, **ids),
+        event_pb2.Event(
+            type=event_pb2.TEXT_MESSAGE_START, message_id=message_id, role="assistant", **ids
+        ),
+    ]
+    events += [
+        event_pb2.Event(
+            type=event_pb2.TEXT_MESSAGE_CONTENT, message_id=message_id, delta=word + " ", **ids
         )
-        repeat = 1
-        if "repeat" in request.metadata.fields:
-            repeat = int(request.metadata.fields["repeat"].number_value)
-        text = " ".join(["\n\n".join(request.messages)] * repeat)
-        seq = 3
-        for word in text.split(" "):
-            yield event_pb2.Event(
-                type=event_pb2.TEXT_MESSAGE_CONTENT,
-                seq=seq,
-                message_id=message_id,
-                delta=word + " ",
-                timestamp=now,
-                **ids,
-            )
-            seq += 1
-        yield event_pb2.Event(
-            type=event_pb2.TEXT_MESSAGE_END, seq=seq, message_id=message_id, timestamp=now, **ids
-        )
-        done = event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=seq + 1, timestamp=now, **ids)
-        words = len(text.split())
-        done.usage.add(input_tokens=words, output_tokens=words, total_tokens=2 * words)
-        yield done
+        for word in text.split(" ")
+    ]
+    events.append(event_pb2.Event(type=event_pb2.TEXT_MESSAGE_END, message_id=message_id, **ids))
+    done = event_pb2.Event(type=event_pb2.RUN_FINISHED, **ids)
+    words = len(text.split())
+    done.usage.add(input_tokens=words, output_tokens=words, total_tokens=2 * words)
+    events.append(done)
+    for seq, event in enumerate(events, start=1):
+        event.seq = seq
+    return events
 
 
 async def serve(port: int, ready_file: Path) -> None:
@@ -77,4 +76,9 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file", type=Path, required=True)
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.ready_file))
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args.port, args.ready_file))
+    else:  # the same event loop the mesh runs on, for a fair baseline
+        uvloop.run(serve(args.port, args.ready_file))

@@ -58,10 +58,11 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             i += 1
             start = time.perf_counter()
             first = None
-            async for _ in call(loop, i):
+            async for message in call(loop, i):
                 if first is None:
                     first = time.perf_counter()
-                events_seen += 1
+                # A worker's RunResponse carries a batch of events.
+                events_seen += len(message.events) if args.kind == "run" else 1
             end = time.perf_counter()
             latencies.append((end - start) * 1000)
             first_events.append(((first or end) - start) * 1000)

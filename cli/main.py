@@ -157,6 +157,20 @@ def _component(
     return "worker", config, serve_worker
 
 
+def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
+    """asyncio.run, on uvloop when it is installed (TURNMESH_UVLOOP=0 opts out):
+    grpc.aio's callbacks run on the event loop, and uvloop runs them faster."""
+    if os.environ.get("TURNMESH_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "up":
@@ -171,4 +185,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"turnmesh {args.command}: invalid configuration:\n{exc}")
     setup_logging(name, args.log_level)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config))
+        run_event_loop(serve(config))

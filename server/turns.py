@@ -419,20 +419,21 @@ class TurnRunner:
         streamed = False
         call = worker.stub.Run(request, metadata=self._workers.call_metadata)
         try:
-            async for event in call:
-                if event.type == event_pb2.RUN_STARTED:
-                    continue
-                if event.type == event_pb2.RUN_FINISHED:
-                    return TurnOutcome(
-                        ok=True,
-                        usage=list(event.usage),
-                        result=event.result if event.HasField("result") else None,
-                    )
-                if event.type == event_pb2.RUN_ERROR:
-                    return TurnOutcome(ok=False, error=_copy_error(event))
-                streamed = True
-                builder.feed(event)
-                tlog.append(event)  # the log stamps its own seq and ids
+            async for response in call:
+                for event in response.events:
+                    if event.type == event_pb2.RUN_STARTED:
+                        continue
+                    if event.type == event_pb2.RUN_FINISHED:
+                        return TurnOutcome(
+                            ok=True,
+                            usage=list(event.usage),
+                            result=event.result if event.HasField("result") else None,
+                        )
+                    if event.type == event_pb2.RUN_ERROR:
+                        return TurnOutcome(ok=False, error=_copy_error(event))
+                    streamed = True
+                    builder.feed(event)
+                    tlog.append(event)  # the log stamps its own seq and ids
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and not streamed:
                 raise HistoryMiss from exc

@@ -111,6 +111,25 @@ class QueueEmitter:
         """Mark the end of the run; ``events()`` stops after what is queued."""
         self.queue.put_nowait(None)
 
+    async def batches(self) -> AsyncIterator[tuple[list[event_pb2.Event], bool]]:
+        """Every event queued so far, as soon as there is one, and whether the
+        run has ended: a batch never waits for more events to arrive."""
+        while True:
+            item = await self.queue.get()
+            batch: list[event_pb2.Event] = []
+            ended = False
+            while True:
+                if item is None:
+                    ended = True
+                    break
+                batch.append(item)
+                if self.queue.empty():
+                    break
+                item = self.queue.get_nowait()
+            yield batch, ended
+            if ended:
+                return
+
     async def events(self) -> AsyncIterator[event_pb2.Event]:
         """Queued events as they are produced, until ``finish``."""
         while (event := await self.queue.get()) is not None:

@@ -64,7 +64,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         self,
         request: worker_service_pb2.RunRequest,
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[event_pb2.Event]:
+    ) -> AsyncIterator[worker_service_pb2.RunResponse]:
         # Invalid input or a history miss: a status, before any event.
         history = self._histories.resolve(
             request.session_id,
@@ -84,17 +84,23 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         self._inflight += 1
         try:
             collected = len(agent_request.messages)
-            yield stamped(
-                make_event(ET.RUN_STARTED, collected_messages=collected if collected > 1 else 0)
-            )
+            pending = [
+                stamped(
+                    make_event(ET.RUN_STARTED, collected_messages=collected if collected > 1 else 0)
+                )
+            ]
             emitter = QueueEmitter()
             task = asyncio.create_task(
                 self.agent.run(agent_request, emitter=emitter), name=f"turn-{request.turn_id}"
             )
             task.add_done_callback(lambda _: emitter.finish())
             try:
-                async for event in emitter.events():
-                    yield stamped(event)
+                async for batch, ended in emitter.batches():
+                    pending.extend(stamped(event) for event in batch)
+                    if ended:
+                        break  # the last response also carries the run's end
+                    yield worker_service_pb2.RunResponse(events=pending)
+                    pending = []
                 response = _outcome(task, request.turn_id)
             finally:
                 # Reached early only when the caller went away (cancel or close):
@@ -104,23 +110,24 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
 
-            closing = emitter.closing_events(response.text) if response is not None else []
             finished = (
                 None if response is None else _run_finished(response, started, request.turn_id)
             )
-            if finished is None:
-                yield stamped(
-                    make_event(
-                        ET.RUN_ERROR,
-                        message="the agent failed",
-                        code="agent_error",
-                        problem=AGENT_ERROR_PROBLEM,
+            if response is None or finished is None:
+                pending.append(
+                    stamped(
+                        make_event(
+                            ET.RUN_ERROR,
+                            message="the agent failed",
+                            code="agent_error",
+                            problem=AGENT_ERROR_PROBLEM,
+                        )
                     )
                 )
-                return
-            for event in closing:
-                yield stamped(event)
-            yield stamped(finished)
+            else:
+                pending.extend(stamped(e) for e in emitter.closing_events(response.text))
+                pending.append(stamped(finished))
+            yield worker_service_pb2.RunResponse(events=pending)
         finally:
             self._inflight -= 1
 

@@ -46,7 +46,7 @@ class FakeCall:
     def cancel(self) -> None:
         self.cancelled = True
 
-    async def __aiter__(self) -> AsyncIterator[event_pb2.Event]:
+    async def __aiter__(self) -> AsyncIterator[wpb.RunResponse]:
         for item in self._script:
             if isinstance(item, BaseException):
                 raise item
@@ -54,7 +54,7 @@ class FakeCall:
                 self.waiting = True
                 await item.wait()
                 continue
-            yield item
+            yield wpb.RunResponse(events=[item])  # one event per response
 
 
 class FakeStub:

@@ -131,7 +131,7 @@ def run_request(*messages: str, **kwargs: Any) -> worker_service_pb2.RunRequest:
 async def collect(
     stub: worker_service_pb2_grpc.WorkerServiceStub, request: worker_service_pb2.RunRequest
 ) -> list[event_pb2.Event]:
-    return [event async for event in stub.Run(request)]
+    return [event async for response in stub.Run(request) for event in response.events]
 
 
 def names(events: list[event_pb2.Event]) -> list[str]:
@@ -217,13 +217,14 @@ async def test_echo_deltas_arrive_while_the_agent_is_still_running() -> None:
     first_delta_before_finish: bool | None = None
     contents = 0
     async with worker(agent) as (stub, _):
-        async for event in stub.Run(run_request("a b c d e", metadata={"delay_ms": 50})):
-            if event.type == ET.TEXT_MESSAGE_CONTENT:
-                if contents == 0:
-                    first_delta_before_finish = not agent.finished.is_set()
-                contents += 1
-            if event.type == ET.RUN_FINISHED:
-                assert agent.finished.is_set()
+        async for response in stub.Run(run_request("a b c d e", metadata={"delay_ms": 50})):
+            for event in response.events:
+                if event.type == ET.TEXT_MESSAGE_CONTENT:
+                    if contents == 0:
+                        first_delta_before_finish = not agent.finished.is_set()
+                    contents += 1
+                if event.type == ET.RUN_FINISHED:
+                    assert agent.finished.is_set()
     assert first_delta_before_finish is True
     assert contents == 5
 
@@ -234,10 +235,11 @@ async def test_first_delta_is_sent_before_the_agent_continues() -> None:
         call = stub.Run(run_request("go"))
         received: list[event_pb2.Event] = []
         async with asyncio.timeout(10):  # fails, rather than hangs, if deltas were buffered
-            async for event in call:
-                received.append(event)
-                if event.type == ET.TEXT_MESSAGE_CONTENT and event.delta == "first ":
-                    agent.release.set()
+            async for response in call:
+                for event in response.events:
+                    received.append(event)
+                    if event.type == ET.TEXT_MESSAGE_CONTENT and event.delta == "first ":
+                        agent.release.set()
     assert names(received)[-1] == "RUN_FINISHED"
     assert [e.delta for e in received if e.type == ET.TEXT_MESSAGE_CONTENT] == [
         "first ",
@@ -287,9 +289,6 @@ async def test_client_cancel_reaches_the_agent() -> None:
     agent = BlockingAgent()
     async with worker(agent) as (stub, _):
         call = stub.Run(run_request("wait"))
-        first = await call.read()
-        assert isinstance(first, event_pb2.Event)
-        assert first.type == ET.RUN_STARTED
         async with asyncio.timeout(10):
             await agent.started.wait()
             info = await stub.GetInfo(worker_service_pb2.GetInfoRequest())

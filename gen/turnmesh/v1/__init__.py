@@ -75,6 +75,7 @@ from turnmesh.v1.session_service_pb2_grpc import SessionServiceServicer as Sessi
 from turnmesh.v1.session_service_pb2_grpc import add_SessionServiceServicer_to_server as add_SessionServiceServicer_to_server
 from turnmesh.v1.session_service_pb2_grpc import SessionService as SessionService
 from turnmesh.v1.worker_service_pb2 import RunRequest as RunRequest
+from turnmesh.v1.worker_service_pb2 import RunResponse as RunResponse
 from turnmesh.v1.worker_service_pb2 import GetInfoRequest as GetInfoRequest
 from turnmesh.v1.worker_service_pb2 import GetInfoResponse as GetInfoResponse
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub as WorkerServiceStub
@@ -132,6 +133,7 @@ __all__ = [
     "RouterServiceServicer",
     "RouterServiceStub",
     "RunRequest",
+    "RunResponse",
     "Session",
     "SessionService",
     "SessionServiceServicer",

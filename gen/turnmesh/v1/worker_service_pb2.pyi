@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
+from turnmesh.v1 import event_pb2 as _event_pb2
 from turnmesh.v1 import message_pb2 as _message_pb2
 import builtins as _builtins
 import sys
@@ -75,6 +76,26 @@ class RunRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunRequest: _TypeAlias = RunRequest  # noqa: Y015
+
+@_typing.final
+class RunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[_event_pb2.Event] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunResponse: _TypeAlias = RunResponse  # noqa: Y015
 
 @_typing.final
 class GetInfoRequest(_message.Message):

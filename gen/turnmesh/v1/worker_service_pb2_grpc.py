@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from turnmesh.v1 import event_pb2 as turnmesh_dot_v1_dot_event__pb2
 from turnmesh.v1 import worker_service_pb2 as turnmesh_dot_v1_dot_worker__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -40,7 +39,7 @@ class WorkerServiceStub:
         self.Run = channel.unary_stream(
                 '/turnmesh.v1.WorkerService/Run',
                 request_serializer=turnmesh_dot_v1_dot_worker__service__pb2.RunRequest.SerializeToString,
-                response_deserializer=turnmesh_dot_v1_dot_event__pb2.Event.FromString,
+                response_deserializer=turnmesh_dot_v1_dot_worker__service__pb2.RunResponse.FromString,
                 _registered_method=True)
         self.GetInfo = channel.unary_unary(
                 '/turnmesh.v1.WorkerService/GetInfo',
@@ -57,7 +56,10 @@ class WorkerServiceServicer:
     def Run(self, request, context):
         """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
         text and tool-call events as they happen, then RUN_FINISHED (usage and
-        the agent's response metadata in `result`) or RUN_ERROR.
+        the agent's response metadata in `result`) or RUN_ERROR. Each response
+        carries every event that was ready when it was sent: one per event for an
+        agent that streams slowly, a few for one that answers at once (fewer gRPC
+        messages on the internal hop; nothing waits to fill a batch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -76,7 +78,7 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             'Run': grpc.unary_stream_rpc_method_handler(
                     servicer.Run,
                     request_deserializer=turnmesh_dot_v1_dot_worker__service__pb2.RunRequest.FromString,
-                    response_serializer=turnmesh_dot_v1_dot_event__pb2.Event.SerializeToString,
+                    response_serializer=turnmesh_dot_v1_dot_worker__service__pb2.RunResponse.SerializeToString,
             ),
             'GetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetInfo,
@@ -112,7 +114,7 @@ class WorkerService:
             target,
             '/turnmesh.v1.WorkerService/Run',
             turnmesh_dot_v1_dot_worker__service__pb2.RunRequest.SerializeToString,
-            turnmesh_dot_v1_dot_event__pb2.Event.FromString,
+            turnmesh_dot_v1_dot_worker__service__pb2.RunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,7 +5,6 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from turnmesh.v1 import event_pb2 as _event_pb2
 from turnmesh.v1 import worker_service_pb2 as _worker_service_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -36,10 +35,13 @@ class WorkerServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerServiceAsyncStub: ...
-    Run: _grpc.UnaryStreamMultiCallable[_worker_service_pb2.RunRequest, _event_pb2.Event]
+    Run: _grpc.UnaryStreamMultiCallable[_worker_service_pb2.RunRequest, _worker_service_pb2.RunResponse]
     """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
     text and tool-call events as they happen, then RUN_FINISHED (usage and
-    the agent's response metadata in `result`) or RUN_ERROR.
+    the agent's response metadata in `result`) or RUN_ERROR. Each response
+    carries every event that was ready when it was sent: one per event for an
+    agent that streams slowly, a few for one that answers at once (fewer gRPC
+    messages on the internal hop; nothing waits to fill a batch).
     """
     GetInfo: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.GetInfoRequest, _worker_service_pb2.GetInfoResponse]
     """Which agent this worker runs, and whether it is ready."""
@@ -51,10 +53,13 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    Run: _aio.UnaryStreamMultiCallable[_worker_service_pb2.RunRequest, _event_pb2.Event]  # type: ignore[assignment]
+    Run: _aio.UnaryStreamMultiCallable[_worker_service_pb2.RunRequest, _worker_service_pb2.RunResponse]  # type: ignore[assignment]
     """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
     text and tool-call events as they happen, then RUN_FINISHED (usage and
-    the agent's response metadata in `result`) or RUN_ERROR.
+    the agent's response metadata in `result`) or RUN_ERROR. Each response
+    carries every event that was ready when it was sent: one per event for an
+    agent that streams slowly, a few for one that answers at once (fewer gRPC
+    messages on the internal hop; nothing waits to fill a batch).
     """
     GetInfo: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.GetInfoRequest, _worker_service_pb2.GetInfoResponse]  # type: ignore[assignment]
     """Which agent this worker runs, and whether it is ready."""
@@ -69,10 +74,13 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _worker_service_pb2.RunRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_event_pb2.Event], _abc.AsyncIterator[_event_pb2.Event]]:
+    ) -> _typing.Union[_abc.Iterator[_worker_service_pb2.RunResponse], _abc.AsyncIterator[_worker_service_pb2.RunResponse]]:
         """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
         text and tool-call events as they happen, then RUN_FINISHED (usage and
-        the agent's response metadata in `result`) or RUN_ERROR.
+        the agent's response metadata in `result`) or RUN_ERROR. Each response
+        carries every event that was ready when it was sent: one per event for an
+        agent that streams slowly, a few for one that answers at once (fewer gRPC
+        messages on the internal hop; nothing waits to fill a batch).
         """
 
     @_abc_1.abstractmethod
