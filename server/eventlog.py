@@ -176,7 +176,9 @@ class TurnLog:
                     await self._changed.wait()
                     continue
                 try:
-                    await asyncio.wait_for(self._changed.wait(), keepalive_seconds)
+                    # asyncio.timeout, not wait_for: no extra task per wait.
+                    async with asyncio.timeout(keepalive_seconds):
+                        await self._changed.wait()
                 except TimeoutError:
                     yield self._keepalive()
 
