@@ -42,6 +42,7 @@ class Membership:
         inflight: Callable[[], int] = lambda: 0,
         accepting: Callable[[], bool] = lambda: True,
         owned_sessions: Callable[[], list[str]] = list,
+        on_rejoined: Callable[[], None] = lambda: None,
         heartbeat_interval: float = 1.0,
     ) -> None:
         self.member = member
@@ -51,6 +52,7 @@ class Membership:
         self._inflight = inflight
         self._accepting = accepting
         self._owned_sessions = owned_sessions
+        self._on_rejoined = on_rejoined
         self._interval = heartbeat_interval
         self._task: asyncio.Task[None] | None = None
         self.registered = asyncio.Event()
@@ -88,6 +90,10 @@ class Membership:
             self._interval = interval
         if not self.registered.is_set():
             log.info("registered with the router as %s", m.member_id)
+        if self._forgotten:
+            # The router may have given some of our sessions to others
+            # meanwhile: forget what we assumed and ask it again.
+            self._on_rejoined()
         self.registered.set()
 
     async def _run(self) -> None:

@@ -86,6 +86,7 @@ class SessionServer:
             inflight=lambda: self.core.running_turns,
             accepting=lambda: self.state != spb.LIFECYCLE_STATE_SHUTTING_DOWN,
             owned_sessions=lambda: sorted(self.core.owned),
+            on_rejoined=self._forget_routes,
         )
         self.workers = WorkerPool(self._membership)
         self.routes = RouteTable(self._membership)
@@ -124,6 +125,10 @@ class SessionServer:
         self._tasks.append(asyncio.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
         log.info("session server %s listening on %s", self.member_id, address)
+
+    def _forget_routes(self) -> None:
+        self.core.owned.clear()
+        self.routes.forget_all()
 
     async def _become_ready(self) -> None:
         assert self._membership is not None and self._process is not None

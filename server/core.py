@@ -51,8 +51,9 @@ class SessionCore:
         self.runner = TurnRunner(store, workers)
         self._turns: dict[str, SessionTurns] = {}
         self.draining = False
-        # Sessions this server has served: reported when it (re-)registers,
-        # so a restarted router keeps routing them here.
+        # Sessions the router says this server owns (or it created): reported
+        # when it re-registers, so a restarted router keeps routing them here,
+        # and served without asking the router again.
         self.owned: set[str] = set()
 
     # Sessions ---------------------------------------------------------------
@@ -91,7 +92,6 @@ class SessionCore:
         if record is None:
             self.owned.discard(session_id)
             raise NotFound(f"session {session_id!r} not found")
-        self.owned.add(session_id)
         return record
 
     async def get_session(self, session_id: str) -> spb.Session:

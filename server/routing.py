@@ -61,7 +61,9 @@ class RouteTable:
             log.warning("router could not route %s: %s", session_id, exc.code())
             raise Unavailable("the mesh router is unavailable") from exc
         owner = Owner(response.owner.member_id, response.owner.address)
-        self._cache[session_id] = owner
+        if owner.member_id != self._membership.member.member_id:
+            # Sessions this server owns are known from SessionCore.owned.
+            self._cache[session_id] = owner
         return owner
 
     def stub(self, owner: Owner) -> SessionServiceStub:
@@ -73,6 +75,9 @@ class RouteTable:
 
     def remember(self, session_id: str, owner: Owner) -> None:
         self._cache[session_id] = owner
+
+    def forget_all(self) -> None:
+        self._cache.clear()
 
     def forget(self, session_id: str) -> None:
         self._cache.pop(session_id, None)

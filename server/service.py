@@ -51,6 +51,8 @@ class SessionServicer(SessionServiceServicer):
         for key, _ in context.invocation_metadata() or ():
             if key == FORWARDED_METADATA:
                 return None
+        if session_id in self._core.owned:
+            return None
         try:
             owner = await self._routes.owner(session_id, assign=assign)
         except Unavailable:
@@ -58,7 +60,8 @@ class SessionServicer(SessionServiceServicer):
             if await self._core.store.get(session_id) is not None:
                 return None
             raise
-        if owner is None or owner.member_id == self._member_id:
+        if owner is not None and owner.member_id == self._member_id:
+            self._core.owned.add(session_id)
             return None
         return owner
 
@@ -125,7 +128,8 @@ class SessionServicer(SessionServiceServicer):
 
     async def _reroute(self, session_id: str, unreachable: Owner) -> Owner | None:
         owner = await self._routes.owner(session_id, unreachable=unreachable)
-        if owner is None or owner.member_id == self._member_id:
+        if owner is not None and owner.member_id == self._member_id:
+            self._core.owned.add(session_id)
             return None
         return owner
 

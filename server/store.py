@@ -21,7 +21,7 @@ from turnmesh.runtime.errors import AlreadyExists, NotFound
 from turnmesh.v1 import event_pb2, message_pb2
 
 
-@dataclass
+@dataclass(slots=True)
 class SessionRecord:
     session_id: str
     agent_name: str
@@ -91,14 +91,16 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._records: dict[str, SessionRecord] = {}
-        self._messages: dict[str, list[message_pb2.Message]] = {}
+        # Serialized: a few hundred bytes less per message than live protobuf
+        # objects, and turns read only the tail they need.
+        self._messages: dict[str, list[bytes]] = {}
 
     async def create(
         self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
     ) -> None:
         if record.session_id in self._records:
             raise AlreadyExists(f"session {record.session_id!r} already exists")
-        initial = list(messages or [])
+        initial = [m.SerializeToString() for m in messages or []]
         record.message_count = len(initial)
         self._records[record.session_id] = record
         self._messages[record.session_id] = initial
@@ -116,8 +118,7 @@ class MemoryStore:
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         if session_id not in self._messages:
             raise NotFound(f"session {session_id!r} not found")
-        # Messages are never mutated after append, so sharing them is safe.
-        return self._messages[session_id][start:]
+        return [message_pb2.Message.FromString(m) for m in self._messages[session_id][start:]]
 
     async def append_messages(
         self, session_id: str, messages: list[message_pb2.Message], now: float
@@ -125,7 +126,7 @@ class MemoryStore:
         record = self._records.get(session_id)
         if record is None:
             raise NotFound(f"session {session_id!r} not found")
-        self._messages[session_id].extend(messages)
+        self._messages[session_id].extend(m.SerializeToString() for m in messages)
         record.message_count += len(messages)
         record.last_activity = now
 
