@@ -175,22 +175,21 @@ class SessionCore:
             raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found")
         return turns.cancel(turn_id, reason)
 
-    async def follow(
+    def follow(
         self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
     ) -> AsyncIterator[event_pb2.Event]:
-        # A dropped caller shows up as CancelledError inside the generator, or
-        # as GeneratorExit when gRPC closes it between events: check in finally.
-        read_to_end = False
-        try:
-            async for event in tlog.follow(after_seq, self.limits.keepalive_seconds):
-                yield event
-            read_to_end = True
-        finally:
-            if on_disconnect_cancel and not read_to_end and not tlog.done:
-                turns = self._turns.get(tlog.session_id)
-                if turns is not None:
-                    log.info("a client left turn %s and asked to cancel it", tlog.turn_id)
-                    turns.caller_left(tlog.turn_id)
+        """The turn's events for one caller (no generator of its own: one
+        layer less per event on the hottest path)."""
+
+        def abandoned() -> None:
+            turns = self._turns.get(tlog.session_id)
+            if turns is not None:
+                log.info("a client left turn %s and asked to cancel it", tlog.turn_id)
+                turns.caller_left(tlog.turn_id)
+
+        return tlog.follow(
+            after_seq, self.limits.keepalive_seconds, abandoned if on_disconnect_cancel else None
+        )
 
     @property
     def running_turns(self) -> int:

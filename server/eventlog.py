@@ -149,38 +149,50 @@ class TurnLog:
         self._changed = asyncio.Event()
 
     async def follow(
-        self, after_seq: int = 0, keepalive_seconds: float | None = None
+        self,
+        after_seq: int = 0,
+        keepalive_seconds: float | None = None,
+        on_abandon: Callable[[], None] | None = None,
     ) -> AsyncIterator[event_pb2.Event]:
         """Events with seq > after_seq, then live ones until the turn ends.
 
         With ``keepalive_seconds``, a silent turn yields a CUSTOM "keepalive"
         event (seq 0, not part of the log) that often, once the turn has
         started, so proxies and clients do not take a long tool call for a
-        dead stream.
+        dead stream. ``on_abandon`` runs if the reader stops before the end (a
+        dropped caller: CancelledError inside, or GeneratorExit when gRPC
+        closes the stream between events).
         """
-        next_seq = after_seq + 1
-        while True:
-            if next_seq < self._first_seq:
-                raise OutOfRange(
-                    f"events before seq {self._first_seq} of turn {self.turn_id} are no longer kept"
-                )
-            while next_seq < self._next_seq:
+        read_to_end = False
+        try:
+            next_seq = after_seq + 1
+            while True:
                 if next_seq < self._first_seq:
-                    break  # a slow reader fell behind the bound
-                yield self._events[next_seq - self._first_seq]
-                next_seq += 1
-            else:
-                if self.done:
-                    return
-                if keepalive_seconds is None or self.last_seq == 0:
-                    await self._changed.wait()
-                    continue
-                try:
-                    # asyncio.timeout, not wait_for: no extra task per wait.
-                    async with asyncio.timeout(keepalive_seconds):
+                    raise OutOfRange(
+                        f"events before seq {self._first_seq} of turn {self.turn_id} "
+                        "are no longer kept"
+                    )
+                while next_seq < self._next_seq:
+                    if next_seq < self._first_seq:
+                        break  # a slow reader fell behind the bound
+                    yield self._events[next_seq - self._first_seq]
+                    next_seq += 1
+                else:
+                    if self.done:
+                        read_to_end = True
+                        return
+                    if keepalive_seconds is None or self.last_seq == 0:
                         await self._changed.wait()
-                except TimeoutError:
-                    yield self._keepalive()
+                        continue
+                    try:
+                        # asyncio.timeout, not wait_for: no extra task per wait.
+                        async with asyncio.timeout(keepalive_seconds):
+                            await self._changed.wait()
+                    except TimeoutError:
+                        yield self._keepalive()
+        finally:
+            if on_abandon is not None and not read_to_end and not self.done:
+                on_abandon()
 
     def _keepalive(self) -> event_pb2.Event:
         event = event_pb2.Event(

@@ -97,23 +97,24 @@ class SessionServicer(SessionServiceServicer):
                 owner = await self._reroute(session_id, owner)
         return await local()
 
-    async def _stream(
+    async def _forward_stream(
         self,
         session_id: str,
+        owner: Owner,
         context: grpc.aio.ServicerContext,
         forward: Callable[[SessionServiceStub, Metadata], AsyncIterator[event_pb2.Event]],
-        local: Callable[[], AsyncIterator[event_pb2.Event]],
     ) -> AsyncIterator[event_pb2.Event]:
-        """The streaming form of ``_unary``: only a stream that failed before
-        its first event is retried (after one, the caller resumes itself)."""
-        owner = await self._owner(session_id, context)
+        """Relay a stream from the owner. Only a stream that failed before its
+        first event is retried (after one, the caller resumes itself); raises
+        _LocalNow if the session turned out to be this server's."""
+        current: Owner | None = owner
         for attempt in range(2):
-            if owner is None:
-                break
+            if current is None:
+                raise _LocalNow
             received = False
             try:
                 async for event in forward(
-                    self._routes.stub(owner), self._forward_metadata(context)
+                    self._routes.stub(current), self._forward_metadata(context)
                 ):
                     received = True
                     yield event
@@ -122,8 +123,27 @@ class SessionServicer(SessionServiceServicer):
                 unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
                 if not unreachable or attempt == 1:
                     await _pass_through(context, exc)
-                owner = await self._reroute(session_id, owner)
-        async for event in local():
+                current = await self._reroute(session_id, current)
+        raise _LocalNow
+
+    async def _relay(
+        self,
+        session_id: str,
+        context: grpc.aio.ServicerContext,
+        forward: Callable[[SessionServiceStub, Metadata], AsyncIterator[event_pb2.Event]],
+        local: Callable[[], Awaitable[AsyncIterator[event_pb2.Event]]],
+    ) -> AsyncIterator[event_pb2.Event]:
+        """The events of a streaming call: relayed from the owner, or this
+        server's own (then iterated directly: no extra layer per event)."""
+        owner = await self._owner(session_id, context)
+        if owner is not None:
+            try:
+                async for event in self._forward_stream(session_id, owner, context, forward):
+                    yield event
+                return
+            except _LocalNow:
+                pass
+        async for event in await local():
             yield event
 
     async def _reroute(self, session_id: str, unreachable: Owner) -> Owner | None:
@@ -213,10 +233,9 @@ class SessionServicer(SessionServiceServicer):
         async def local() -> AsyncIterator[event_pb2.Event]:
             tlog = await self._core.start_turn(request)
             cancel = request.on_disconnect == spb.DISCONNECT_POLICY_CANCEL
-            async for event in self._core.follow(tlog, 0, cancel):
-                yield event
+            return self._core.follow(tlog, 0, cancel)
 
-        async for event in self._stream(
+        async for event in self._relay(
             request.session_id, context, lambda stub, md: stub.Turn(request, metadata=md), local
         ):
             yield event
@@ -244,10 +263,9 @@ class SessionServicer(SessionServiceServicer):
 
         async def local() -> AsyncIterator[event_pb2.Event]:
             tlog = await self._core.logs.find(request.session_id, request.turn_id)
-            async for event in self._core.follow(tlog, request.after_seq, False):
-                yield event
+            return self._core.follow(tlog, request.after_seq, False)
 
-        async for event in self._stream(
+        async for event in self._relay(
             request.session_id,
             context,
             lambda stub, md: stub.SubscribeTurn(request, metadata=md),
@@ -281,3 +299,7 @@ async def _pass_through(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcE
     """Give the caller the owner's status exactly, details included."""
     trailing = tuple((k, v) for k, v in (exc.trailing_metadata() or ()) if k in PASSED_TRAILERS)
     await context.abort(exc.code(), exc.details() or "", trailing)
+
+
+class _LocalNow(Exception):
+    """The owner was unreachable and the router gave the session to this server."""
