@@ -26,6 +26,7 @@ class UpConfig(BaseModel):
     admin_port: int = Field(default=0, ge=0, le=65535)
     session_ttl: float = Field(default=1800.0, gt=0)
     store: str = "memory"
+    api_keys_file: str | None = None
     admin_key: str | None = None
     allow_open: bool = False
     run_dir: Path | None = None

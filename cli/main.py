@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument("--advertise-host", default=_env("advertise_host"))
     server.add_argument(
+        "--api-keys-file",
+        default=_env("api_keys_file"),
+        help="public API keys, one per line (or sha256:HEX); re-read when it changes",
+    )
+    server.add_argument(
         "--store",
         default=_env("store", "memory"),
         help="memory (default), sqlite:PATH, or redis://HOST:PORT/DB",
@@ -100,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=None, help="public port (default 8080)")
     up.add_argument("--admin-port", type=int, default=None, help="Envoy admin (default: any)")
     up.add_argument("--store", default=None, help="memory (default), sqlite:PATH, redis://...")
+    up.add_argument("--api-keys-file", default=None, help="public API keys for the servers")
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
     up.add_argument("--log-level", default=None)
@@ -142,6 +148,8 @@ def _component(
             advertise_host=args.advertise_host,
             keepalive_seconds=args.keepalive,
             store=args.store,
+            api_keys=[k for k in (_env("api_keys") or "").split(",") if k],
+            api_keys_file=args.api_keys_file,
             grace_seconds=args.grace_seconds,
         )
         return "server", config, serve_server

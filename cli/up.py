@@ -175,6 +175,7 @@ class Mesh:
                     str(c.drain_seconds),
                     "--store",
                     c.store,
+                    *(["--api-keys-file", c.api_keys_file] if c.api_keys_file else []),
                     *common,
                 )
             )
@@ -267,6 +268,7 @@ def run_up(args: argparse.Namespace) -> int:
         "admin_port": args.admin_port,
         "run_dir": args.run_dir,
         "store": args.store,
+        "api_keys_file": args.api_keys_file,
         "log_level": args.log_level,
     }
     try:

@@ -28,6 +28,7 @@ MAX_REQUEST_BODY_BYTES = 140 * 1024 * 1024
 # reaps streams whose peer vanished.
 STREAM_IDLE_TIMEOUT = "3600s"
 
+INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-admin-key")
 OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
 
 PROBLEM_TITLES = {
@@ -224,6 +225,8 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                 {
                     "name": "mesh",
                     "domains": ["*"],
+                    # Mesh-internal headers never come from outside.
+                    "request_headers_to_remove": list(INTERNAL_HEADERS),
                     "routes": [
                         {
                             # Native gRPC (reflection is a bidi stream) must not

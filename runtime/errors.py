@@ -47,6 +47,8 @@ class TurnmeshError(Exception):
     # Seconds; sent as `retry-after` metadata, which Envoy passes on as the
     # HTTP Retry-After header.
     retry_after: ClassVar[int | None] = None
+    # More trailing metadata (Envoy passes it on as HTTP headers).
+    trailers: ClassVar[tuple[tuple[str, str], ...]] = ()
     slug: ClassVar[str] = "internal"
     title: ClassVar[str] = "Internal error"
 
@@ -78,13 +80,12 @@ class TurnmeshError(Exception):
         status = status_pb2.Status(code=_rpc_code(self.code), message=self.detail)
         status.details.extend(self.details())
         converted = rpc_status.to_status(status)
-        if self.retry_after is None:
+        extra = list(self.trailers)
+        if self.retry_after is not None:
+            extra.append(("retry-after", str(self.retry_after)))
+        if not extra:
             return converted
-        return _Status(
-            converted.code,
-            converted.details,
-            (*converted.trailing_metadata, ("retry-after", str(self.retry_after))),
-        )
+        return _Status(converted.code, converted.details, (*converted.trailing_metadata, *extra))
 
 
 class InvalidArgument(TurnmeshError):
@@ -119,6 +120,7 @@ class Unauthenticated(TurnmeshError):
     http_status = 401
     slug = "unauthenticated"
     title = "Authentication required"
+    trailers = (("www-authenticate", 'Bearer realm="turnmesh"'),)
 
 
 class PermissionDenied(TurnmeshError):

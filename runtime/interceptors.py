@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from turnmesh.runtime.auth import ApiKeys, bearer
 from turnmesh.runtime.errors import TurnmeshError, Unauthenticated
 
 log = logging.getLogger(__name__)
@@ -92,15 +93,74 @@ class AdminKeyInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         if self._key is None or handler_call_details.method not in self._protected:
             return await continuation(handler_call_details)
-        supplied = b""
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == ADMIN_KEY_METADATA:
-                supplied = value.encode() if isinstance(value, str) else value
-        if hmac.compare_digest(supplied, self._key):
+        if has_admin_key(handler_call_details.invocation_metadata or (), self._key):
             return await continuation(handler_call_details)
-        status = Unauthenticated("missing or wrong admin key").to_status()
+        return await _denied(
+            continuation, handler_call_details, Unauthenticated("missing or wrong admin key")
+        )
 
-        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(status.code, status.details, status.trailing_metadata)
 
-        return grpc.unary_unary_rpc_method_handler(deny)
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Requires a public API key (`Authorization: Bearer KEY`) on every method
+    but the open ones, when keys are configured. Calls from mesh members (they
+    hold the admin key) pass: a server forwarding a call already checked it."""
+
+    def __init__(self, keys: ApiKeys, open_methods: frozenset[str], admin_key: str | None) -> None:
+        self._keys = keys
+        self._open = open_methods
+        self._admin = admin_key.encode() if admin_key else None
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        if not self._keys.configured or method in self._open or method.startswith(OPEN_PREFIXES):
+            return await continuation(handler_call_details)
+        metadata = handler_call_details.invocation_metadata or ()
+        if self._admin is not None and has_admin_key(metadata, self._admin):
+            return await continuation(handler_call_details)
+        presented = bearer(metadata)
+        if presented and self._keys.check(presented):
+            return await continuation(handler_call_details)
+        reason = "a valid API key is required" if presented else "an API key is required"
+        return await _denied(continuation, handler_call_details, Unauthenticated(reason))
+
+
+OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+def has_admin_key(metadata: Any, expected: bytes) -> bool:
+    for key, value in metadata:
+        if key == ADMIN_KEY_METADATA:
+            supplied = value.encode() if isinstance(value, str) else value
+            return hmac.compare_digest(supplied, expected)
+    return False
+
+
+async def _denied(
+    continuation: Continuation, details: grpc.HandlerCallDetails, error: TurnmeshError
+) -> grpc.RpcMethodHandler | None:
+    """A handler of the same kind as the method's, that aborts with the error."""
+    handler = await continuation(details)
+    if handler is None:
+        return None
+    status = error.to_status()
+
+    async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(status.code, status.details, status.trailing_metadata)
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(status.code, status.details, status.trailing_metadata)
+        yield None  # never reached: makes this an async generator
+
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            deny_stream,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return grpc.unary_unary_rpc_method_handler(
+        deny_unary,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

@@ -9,7 +9,9 @@ import logging
 import grpc
 from pydantic import BaseModel, Field
 
+from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ids import new_member_id
+from turnmesh.runtime.interceptors import ApiKeyInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
 from turnmesh.runtime.serving import (
     GrpcProcess,
@@ -47,6 +49,9 @@ class ServerConfig(BaseModel):
     event_log_ttl_seconds: float = Field(default=600.0, gt=0)
     keepalive_seconds: float = Field(default=15.0, gt=0)
     admin_key: str | None = None
+    # Public API keys (plain; kept hashed in memory) and/or a file of them.
+    api_keys: list[str] = Field(default_factory=list)
+    api_keys_file: str | None = None
     allow_open: bool = False
     advertise_host: str | None = None
     ready_file: str | None = None
@@ -76,7 +81,11 @@ class SessionServer:
 
     async def start(self) -> None:
         c = self.config
-        check_bind_host(c.host, c.admin_key, c.allow_open)
+        self.api_keys = ApiKeys(c.api_keys, c.api_keys_file)
+        # Open to anyone who can reach it unless both the public API and the
+        # mesh have keys.
+        guarded = c.admin_key if self.api_keys.configured else None
+        check_bind_host(c.host, guarded, c.allow_open)
         # The address is known only after binding, so membership is built after.
         placeholder = MemberInfo(self.member_id, rpb.MEMBER_ROLE_SERVER, "")
         self._membership = Membership(
@@ -99,7 +108,9 @@ class SessionServer:
         )
         self.store = open_store(c.store, c.event_log_ttl_seconds)
         self.core = SessionCore(self.store, self.workers, c.default_agent, limits)
-        servicer = SessionServicer(self.core, self.routes, self.member_id, self.lifecycle)
+        servicer = SessionServicer(
+            self.core, self.routes, self.member_id, self.lifecycle, admin_key=c.admin_key
+        )
         # The compatibility surfaces are clients of this server's own public API.
         self._compat_mesh = Mesh()
         compat = CompatServicer(self._compat_mesh)
@@ -108,11 +119,15 @@ class SessionServer:
             session_service_pb2_grpc.add_SessionServiceServicer_to_server(servicer, server)
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
 
+        open_methods = frozenset(
+            f"/{SERVICE_NAME}/{name}" for name in ("GetHealth", "GetReadiness")
+        )
         self._process = GrpcProcess(
             host=c.host,
             port=c.port,
             service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME],
             register=register,
+            interceptors=[ApiKeyInterceptor(self.api_keys, open_methods, c.admin_key)],
         )
         await self._process.start()
         self._compat_mesh.connect(self._process.address)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import grpc
 from google.api import httpbody_pb2
 from pydantic import ValidationError
 
@@ -19,6 +20,7 @@ from turnmesh.client import (
     TurnmeshClientError,
     UnavailableError,
 )
+from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
     AlreadyExists,
     FieldViolation,
@@ -28,17 +30,30 @@ from turnmesh.runtime.errors import (
     TurnmeshError,
     Unavailable,
 )
+from turnmesh.runtime.serving import CHANNEL_OPTIONS
 from turnmesh.v1 import message_pb2
 
 
 class Mesh:
-    """The public API as the compatibility surfaces see it."""
+    """The public API as the compatibility surfaces see it: calls to this
+    server's own SessionService, made with the caller's API key."""
 
-    def __init__(self) -> None:
-        self._client: AsyncClient | None = None
+    def __init__(self, channel: grpc.aio.Channel | None = None, api_key: str = "") -> None:
+        self._channel = channel
+        self._client = (
+            AsyncClient("", channel=channel, api_key=api_key or None, timeout=60)
+            if channel
+            else None
+        )
 
     def connect(self, address: str) -> None:
-        self._client = AsyncClient(address, timeout=60)
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+    def for_caller(self, metadata: object) -> Mesh:
+        """A view whose calls carry this caller's `Authorization`."""
+        if self._channel is None:
+            raise Unavailable("this server is still starting")
+        return Mesh(self._channel, bearer(metadata))  # type: ignore[arg-type]
 
     @property
     def client(self) -> AsyncClient:
@@ -47,8 +62,8 @@ class Mesh:
         return self._client
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        if self._channel is not None:
+            await self._channel.close()
 
     async def session_exists(self, session_id: str) -> bool:
         try:

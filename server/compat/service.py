@@ -47,51 +47,59 @@ class CompatServicer(CompatServiceServicer):
     async def CreateChatCompletion(
         self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = openai_chat.parse(request)
         turn, message = await openai_chat.open_turn(
-            self._mesh, parsed, _header(context, SESSION_HEADER)
+            mesh,
+            parsed,
+            _header(context, SESSION_HEADER),
         )
         if parsed.stream:
-            bodies = openai_chat.stream(self._mesh, parsed, turn, message)
+            bodies = openai_chat.stream(mesh, parsed, turn, message)
         else:
-            bodies = _one(openai_chat.complete(self._mesh, parsed, turn, message))
+            bodies = _one(openai_chat.complete(mesh, parsed, turn, message))
         async for body in _then_headers(context, ((SESSION_HEADER, turn.session_id),), bodies):
             yield body
 
     async def CreateResponse(
         self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = openai_responses.parse(request)
         if parsed.stream:
-            bodies = openai_responses.stream(self._mesh, parsed)
+            bodies = openai_responses.stream(mesh, parsed)
         else:
-            bodies = _one(openai_responses.create(self._mesh, parsed))
+            bodies = _one(openai_responses.create(mesh, parsed))
         async for body in bodies:
             yield body
 
     async def GetResponse(
         self, request: cpb.GetResponseRequest, context: grpc.aio.ServicerContext
     ) -> httpbody_pb2.HttpBody:
-        return await openai_responses.get(self._mesh, request.response_id)
+        mesh = self._mesh.for_caller(context.invocation_metadata())
+        return await openai_responses.get(mesh, request.response_id)
 
     async def RunAgent(
         self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = agui.parse(request)
-        async for body in agui.run(self._mesh, parsed):
+        async for body in agui.run(mesh, parsed):
             yield body
 
     async def Chat(
         self, request: cpb.ChatRequest, context: grpc.aio.ServicerContext
     ) -> cpb.ChatResponse:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
         _validate_chat(request)
-        return await simple_chat.chat(self._mesh, request)
+        return await simple_chat.chat(mesh, request)
 
     async def ChatStream(
         self, request: cpb.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[event_pb2.Event]:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
         _validate_chat(request)
-        async for event in simple_chat.stream(self._mesh, request):
+        async for event in simple_chat.stream(mesh, request):
             yield event
 
 

@@ -1,0 +1,126 @@
+"""Public API keys: required everywhere but health, reloadable, never echoed;
+they never open a mesh-internal RPC."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+
+from tests.support.mesh import Mesh, eventually
+from turnmesh.client import AsyncClient, UnauthenticatedError
+from turnmesh.runtime.serving import insecure_channel
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
+
+KEY = "tm-public-key-0123456789abcdef"
+MESH_KEY = "tm-mesh-key-fedcba9876543210"
+
+
+@pytest.fixture
+def keyed_mesh(mesh_factory: Mesh, tmp_path: Path) -> tuple[Mesh, str, Path]:
+    keys = tmp_path / "api-keys"
+    stored = hashlib.sha256(KEY.encode()).hexdigest()
+    keys.write_text(f"# the public keys, stored as hashes\nsha256:{stored}\n")
+    mesh = mesh_factory
+    router = mesh.spawn("router", "router", "--admin-key", MESH_KEY)
+    mesh.wait_ready(router)
+    mesh.router = router
+    worker = mesh.spawn(
+        "worker", "worker", "--router", router.address, "--agent", "demo", "--admin-key", MESH_KEY
+    )
+    servers = [
+        mesh.spawn(
+            f"server-{i}",
+            "server",
+            "--router",
+            router.address,
+            "--admin-key",
+            MESH_KEY,
+            "--api-keys-file",
+            str(keys),
+        )
+        for i in (1, 2)
+    ]
+    mesh.wait_ready(worker, *servers)
+    envoy = mesh.start_envoy(servers)
+    return mesh, envoy.listener_address, keys
+
+
+async def test_rest_and_grpc_need_a_key(keyed_mesh: tuple[Mesh, str, Path]) -> None:
+    mesh, edge, _ = keyed_mesh
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as rest:
+        for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": KEY}):
+            response = await rest.post("/v1/sessions", json={}, headers=headers)
+            assert response.status_code == 401
+            assert response.headers["content-type"] == "application/problem+json"
+            assert response.headers["www-authenticate"].startswith("Bearer")
+            assert "wrong-key" not in response.text
+        # Health and readiness stay open.
+        assert (await rest.get("/health")).status_code == 200
+        assert (await rest.get("/ready")).status_code == 200
+        ok = await rest.post("/v1/sessions", json={}, headers={"Authorization": f"Bearer {KEY}"})
+        assert ok.status_code == 200
+        sid = ok.json()["session"]["sessionId"]
+
+    async with AsyncClient(edge) as anonymous:
+        with pytest.raises(UnauthenticatedError):
+            await anonymous.history(sid)
+    # A session on either server, reached through the other: forwarding keeps the key.
+    for server in mesh.components[-2:]:
+        async with AsyncClient(server.address, api_key=KEY) as client:
+            assert "42" in (await client.send(sid, "What is 6*7?")).text
+
+    log_text = "".join(c.log() for c in mesh.components)
+    assert KEY not in log_text
+    assert "wrong-key" not in log_text
+
+
+def test_the_openai_sdk_uses_its_api_key(keyed_mesh: tuple[Mesh, str, Path]) -> None:
+    _, edge, _ = keyed_mesh
+    messages = [{"role": "user", "content": "What is 6*7?"}]
+    with openai.OpenAI(base_url=f"http://{edge}/v1", api_key=KEY, max_retries=0) as sdk:
+        answer = sdk.chat.completions.create(model="demo", messages=messages)  # type: ignore[arg-type]
+        assert "42" in (answer.choices[0].message.content or "")
+    with (
+        openai.OpenAI(base_url=f"http://{edge}/v1", api_key="nope", max_retries=0) as sdk,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        sdk.chat.completions.create(model="demo", messages=messages)  # type: ignore[arg-type]
+
+
+async def test_keys_reload_without_a_restart(keyed_mesh: tuple[Mesh, str, Path]) -> None:
+    _, edge, keys = keyed_mesh
+    new_key = "tm-rotated-key-42"
+    keys.write_text(keys.read_text() + new_key + "\n")
+
+    async def accepted() -> bool:
+        async with httpx.AsyncClient(base_url=f"http://{edge}") as rest:
+            response = await rest.post(
+                "/v1/sessions", json={}, headers={"Authorization": f"Bearer {new_key}"}
+            )
+            return response.status_code == 200
+
+    await eventually(accepted, timeout=20, what="the new key to be accepted")
+
+
+async def test_a_public_key_never_opens_an_internal_rpc(
+    keyed_mesh: tuple[Mesh, str, Path],
+) -> None:
+    mesh, _, _ = keyed_mesh
+    assert mesh.router is not None
+    async with insecure_channel(mesh.router.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await RouterServiceStub(channel).Register(
+                rpb.RegisterRequest(
+                    member=rpb.Member(
+                        member_id="intruder", role=rpb.MEMBER_ROLE_SERVER, address="127.0.0.1:1"
+                    )
+                ),
+                metadata=(("authorization", f"Bearer {KEY}"),),
+            )
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
