@@ -63,6 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument("--advertise-host", default=_env("advertise_host"))
     server.add_argument(
+        "--max-turns",
+        type=int,
+        default=int(_env("max_turns", "256") or 256),
+        help="turns running at once before new ones get RESOURCE_EXHAUSTED (429)",
+    )
+    server.add_argument(
+        "--max-sessions",
+        type=int,
+        default=int(_env("max_sessions", "100000") or 100000),
+        help="sessions held before new ones get RESOURCE_EXHAUSTED (429)",
+    )
+    server.add_argument(
         "--api-keys-file",
         default=_env("api_keys_file"),
         help="public API keys, one per line (or sha256:HEX); re-read when it changes",
@@ -150,6 +162,8 @@ def _component(
             store=args.store,
             api_keys=[k for k in (_env("api_keys") or "").split(",") if k],
             api_keys_file=args.api_keys_file,
+            max_turns_in_flight=args.max_turns,
+            max_sessions=args.max_sessions,
             grace_seconds=args.grace_seconds,
         )
         return "server", config, serve_server

@@ -48,6 +48,8 @@ class ServerConfig(BaseModel):
     event_log_max_turns: int = Field(default=32, gt=0)
     event_log_ttl_seconds: float = Field(default=600.0, gt=0)
     keepalive_seconds: float = Field(default=15.0, gt=0)
+    max_turns_in_flight: int = Field(default=256, gt=0)
+    max_sessions: int = Field(default=100_000, gt=0)
     admin_key: str | None = None
     # Public API keys (plain; kept hashed in memory) and/or a file of them.
     api_keys: list[str] = Field(default_factory=list)
@@ -105,6 +107,8 @@ class SessionServer:
             event_log_max_turns=c.event_log_max_turns,
             event_log_ttl_seconds=c.event_log_ttl_seconds,
             keepalive_seconds=c.keepalive_seconds,
+            max_turns_in_flight=c.max_turns_in_flight,
+            max_sessions=c.max_sessions,
         )
         self.store = open_store(c.store, c.event_log_ttl_seconds)
         self.core = SessionCore(self.store, self.workers, c.default_agent, limits)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from turnmesh.runtime.errors import NotFound, Unavailable
+from turnmesh.runtime.errors import NotFound, ResourceExhausted, Unavailable
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.store import SessionRecord, SessionStore, now
@@ -32,6 +32,9 @@ class CoreLimits:
     event_log_max_turns: int = 32
     event_log_ttl_seconds: float = 600.0
     keepalive_seconds: float = 15.0
+    max_turns_in_flight: int = 256
+    max_sessions: int = 100_000
+    max_queued_per_session: int = 64
 
 
 class SessionCore:
@@ -75,6 +78,10 @@ class SessionCore:
         messages: list[message_pb2.Message] | None = None,
     ) -> spb.Session:
         agent = await self.require_agent(agent_name)
+        if await self.store.count() >= self.limits.max_sessions:
+            raise ResourceExhausted(
+                f"this server holds its maximum of {self.limits.max_sessions} sessions"
+            )
         t = now()
         record = SessionRecord(
             session_id=session_id or new_id(),
@@ -145,6 +152,15 @@ class SessionCore:
             await self.workers.refresh()
             if not self.workers.has_agent(record.agent_name):
                 raise Unavailable(f"no live worker serves agent {record.agent_name!r}")
+        # Refused before the stream starts, with Retry-After (HTTP 429).
+        if self.runner.inflight >= self.limits.max_turns_in_flight:
+            raise ResourceExhausted(
+                f"this server runs its maximum of {self.limits.max_turns_in_flight} turns"
+            )
+        if turns.queued >= self.limits.max_queued_per_session:
+            raise ResourceExhausted(
+                f"session {record.session_id!r} has {turns.queued} turns waiting already"
+            )
         if key and (arrived := turns.turn_for_key(key)) not in (None, earlier):
             # The same key arrived (and was submitted) while we looked in the store.
             turns.rejoin(arrived)

@@ -104,6 +104,11 @@ class SessionTurns:
     def busy(self) -> bool:
         return self.running is not None or bool(self._queue)
 
+    @property
+    def queued(self) -> int:
+        """Turns waiting behind the running one."""
+        return len(self._queue)
+
     def turn_for_key(self, key: str) -> str | None:
         """The turn a retried request with this idempotency key belongs to."""
         return self._by_key.get(key) if key else None
