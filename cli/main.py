@@ -36,6 +36,13 @@ def _common(p: argparse.ArgumentParser, default_port: int) -> None:
         help="allow a non-loopback bind without an admin key",
     )
     p.add_argument("--ready-file", default=_env("ready_file"), help="write JSON here when ready")
+    metrics_port = _env("metrics_port")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(metrics_port) if metrics_port else None,
+        help="serve Prometheus /metrics on this port (0: any free port)",
+    )
     p.add_argument("--log-level", default=_env("log_level", "INFO"))
 
 
@@ -131,6 +138,7 @@ def _base(args: argparse.Namespace) -> dict[str, Any]:
         "admin_key": args.admin_key or None,
         "allow_open": args.allow_open,
         "ready_file": args.ready_file,
+        "metrics_port": args.metrics_port,
         "log_level": args.log_level,
     }
 

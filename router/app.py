@@ -10,9 +10,11 @@ import grpc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from turnmesh.router.service import RouterServicer
-from turnmesh.router.state import RouterState
+from turnmesh.router.state import Role, RouterState
+from turnmesh.runtime import metrics
 from turnmesh.runtime.interceptors import AdminKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
+from turnmesh.runtime.metrics import serve_metrics
 from turnmesh.runtime.serving import (
     GrpcProcess,
     check_bind_host,
@@ -46,6 +48,7 @@ class RouterConfig(BaseModel):
     ready_file: str | None = None
     grace_seconds: float = Field(default=2.0, ge=0)
     log_level: str = "INFO"
+    metrics_port: int | None = None  # Prometheus /metrics (0: any free port)
 
     @model_validator(mode="after")
     def _timeout_exceeds_interval(self) -> RouterConfig:
@@ -91,7 +94,14 @@ async def serve(config: RouterConfig) -> None:
     )
     try:
         await process.set_serving(True)
-        write_ready_file(config.ready_file, address=process.address)
+        for role in Role:  # read at scrape time
+            metrics.ROUTER_MEMBERS.labels(role.name.lower()).set_function(
+                lambda role=role: len(state.list_members(role))
+            )
+        metrics_address = serve_metrics(config.host, config.metrics_port)
+        write_ready_file(
+            config.ready_file, address=process.address, metrics_address=metrics_address
+        )
         log.info("router serving on %s", process.address)
         await wait_for_signal()
         log.info("router stopping")

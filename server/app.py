@@ -13,6 +13,7 @@ from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import ApiKeyInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
+from turnmesh.runtime.metrics import serve_metrics
 from turnmesh.runtime.serving import (
     GrpcProcess,
     check_bind_host,
@@ -57,6 +58,8 @@ class ServerConfig(BaseModel):
     allow_open: bool = False
     advertise_host: str | None = None
     ready_file: str | None = None
+    # Prometheus /metrics on this port (0: any free port); off when unset.
+    metrics_port: int | None = None
     grace_seconds: float = Field(default=30.0, ge=0)
     log_level: str = "INFO"
 
@@ -135,6 +138,7 @@ class SessionServer:
         )
         await self._process.start()
         self._compat_mesh.connect(self._process.address)
+        self.metrics_address = serve_metrics(c.host, c.metrics_port)
         address = self._process.address
         if c.advertise_host:
             address = f"{c.advertise_host}:{self._process.bound_port}"
@@ -161,6 +165,7 @@ class SessionServer:
                 address=self._process.address,
                 member_id=self.member_id,
                 port=self._process.bound_port,
+                metrics_address=self.metrics_address,
             )
             log.info("ready")
 

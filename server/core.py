@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import NotFound, ResourceExhausted, Unavailable
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.eventlog import EventLogs, TurnLog
@@ -92,6 +93,7 @@ class SessionCore:
         )
         await self.store.create(record, messages)
         self.owned.add(record.session_id)
+        metrics.ACTIVE_SESSIONS.set(await self.store.count())
         return self._to_proto(record)
 
     async def get_record(self, session_id: str) -> SessionRecord:
@@ -111,7 +113,9 @@ class SessionCore:
             turns.cancel_all("session_deleted")
         self.logs.drop_session(session_id)
         self.workers.forget_session(session_id)
-        return await self.store.delete(session_id)
+        deleted = await self.store.delete(session_id)
+        metrics.ACTIVE_SESSIONS.set(await self.store.count())
+        return deleted
 
     async def history(self, session_id: str) -> list[message_pb2.Message]:
         return await self.store.history(session_id)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import NotFound, SessionBusy
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.eventlog import EventLogs, TurnLog, error_event
@@ -55,6 +56,9 @@ class PendingTurn:
     waiters: int = 0
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
+    policy: str = "collect"
+    started: float = 0.0  # monotonic, when the runner took it
+    first_event_seen: bool = False
 
 
 @dataclass
@@ -168,6 +172,7 @@ class SessionTurns:
             files=list(files),
             metadata=meta,
             collecting=policy in (spb.TURN_POLICY_COLLECT, spb.TURN_POLICY_UNSPECIFIED),
+            policy=POLICY_LABELS.get(policy, "collect"),
         )
         self._turns[turn_id] = turn
         return turn
@@ -253,6 +258,7 @@ class TurnRunner:
         self._store = store
         self._workers = workers
         self.inflight = 0
+        self._running: dict[str, PendingTurn] = {}
 
     async def run(self, session_id: str, agent_name: str, turn: PendingTurn) -> None:
         tlog = turn.log
@@ -263,6 +269,9 @@ class TurnRunner:
             first.collected_messages = len(turn.messages)
         tlog.append(first)
         self.inflight += 1
+        metrics.TURNS_IN_FLIGHT.inc()
+        turn.started = started
+        self._running[turn.turn_id] = turn
         try:
             builder = HistoryBuilder(turn.turn_id)
             outcome = await self._run_on_workers(session_id, agent_name, turn, builder)
@@ -323,6 +332,10 @@ class TurnRunner:
                 tlog.set_state(spb.TURN_STATE_FAILED)
         finally:
             self.inflight -= 1
+            self._running.pop(turn.turn_id, None)
+            metrics.TURNS_IN_FLIGHT.dec()
+            metrics.TURNS.labels(_outcome_label(tlog.state), turn.policy).inc()
+            metrics.TURN_SECONDS.observe(time.monotonic() - started)
 
     async def _commit(
         self,
@@ -332,7 +345,8 @@ class TurnRunner:
         tlog: TurnLog,
     ) -> None:
         await tlog.flush()
-        await self._store.commit_turn(session_id, messages, final, now())
+        with metrics.STORE_SECONDS.labels("commit_turn").time():
+            await self._store.commit_turn(session_id, messages, final, now())
 
     def end_cancelled(self, turn: PendingTurn) -> None:
         """End a turn that never started."""
@@ -365,6 +379,8 @@ class TurnRunner:
                     turn.turn_id,
                     failure.streamed,
                 )
+                if not failure.streamed:
+                    metrics.WORKER_RETRIES.inc()
                 if failure.streamed:
                     return TurnOutcome(
                         ok=False,
@@ -383,13 +399,20 @@ class TurnRunner:
             ok=False, error=error_event("worker_unavailable", "No worker available", 503, detail)
         )
 
+    def _first_event(self, turn_id: str) -> None:
+        turn = self._running.get(turn_id)
+        if turn is not None and not turn.first_event_seen:
+            turn.first_event_seen = True
+            metrics.FIRST_EVENT_SECONDS.observe(time.monotonic() - turn.started)
+
     async def _run_on(
         self, worker: WorkerRef, session_id: str, turn: PendingTurn, builder: HistoryBuilder
     ) -> TurnOutcome:
         """Run the turn on one worker, sending only the history it lacks."""
         base = self._workers.history_base(worker, session_id)
         while True:
-            history = await self._store.history(session_id, start=base)
+            with metrics.STORE_SECONDS.labels("history").time():
+                history = await self._store.history(session_id, start=base)
             request = wpb.RunRequest(
                 session_id=session_id,
                 turn_id=turn.turn_id,
@@ -436,6 +459,8 @@ class TurnRunner:
                         )
                     if event.type == event_pb2.RUN_ERROR:
                         return TurnOutcome(ok=False, error=_copy_error(event))
+                    if not streamed:
+                        self._first_event(request.turn_id)
                     streamed = True
                     builder.feed(event)
                     tlog.append(event)  # the log stamps its own seq and ids
@@ -451,6 +476,21 @@ class TurnRunner:
             self._workers.release(worker)
         # The stream ended without RUN_FINISHED or RUN_ERROR.
         raise WorkerFailed(streamed)
+
+
+POLICY_LABELS = {
+    spb.TURN_POLICY_REJECT: "reject",
+    spb.TURN_POLICY_ENQUEUE: "enqueue",
+    spb.TURN_POLICY_COLLECT: "collect",
+    spb.TURN_POLICY_INTERRUPT: "interrupt",
+}
+
+
+def _outcome_label(state: spb.TurnState.ValueType) -> str:
+    return {
+        spb.TURN_STATE_FINISHED: "finished",
+        spb.TURN_STATE_CANCELLED: "cancelled",
+    }.get(state, "failed")
 
 
 def _finished_event(started: float, outcome: TurnOutcome) -> event_pb2.Event:

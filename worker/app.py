@@ -13,6 +13,7 @@ from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import AdminKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.membership import MemberInfo, Membership
+from turnmesh.runtime.metrics import serve_metrics
 from turnmesh.runtime.serving import (
     GrpcProcess,
     check_bind_host,
@@ -44,6 +45,7 @@ class WorkerConfig(BaseModel):
     allow_open: bool = False
     advertise_host: str | None = None  # how other members reach us, if not `host`
     ready_file: str | None = None
+    metrics_port: int | None = None  # Prometheus /metrics (0: any free port)
     grace_seconds: float = Field(default=10.0, ge=0)
     log_level: str = "INFO"
 
@@ -90,7 +92,14 @@ async def serve(config: WorkerConfig) -> None:
                 inflight=lambda: servicer.inflight,
             )
             membership.start()
-        write_ready_file(config.ready_file, address=address, member_id=member_id, agent=agent_name)
+        metrics_address = serve_metrics(config.host, config.metrics_port)
+        write_ready_file(
+            config.ready_file,
+            address=address,
+            member_id=member_id,
+            agent=agent_name,
+            metrics_address=metrics_address,
+        )
         log.info("worker %s serving agent %r on %s", member_id, agent_name, address)
         await wait_for_signal()
         log.info("stopping: %d turn(s) in flight", servicer.inflight)

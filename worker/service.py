@@ -15,6 +15,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from turnmesh.agent import AgentResponse, AgentRunnable
+from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import PROBLEM_BASE
 from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker._convert import history_message, to_agent_request
@@ -81,6 +82,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             return event
 
         started = time.monotonic()
+        outcome = "failed"  # until it is known
         self._inflight += 1
         try:
             collected = len(agent_request.messages)
@@ -128,8 +130,14 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 pending.extend(stamped(e) for e in emitter.closing_events(response.text))
                 pending.append(stamped(finished))
             yield worker_service_pb2.RunResponse(events=pending)
+            outcome = "finished" if finished is not None else "failed"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             self._inflight -= 1
+            metrics.WORKER_RUNS.labels(outcome).inc()
+            metrics.WORKER_RUN_SECONDS.observe(time.monotonic() - started)
 
 
 def _outcome(task: asyncio.Task[Any], turn_id: str) -> AgentResponse | None:

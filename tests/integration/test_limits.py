@@ -39,6 +39,7 @@ async def test_turns_and_sessions_over_the_limits_are_refused(mesh_factory: Mesh
                         assert response.headers["content-type"] == "application/problem+json"
                     await client.cancel_turn(busy, event.run_id)
                     break
+
         async def freed() -> bool:
             return (await client.health()).running_turns == 0
 

@@ -70,6 +70,11 @@ class FakeRunner:
         self.ended_cancelled: list[str] = []
         self.on_schedule: dict[str, Any] = {}  # turn id -> callback when its task is made
 
+    @property
+    def inflight(self) -> int:
+        """What SessionCore reads for its turns-in-flight limit."""
+        return self.running
+
     def gate(self, turn: PendingTurn) -> asyncio.Event:
         return self.gates.setdefault(turn.turn_id, asyncio.Event())
 

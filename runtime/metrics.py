@@ -1,0 +1,44 @@
+"""Prometheus metrics of every component, served on its metrics port.
+
+Labels are outcomes, policies, roles and operation names: never a key, a
+session id or message content.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+# Session servers.
+TURNS = Counter("turnmesh_turns", "Turns that ended, by outcome and policy", ["outcome", "policy"])
+TURN_SECONDS = Histogram("turnmesh_turn_duration_seconds", "Turn wall time")
+FIRST_EVENT_SECONDS = Histogram(
+    "turnmesh_time_to_first_event_seconds",
+    "From a turn's start to the agent's first event",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TURNS_IN_FLIGHT = Gauge("turnmesh_turns_in_flight", "Turns running on this server")
+ACTIVE_SESSIONS = Gauge("turnmesh_active_sessions", "Sessions held by this server's store")
+WORKER_RETRIES = Counter(
+    "turnmesh_worker_retries", "Turns moved to another worker after one failed before answering"
+)
+STORE_SECONDS = Histogram(
+    "turnmesh_store_operation_seconds",
+    "Session store latency",
+    ["operation"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+)
+
+# Workers.
+WORKER_RUNS = Counter("turnmesh_worker_runs", "Agent runs, by outcome", ["outcome"])
+WORKER_RUN_SECONDS = Histogram("turnmesh_worker_run_duration_seconds", "Agent run wall time")
+
+# Router.
+ROUTER_MEMBERS = Gauge("turnmesh_router_members", "Live mesh members", ["role"])
+
+
+def serve_metrics(host: str, port: int | None) -> str | None:
+    """Start the /metrics endpoint (port 0: any free port); its address."""
+    if port is None:
+        return None
+    server, _thread = start_http_server(port, addr=host)
+    return f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{server.server_port}"
