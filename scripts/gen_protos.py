@@ -11,6 +11,7 @@ Usage: python scripts/gen_protos.py [OUT_DIR]   (default: gen/)
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import sys
 import tempfile
@@ -124,6 +125,7 @@ def generate(out_dir: Path) -> None:
         target_pkg.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(package, target_pkg)
         shutil.copyfile(tmp_out / DESCRIPTOR_SET, out_dir / DESCRIPTOR_SET)
+    os.utime(out_dir)  # gen/ is as new as its contents (tools compare it with proto/)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ gone, and idempotency keys, so a retried turn never runs twice.
 
 from __future__ import annotations
 
+import abc
 import copy
 import dataclasses
 import time
@@ -171,6 +172,34 @@ class MemoryStore:
 
     async def count(self) -> int:
         return len(self._records)
+
+
+class TurnCommits(abc.ABC):
+    """``append_messages`` and ``commit_turn`` for a backend whose ``_commit``
+    does both (the final event is optional)."""
+
+    @abc.abstractmethod
+    async def _commit(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final_event: event_pb2.Event | None,
+        now: float,
+    ) -> None: ...
+
+    async def append_messages(
+        self, session_id: str, messages: list[message_pb2.Message], now: float
+    ) -> None:
+        await self._commit(session_id, messages, None, now)
+
+    async def commit_turn(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final_event: event_pb2.Event,
+        now: float,
+    ) -> None:
+        await self._commit(session_id, messages, final_event, now)
 
 
 def now() -> float:

@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio as redis
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.store import SessionRecord
+from turnmesh.server.store import SessionRecord, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 IDLE = "tm:idle"
@@ -49,7 +49,7 @@ return 1
 """
 
 
-class RedisStore:
+class RedisStore(TurnCommits):
     def __init__(self, url: str, event_ttl_seconds: float) -> None:
         self._redis = redis.Redis.from_url(url)
         self._ttl = max(1, int(event_ttl_seconds))
@@ -115,20 +115,6 @@ class RedisStore:
         if not exists:
             raise NotFound(f"session {session_id!r} not found")
         return [message_pb2.Message.FromString(r) for r in rows]
-
-    async def append_messages(
-        self, session_id: str, messages: list[message_pb2.Message], now: float
-    ) -> None:
-        await self._commit(session_id, messages, None, now)
-
-    async def commit_turn(
-        self,
-        session_id: str,
-        messages: list[message_pb2.Message],
-        final_event: event_pb2.Event,
-        now: float,
-    ) -> None:
-        await self._commit(session_id, messages, final_event, now)
 
     async def _commit(
         self,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.store import SessionRecord
+from turnmesh.server.store import SessionRecord, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 """
 
 
-class SqliteStore:
+class SqliteStore(TurnCommits):
     def __init__(self, path: str, event_ttl_seconds: float) -> None:
         if not path:
             raise ValueError("sqlite store needs a path: sqlite:PATH")
@@ -154,20 +154,6 @@ class SqliteStore:
         if rows is None:
             raise NotFound(f"session {session_id!r} not found")
         return [message_pb2.Message.FromString(r) for r in rows]
-
-    async def append_messages(
-        self, session_id: str, messages: list[message_pb2.Message], now: float
-    ) -> None:
-        await self._commit(session_id, messages, None, now)
-
-    async def commit_turn(
-        self,
-        session_id: str,
-        messages: list[message_pb2.Message],
-        final_event: event_pb2.Event,
-        now: float,
-    ) -> None:
-        await self._commit(session_id, messages, final_event, now)
 
     async def _commit(
         self,
