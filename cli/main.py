@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=int(_env("max_sessions", "100000") or 100000),
         help="sessions held before new ones get RESOURCE_EXHAUSTED (429)",
     )
+    rate = _env("rate_limit")
+    server.add_argument(
+        "--rate-limit",
+        type=float,
+        default=float(rate) if rate else None,
+        help="requests a second allowed per API key (429 beyond it)",
+    )
     server.add_argument(
         "--api-keys-file",
         default=_env("api_keys_file"),
@@ -172,6 +179,7 @@ def _component(
             api_keys_file=args.api_keys_file,
             max_turns_in_flight=args.max_turns,
             max_sessions=args.max_sessions,
+            rate_limit=args.rate_limit,
             grace_seconds=args.grace_seconds,
         )
         return "server", config, serve_server

@@ -125,11 +125,13 @@ class AsyncClient:
         channel: grpc.aio.Channel | None = None,
         api_key: str | None = None,
         timeout: float | None = 30.0,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
         self._channel = channel or grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._owns_channel = channel is None
         self._stub = SessionServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._metadata = (*auth, *metadata)
         self._timeout = timeout
 
     async def __aenter__(self) -> AsyncClient:

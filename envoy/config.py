@@ -28,7 +28,7 @@ MAX_REQUEST_BODY_BYTES = 140 * 1024 * 1024
 # reaps streams whose peer vanished.
 STREAM_IDLE_TIMEOUT = "3600s"
 
-INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-admin-key")
+INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-admin-key", "x-turnmesh-internal")
 OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
 
 PROBLEM_TITLES = {

@@ -41,13 +41,18 @@ class ApiKeys:
         return bool(self._static or self._file_hashes or self._file is not None)
 
     def check(self, presented: str) -> bool:
-        """Constant time per stored key: compare the presented key's hash."""
+        return self.match(presented) is not None
+
+    def match(self, presented: str) -> bytes | None:
+        """The stored hash the key matches (it names the key in rate limits,
+        never the key itself), or None. Constant time per stored key."""
         self._maybe_reload()
         digest = key_hash(presented)
-        match = False
+        matched: bytes | None = None
         for stored in (*self._static, *self._file_hashes):
-            match |= hmac.compare_digest(digest, stored)
-        return match
+            if hmac.compare_digest(digest, stored):
+                matched = stored
+        return matched
 
     def _maybe_reload(self) -> None:
         if self._file is None or time.monotonic() - self._checked < RELOAD_CHECK_SECONDS:

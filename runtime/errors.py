@@ -174,6 +174,11 @@ class ResourceExhausted(TurnmeshError):
     retry_after = 1
 
 
+class RateLimited(ResourceExhausted):
+    slug = "rate-limited"
+    title = "Rate limit exceeded"
+
+
 class Unavailable(TurnmeshError):
     code = grpc.StatusCode.UNAVAILABLE
     http_status = 503

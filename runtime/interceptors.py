@@ -10,7 +10,8 @@ from typing import Any
 import grpc
 
 from turnmesh.runtime.auth import ApiKeys, bearer
-from turnmesh.runtime.errors import TurnmeshError, Unauthenticated
+from turnmesh.runtime.errors import RateLimited, TurnmeshError, Unauthenticated
+from turnmesh.runtime.ratelimit import TokenBuckets
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +103,25 @@ class AdminKeyInterceptor(grpc.aio.ServerInterceptor):
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     """Requires a public API key (`Authorization: Bearer KEY`) on every method
-    but the open ones, when keys are configured. Calls from mesh members (they
-    hold the admin key) pass: a server forwarding a call already checked it."""
+    but the open ones, when keys are configured, and holds each key to its
+    request rate. Calls from mesh members (they hold the admin key) and this
+    server's own calls to itself (its internal token) pass: the call that led
+    to them was checked already."""
 
-    def __init__(self, keys: ApiKeys, open_methods: frozenset[str], admin_key: str | None) -> None:
+    def __init__(
+        self,
+        keys: ApiKeys,
+        open_methods: frozenset[str],
+        admin_key: str | None,
+        *,
+        rate_limit: TokenBuckets | None = None,
+        internal_token: str | None = None,
+    ) -> None:
         self._keys = keys
         self._open = open_methods
         self._admin = admin_key.encode() if admin_key else None
+        self._rates = rate_limit
+        self._internal = internal_token.encode() if internal_token else None
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -119,22 +132,38 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         metadata = handler_call_details.invocation_metadata or ()
         if self._admin is not None and has_admin_key(metadata, self._admin):
             return await continuation(handler_call_details)
-        presented = bearer(metadata)
-        if presented and self._keys.check(presented):
+        if self._internal is not None and _has(metadata, INTERNAL_METADATA, self._internal):
             return await continuation(handler_call_details)
-        reason = "a valid API key is required" if presented else "an API key is required"
-        return await _denied(continuation, handler_call_details, Unauthenticated(reason))
+        presented = bearer(metadata)
+        matched = self._keys.match(presented) if presented else None
+        if matched is None:
+            reason = "a valid API key is required" if presented else "an API key is required"
+            return await _denied(continuation, handler_call_details, Unauthenticated(reason))
+        if self._rates is not None and self._rates.take(matched) > 0:
+            return await _denied(
+                continuation,
+                handler_call_details,
+                RateLimited(f"this key may make {self._rates.rate:g} requests a second"),
+            )
+        return await continuation(handler_call_details)
+
+
+INTERNAL_METADATA = "x-turnmesh-internal"
+
+
+def _has(metadata: Any, name: str, expected: bytes) -> bool:
+    for key, value in metadata:
+        if key == name:
+            supplied = value.encode() if isinstance(value, str) else value
+            return hmac.compare_digest(supplied, expected)
+    return False
 
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
 def has_admin_key(metadata: Any, expected: bytes) -> bool:
-    for key, value in metadata:
-        if key == ADMIN_KEY_METADATA:
-            supplied = value.encode() if isinstance(value, str) else value
-            return hmac.compare_digest(supplied, expected)
-    return False
+    return _has(metadata, ADMIN_KEY_METADATA, expected)
 
 
 async def _denied(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 
 import grpc
 from pydantic import BaseModel, Field
@@ -14,6 +15,7 @@ from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import ApiKeyInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
 from turnmesh.runtime.metrics import serve_metrics
+from turnmesh.runtime.ratelimit import TokenBuckets
 from turnmesh.runtime.serving import (
     GrpcProcess,
     check_bind_host,
@@ -55,6 +57,8 @@ class ServerConfig(BaseModel):
     # Public API keys (plain; kept hashed in memory) and/or a file of them.
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = None
+    # Requests a second per API key (a burst of the same size); off when unset.
+    rate_limit: float | None = Field(default=None, gt=0)
     allow_open: bool = False
     advertise_host: str | None = None
     ready_file: str | None = None
@@ -71,6 +75,7 @@ class SessionServer:
         self.config = config
         self.state: spb.LifecycleState.ValueType = spb.LIFECYCLE_STATE_INITIALIZING
         self.member_id = new_member_id("server")
+        self._internal_token = secrets.token_hex(16)
         self._process: GrpcProcess | None = None
         self._membership: Membership | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -134,10 +139,18 @@ class SessionServer:
             port=c.port,
             service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME],
             register=register,
-            interceptors=[ApiKeyInterceptor(self.api_keys, open_methods, c.admin_key)],
+            interceptors=[
+                ApiKeyInterceptor(
+                    self.api_keys,
+                    open_methods,
+                    c.admin_key,
+                    rate_limit=TokenBuckets(c.rate_limit) if c.rate_limit else None,
+                    internal_token=self._internal_token,
+                )
+            ],
         )
         await self._process.start()
-        self._compat_mesh.connect(self._process.address)
+        self._compat_mesh.connect(self._process.address, self._internal_token)
         self.metrics_address = serve_metrics(c.host, c.metrics_port)
         address = self._process.address
         if c.advertise_host:

@@ -30,6 +30,7 @@ from turnmesh.runtime.errors import (
     TurnmeshError,
     Unavailable,
 )
+from turnmesh.runtime.interceptors import INTERNAL_METADATA
 from turnmesh.runtime.serving import CHANNEL_OPTIONS
 from turnmesh.v1 import message_pb2
 
@@ -38,22 +39,32 @@ class Mesh:
     """The public API as the compatibility surfaces see it: calls to this
     server's own SessionService, made with the caller's API key."""
 
-    def __init__(self, channel: grpc.aio.Channel | None = None, api_key: str = "") -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel | None = None,
+        api_key: str = "",
+        internal_token: str | None = None,
+    ) -> None:
         self._channel = channel
+        self._internal_token = internal_token
+        # The internal token marks calls the server makes to itself: the
+        # caller's request was authenticated and counted once already.
+        extra = ((INTERNAL_METADATA, internal_token),) if internal_token else ()
         self._client = (
-            AsyncClient("", channel=channel, api_key=api_key or None, timeout=60)
+            AsyncClient("", channel=channel, api_key=api_key or None, timeout=60, metadata=extra)
             if channel
             else None
         )
 
-    def connect(self, address: str) -> None:
+    def connect(self, address: str, internal_token: str | None = None) -> None:
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._internal_token = internal_token
 
     def for_caller(self, metadata: object) -> Mesh:
         """A view whose calls carry this caller's `Authorization`."""
         if self._channel is None:
             raise Unavailable("this server is still starting")
-        return Mesh(self._channel, bearer(metadata))  # type: ignore[arg-type]
+        return Mesh(self._channel, bearer(metadata), self._internal_token)  # type: ignore[arg-type]
 
     @property
     def client(self) -> AsyncClient:

@@ -124,3 +124,32 @@ async def test_a_public_key_never_opens_an_internal_rpc(
                 metadata=(("authorization", f"Bearer {KEY}"),),
             )
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_each_key_is_held_to_its_rate(mesh_factory: Mesh, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY}\nother-key\n")
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("echo", "echo")
+    server = mesh.spawn_server("server", "--api-keys-file", str(keys), "--rate-limit", "0.2")
+    mesh.wait_ready(worker, server)
+    envoy = mesh.start_envoy([server])
+    async with httpx.AsyncClient(base_url=f"http://{envoy.listener_address}") as rest:
+        responses = []
+        for _ in range(4):
+            responses.append(
+                await rest.get("/v1/sessions/x", headers={"Authorization": f"Bearer {KEY}"})
+            )
+        # One request, then refused at once: the bucket refills one every 5 s.
+        assert [r.status_code for r in responses] == [404, 429, 429, 429]
+        limited = responses[1]
+        assert limited.headers["retry-after"] == "1"
+        assert limited.headers["content-type"] == "application/problem+json"
+        assert limited.json()["title"] == "Too many requests"
+        assert KEY not in limited.text
+        # Another key has its own budget; health is never limited.
+        other = await rest.get("/v1/sessions/x", headers={"Authorization": "Bearer other-key"})
+        assert other.status_code == 404
+        for _ in range(5):
+            assert (await rest.get("/health")).status_code == 200
