@@ -44,6 +44,12 @@ def _common(p: argparse.ArgumentParser, default_port: int) -> None:
         help="serve Prometheus /metrics on this port (0: any free port)",
     )
     p.add_argument("--log-level", default=_env("log_level", "INFO"))
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=_env("log_format", "text"),
+        help="json: one JSON object per line (TURNMESH_LOG_FORMAT)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         name, config, serve = _component(args)
     except ValidationError as exc:
         sys.exit(f"turnmesh {args.command}: invalid configuration:\n{exc}")
+    # Components set up their own logging too; the format reaches them here.
+    os.environ["TURNMESH_LOG_FORMAT"] = args.log_format
     setup_logging(name, args.log_level)
     with contextlib.suppress(KeyboardInterrupt):
         run_event_loop(serve(config))

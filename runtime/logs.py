@@ -1,14 +1,51 @@
-"""Process-wide logging set-up: one line per record, to stderr."""
+"""Process-wide logging set-up: one line per record, to stderr.
+
+``TURNMESH_LOG_FORMAT=json`` (or ``--log-format json``) writes each record as
+one JSON object: timestamp, level, component, logger, message, and the
+record's structured fields (session_id, turn_id, status, latency_ms ...).
+Message content is never logged at INFO; DEBUG may show bodies.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
+from datetime import UTC, datetime
+from typing import Any
+
+# Attributes every LogRecord has: anything else came from `extra=`.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
-def setup_logging(component: str, level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s {component} %(name)s: %(message)s",
-    )
+class JsonFormatter(logging.Formatter):
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self._component = component
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "component": self._component,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup_logging(component: str, level: str = "INFO", fmt: str | None = None) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if (fmt or os.environ.get("TURNMESH_LOG_FORMAT", "text")) == "json":
+        handler.setFormatter(JsonFormatter(component))
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s {component} %(name)s: %(message)s")
+        )
+    logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -334,8 +334,22 @@ class TurnRunner:
             self.inflight -= 1
             self._running.pop(turn.turn_id, None)
             metrics.TURNS_IN_FLIGHT.dec()
-            metrics.TURNS.labels(_outcome_label(tlog.state), turn.policy).inc()
-            metrics.TURN_SECONDS.observe(time.monotonic() - started)
+            outcome = _outcome_label(tlog.state)
+            elapsed = time.monotonic() - started
+            metrics.TURNS.labels(outcome, turn.policy).inc()
+            metrics.TURN_SECONDS.observe(elapsed)
+            # One line per turn: ids, status and latency; never the content.
+            log.info(
+                "turn ended",
+                extra={
+                    "session_id": session_id,
+                    "turn_id": turn.turn_id,
+                    "status": outcome,
+                    "policy": turn.policy,
+                    "latency_ms": round(elapsed * 1000, 2),
+                },
+            )
+            log.debug("turn %s messages: %r", turn.turn_id, turn.messages)
 
     async def _commit(
         self,
