@@ -73,9 +73,6 @@ class RouteTable:
             self._channels[owner.address] = channel
         return SessionServiceStub(channel)
 
-    def remember(self, session_id: str, owner: Owner) -> None:
-        self._cache[session_id] = owner
-
     def forget_all(self) -> None:
         self._cache.clear()
 

@@ -32,7 +32,7 @@ from turnmesh.runtime.errors import (
 )
 from turnmesh.runtime.interceptors import INTERNAL_METADATA
 from turnmesh.runtime.serving import CHANNEL_OPTIONS
-from turnmesh.v1 import message_pb2
+from turnmesh.v1 import event_pb2, message_pb2
 
 
 class Mesh:
@@ -162,3 +162,10 @@ def from_pydantic(exc: ValidationError) -> InvalidArgument:
         )
         violations.append(FieldViolation(field or "body", error["msg"]))
     return InvalidArgument(violations)
+
+
+def turn_error(event: event_pb2.Event) -> TurnmeshError:
+    """A turn that ended with RUN_ERROR, for a surface that answers in one piece."""
+    if event.problem.status in (502, 503):
+        return Unavailable(event.message or "the turn failed")
+    return TurnmeshError(event.message or "the turn failed", reason=event.code.upper() or None)

@@ -12,7 +12,6 @@ from google.api import httpbody_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnmesh.client import TurnmeshClientError
-from turnmesh.runtime.errors import TurnmeshError, Unavailable
 from turnmesh.server.compat._common import (
     Mesh,
     from_pydantic,
@@ -21,6 +20,7 @@ from turnmesh.server.compat._common import (
     parse_json_body,
     sse_body,
     to_domain,
+    turn_error,
 )
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -135,12 +135,6 @@ def error_payload(event: event_pb2.Event) -> dict[str, Any]:
             "code": event.code or None,
         }
     }
-
-
-def turn_error(event: event_pb2.Event) -> TurnmeshError:
-    if event.problem.status in (502, 503):
-        return Unavailable(event.message or "the turn failed")
-    return TurnmeshError(event.message or "the turn failed", reason=event.code.upper() or None)
 
 
 async def complete(

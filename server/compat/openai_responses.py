@@ -25,8 +25,8 @@ from turnmesh.server.compat._common import (
     parse_json_body,
     sse_body,
     to_domain,
+    turn_error,
 )
-from turnmesh.server.compat.openai_chat import turn_error
 from turnmesh.v1 import event_pb2, message_pb2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 from google.api import httpbody_pb2
@@ -103,10 +103,9 @@ class CompatServicer(CompatServiceServicer):
             yield event
 
 
-async def _one(
-    body: AsyncIterator[httpbody_pb2.HttpBody] | object,
-) -> AsyncIterator[httpbody_pb2.HttpBody]:
-    yield await body  # type: ignore[misc]
+async def _one(body: Awaitable[httpbody_pb2.HttpBody]) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    """A single response as the one-item stream the RPC returns."""
+    yield await body
 
 
 def _validate_chat(request: cpb.ChatRequest) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from turnmesh.client import TurnmeshClientError
-from turnmesh.server.compat._common import Mesh, to_domain
+from turnmesh.server.compat._common import Mesh, to_domain, turn_error
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
 
@@ -55,15 +55,6 @@ async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
                 response.tokens_used.total_tokens += usage.total_tokens
             response.execution_time_ms = event.execution_time_ms
         elif event.type == event_pb2.RUN_ERROR:
-            raise _turn_failed(event)
+            raise turn_error(event)
     response.content = "".join(text)
     return response
-
-
-def _turn_failed(event: event_pb2.Event) -> Exception:
-    from turnmesh.runtime.errors import TurnmeshError, Unavailable
-
-    if event.problem.status in (502, 503):
-        return Unavailable(event.message or "the turn failed")
-    error = TurnmeshError(event.message or "the turn failed", reason=event.code.upper() or None)
-    return error
