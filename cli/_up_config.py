@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from turnmesh.runtime.tls import TlsFiles
 
 ENV_PREFIX = "TURNMESH_"
 
@@ -27,13 +29,42 @@ class UpConfig(BaseModel):
     session_ttl: float = Field(default=1800.0, gt=0)
     store: str = "memory"
     api_keys_file: str | None = None
-    admin_key: str | None = None
+    mesh_key: str | None = None
+    # Mutual TLS between the members (and from Envoy to the servers): the mesh
+    # CA, and one certificate for every member, valid for 127.0.0.1 or --host.
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # HTTPS (and gRPC over TLS) on Envoy's public listener.
+    edge_tls_cert: Path | None = None
+    edge_tls_key: Path | None = None
     allow_open: bool = False
     run_dir: Path | None = None
     log_level: str = "INFO"
     # Servers get this long to finish running turns on Ctrl-C; with the other
     # steps, everything is gone within 5 seconds.
     drain_seconds: float = Field(default=2.5, ge=0, le=30)
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> UpConfig:
+        mesh = [self.tls_ca, self.tls_cert, self.tls_key]
+        if any(mesh) and not all(mesh):
+            raise ValueError("mutual TLS needs all of tls_ca, tls_cert and tls_key")
+        if bool(self.edge_tls_cert) != bool(self.edge_tls_key):
+            raise ValueError("HTTPS at the edge needs both edge_tls_cert and edge_tls_key")
+        return self
+
+    @property
+    def mesh_tls(self) -> TlsFiles | None:
+        if self.tls_ca and self.tls_cert and self.tls_key:
+            return TlsFiles(ca_file=self.tls_ca, cert_file=self.tls_cert, key_file=self.tls_key)
+        return None
+
+    @property
+    def edge_tls(self) -> tuple[Path, Path] | None:
+        if self.edge_tls_cert and self.edge_tls_key:
+            return (self.edge_tls_cert, self.edge_tls_key)
+        return None
 
     def resolved_run_dir(self) -> Path:
         if self.run_dir is not None:

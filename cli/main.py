@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from turnmesh.runtime.tls import TlsConfigError, tls_files
+
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"TURNMESH_{name.upper()}", default)
@@ -25,16 +27,21 @@ def _common(p: argparse.ArgumentParser, default_port: int) -> None:
         "--port", type=int, default=int(_env("port", str(default_port)) or 0), help="0: any free"
     )
     p.add_argument(
-        "--admin-key",
-        default=_env("admin_key"),
-        help="key for mesh-internal calls (env TURNMESH_ADMIN_KEY)",
+        "--mesh-key",
+        "--admin-key",  # the name before 0.2; kept so existing scripts work
+        dest="mesh_key",
+        default=_env("mesh_key") or _env("admin_key"),
+        help="key for mesh-internal calls (env TURNMESH_MESH_KEY)",
     )
     p.add_argument(
         "--allow-open",
         action="store_true",
         default=_env("allow_open") == "1",
-        help="allow a non-loopback bind without an admin key",
+        help="allow a non-loopback bind without a mesh key",
     )
+    p.add_argument("--tls-ca", default=_env("tls_ca"), help="mesh CA (PEM): enables mutual TLS")
+    p.add_argument("--tls-cert", default=_env("tls_cert"), help="this member's certificate (PEM)")
+    p.add_argument("--tls-key", default=_env("tls_key"), help="this member's private key (PEM)")
     p.add_argument("--ready-file", default=_env("ready_file"), help="write JSON here when ready")
     metrics_port = _env("metrics_port")
     p.add_argument(
@@ -138,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-port", type=int, default=None, help="Envoy admin (default: any)")
     up.add_argument("--store", default=None, help="memory (default), sqlite:PATH, redis://...")
     up.add_argument("--api-keys-file", default=None, help="public API keys for the servers")
+    up.add_argument("--tls-ca", type=Path, default=None, help="mesh CA: mutual TLS inside")
+    up.add_argument("--tls-cert", type=Path, default=None, help="the members' certificate")
+    up.add_argument("--tls-key", type=Path, default=None, help="the members' private key")
+    up.add_argument("--edge-tls-cert", type=Path, default=None, help="HTTPS at Envoy: cert")
+    up.add_argument("--edge-tls-key", type=Path, default=None, help="HTTPS at Envoy: key")
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
     up.add_argument("--log-level", default=None)
@@ -148,7 +160,8 @@ def _base(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "host": args.host,
         "port": args.port,
-        "admin_key": args.admin_key or None,
+        "mesh_key": args.mesh_key or None,
+        "tls": tls_files(args.tls_ca, args.tls_cert, args.tls_key),
         "allow_open": args.allow_open,
         "ready_file": args.ready_file,
         "metrics_port": args.metrics_port,
@@ -227,8 +240,13 @@ def main(argv: list[str] | None = None) -> None:
         name, config, serve = _component(args)
     except ValidationError as exc:
         sys.exit(f"turnmesh {args.command}: invalid configuration:\n{exc}")
+    except TlsConfigError as exc:
+        sys.exit(f"turnmesh {args.command}: {exc}")
     # Components set up their own logging too; the format reaches them here.
     os.environ["TURNMESH_LOG_FORMAT"] = args.log_format
     setup_logging(name, args.log_level)
-    with contextlib.suppress(KeyboardInterrupt):
-        run_event_loop(serve(config))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            run_event_loop(serve(config))
+    except TlsConfigError as exc:  # a file named in the flags is unreadable
+        sys.exit(f"turnmesh {args.command}: {exc}")

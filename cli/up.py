@@ -14,6 +14,7 @@ import argparse
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 import time
@@ -90,8 +91,11 @@ def _agent_name(spec: str) -> str:
 
 def _component_args(config: UpConfig) -> list[str]:
     args = ["--log-level", config.log_level]
-    if config.admin_key:
-        args += ["--admin-key", config.admin_key]
+    if config.mesh_key:
+        args += ["--mesh-key", config.mesh_key]
+    if (tls := config.mesh_tls) is not None:
+        args += ["--tls-ca", str(tls.ca_file), "--tls-cert", str(tls.cert_file)]
+        args += ["--tls-key", str(tls.key_file)]
     return args
 
 
@@ -100,9 +104,12 @@ def _turnmesh(*args: str) -> list[str]:
 
 
 def _wait_http_ok(url: str, deadline: float, envoy: Child) -> None:
+    # Readiness of the Envoy we just started, by its own address: its
+    # certificate may name another host, and trust is not what is checked.
+    context = ssl._create_unverified_context() if url.startswith("https:") else None
     while True:
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, OSError):
@@ -193,6 +200,8 @@ class Mesh:
             host=c.host,
             port=c.port,
             admin_port=c.admin_port,
+            listener_tls=c.edge_tls,
+            upstream_tls=c.mesh_tls,
         )
         path = write_config(edge, self.run_dir / "envoy.json")
         try:
@@ -208,7 +217,11 @@ class Mesh:
             time.sleep(0.02)
         self.admin_address = admin_file.read_text().strip()
         self.edge_address = self._listener_address(envoy, deadline)
-        _wait_http_ok(f"http://{self.edge_address}/ready", deadline, envoy)
+        _wait_http_ok(f"{self.scheme}://{self.edge_address}/ready", deadline, envoy)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.config.edge_tls else "http"
 
     def _listener_address(self, envoy: Child, deadline: float) -> str:
         from turnmesh.envoy.process import bound_listener
@@ -238,21 +251,23 @@ class Mesh:
 
     def banner(self, elapsed: float) -> str:
         c = self.config
-        edge = self.edge_address
+        edge = f"{self.scheme}://{self.edge_address}"
+        grpcurl_tls = "" if c.edge_tls else "-plaintext "
         return "\n".join(
             [
                 f"turnmesh is up in {elapsed:.1f} s: agent {c.agent!r}, "
                 f"{c.servers} server(s), {c.workers} worker(s)",
-                f"  REST/SSE and gRPC  http://{edge}  (Envoy; reflection for grpcurl)",
+                f"  REST/SSE and gRPC  {edge}  (Envoy; reflection for grpcurl)",
                 f"  Envoy admin        http://{self.admin_address}  (loopback only)",
                 f"  router             {self.router[0].info['address']}",
                 f"  logs               {self.run_dir}",
                 "try:",
-                f'  curl -s http://{edge}/v1/sessions -d \'{{"sessionId": "hello"}}\' && '
-                f"curl -N http://{edge}/v1/sessions/hello/turns "
+                f'  curl -s {edge}/v1/sessions -d \'{{"sessionId": "hello"}}\' && '
+                f"curl -N {edge}/v1/sessions/hello/turns "
                 f'-d \'{{"message": "What is 6*7?"}}\'',
-                f'  {_grpcurl()} -plaintext -d \'{{"session_id": "hello", "message": '
-                f'"What did I ask first?"}}\' {edge} turnmesh.v1.SessionService/Turn',
+                f'  {_grpcurl()} {grpcurl_tls}-d \'{{"session_id": "hello", "message": '
+                f'"What did I ask first?"}}\' {self.edge_address} '
+                "turnmesh.v1.SessionService/Turn",
                 "Ctrl-C stops the mesh.",
             ]
         )
@@ -270,6 +285,11 @@ def run_up(args: argparse.Namespace) -> int:
         "store": args.store,
         "api_keys_file": args.api_keys_file,
         "log_level": args.log_level,
+        "tls_ca": args.tls_ca,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "edge_tls_cert": args.edge_tls_cert,
+        "edge_tls_key": args.edge_tls_key,
     }
     try:
         config = load(args.config, flags)

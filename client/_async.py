@@ -123,10 +123,14 @@ class AsyncClient:
         target: str,
         *,
         channel: grpc.aio.Channel | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
         api_key: str | None = None,
         timeout: float | None = 30.0,
         metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
+        # credentials: TLS to an HTTPS edge, e.g. grpc.ssl_channel_credentials().
+        if channel is None and credentials is not None:
+            channel = grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
         self._channel = channel or grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._owns_channel = channel is None
         self._stub = SessionServiceStub(self._channel)

@@ -26,9 +26,18 @@ class Client:
     """
 
     def __init__(
-        self, target: str, *, api_key: str | None = None, timeout: float | None = 30.0
+        self,
+        target: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        api_key: str | None = None,
+        timeout: float | None = 30.0,
     ) -> None:
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = (
+            grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+            if credentials is not None
+            else grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        )
         self._stub = SessionServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._timeout = timeout

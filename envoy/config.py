@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from turnmesh.runtime.tls import TlsFiles
 from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
 HERE = Path(__file__).resolve().parent
@@ -28,7 +29,7 @@ MAX_REQUEST_BODY_BYTES = 140 * 1024 * 1024
 # reaps streams whose peer vanished.
 STREAM_IDLE_TIMEOUT = "3600s"
 
-INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-admin-key", "x-turnmesh-internal")
+INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-mesh-key", "x-turnmesh-internal")
 OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
 
 PROBLEM_TITLES = {
@@ -66,6 +67,50 @@ class EdgeConfig:
     descriptor_set: Path = DESCRIPTOR_SET
     health_check_interval_ms: int = 1000
     max_connections: int = 10_000
+    # HTTPS on the public listener: (certificate chain, private key) PEM paths.
+    listener_tls: tuple[Path, Path] | None = None
+    # Mutual TLS to the session servers: the mesh CA and Envoy's own certificate.
+    upstream_tls: TlsFiles | None = None
+
+
+TLS_SOCKET = "envoy.transport_sockets.tls"
+TLS_TYPES = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
+
+
+def _certificate(cert: Path, key: Path) -> dict[str, Any]:
+    return {
+        "certificate_chain": {"filename": str(cert)},
+        "private_key": {"filename": str(key)},
+    }
+
+
+def _listener_tls(cert: Path, key: Path) -> dict[str, Any]:
+    return {
+        "name": TLS_SOCKET,
+        "typed_config": {
+            "@type": TLS_TYPES + "DownstreamTlsContext",
+            "common_tls_context": {
+                "tls_certificates": [_certificate(cert, key)],
+                # gRPC clients need h2 by ALPN; curl and browsers take either.
+                "alpn_protocols": ["h2", "http/1.1"],
+            },
+        },
+    }
+
+
+def _upstream_tls(files: TlsFiles) -> dict[str, Any]:
+    return {
+        "name": TLS_SOCKET,
+        "typed_config": {
+            "@type": TLS_TYPES + "UpstreamTlsContext",
+            "common_tls_context": {
+                "tls_certificates": [_certificate(files.cert_file, files.key_file)],
+                # Only servers with a certificate from the mesh CA are trusted.
+                "validation_context": {"trusted_ca": {"filename": str(files.ca_file)}},
+                "alpn_protocols": ["h2"],
+            },
+        },
+    }
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
@@ -318,6 +363,15 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         # No panic routing: with every server unhealthy, answer 503 at once.
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
     }
+    if config.upstream_tls is not None:
+        cluster["transport_socket"] = _upstream_tls(config.upstream_tls)
+    filter_chain: dict[str, Any] = {
+        "filters": [
+            {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
+        ]
+    }
+    if config.listener_tls is not None:
+        filter_chain["transport_socket"] = _listener_tls(*config.listener_tls)
     return {
         "admin": {"address": _address("127.0.0.1", config.admin_port)},
         "overload_manager": {
@@ -339,16 +393,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                     "address": _address(config.host, config.port),
                     "enable_reuse_port": False,
                     "per_connection_buffer_limit_bytes": 1024 * 1024,
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": manager,
-                                }
-                            ]
-                        }
-                    ],
+                    "filter_chains": [filter_chain],
                 }
             ],
             "clusters": [cluster],

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from turnmesh.router.service import RouterServicer
 from turnmesh.router.state import Role, RouterState
 from turnmesh.runtime import metrics
-from turnmesh.runtime.interceptors import AdminKeyInterceptor
+from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.metrics import serve_metrics
 from turnmesh.runtime.serving import (
@@ -21,6 +21,7 @@ from turnmesh.runtime.serving import (
     wait_for_signal,
     write_ready_file,
 )
+from turnmesh.runtime.tls import TlsFiles, Transport
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import router_service_pb2_grpc
 
@@ -41,7 +42,9 @@ class RouterConfig(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(default=0, ge=0, le=65535)
-    admin_key: str | None = None
+    mesh_key: str | None = None
+    # Mutual TLS with the other members; plaintext when unset.
+    tls: TlsFiles | None = None
     allow_open: bool = False
     heartbeat_interval: float = Field(default=1.0, gt=0)
     heartbeat_timeout: float = Field(default=3.0, gt=0)
@@ -70,7 +73,8 @@ def build_process(config: RouterConfig, state: RouterState) -> GrpcProcess:
         port=config.port,
         service_names=[SERVICE_NAME],
         register=register,
-        interceptors=[AdminKeyInterceptor(config.admin_key, PROTECTED_METHODS)],
+        interceptors=[MeshKeyInterceptor(config.mesh_key, PROTECTED_METHODS)],
+        transport=Transport.from_files(config.tls),
     )
 
 
@@ -85,7 +89,7 @@ async def expire_members(state: RouterState, period: float) -> None:
 
 async def serve(config: RouterConfig) -> None:
     setup_logging("router", config.log_level)
-    check_bind_host(config.host, config.admin_key, config.allow_open)
+    check_bind_host(config.host, bool(config.mesh_key or config.tls), config.allow_open)
     state = RouterState(config.heartbeat_timeout)
     process = build_process(config, state)
     await process.start()

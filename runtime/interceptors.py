@@ -15,7 +15,7 @@ from turnmesh.runtime.ratelimit import TokenBuckets
 
 log = logging.getLogger(__name__)
 
-ADMIN_KEY_METADATA = "x-turnmesh-admin-key"
+MESH_KEY_METADATA = "x-turnmesh-mesh-key"
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
@@ -82,11 +82,11 @@ def _is_abort(exc: Exception) -> bool:
     return type(exc).__name__ == "AbortError"
 
 
-class AdminKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Requires the admin key on the listed methods (when a key is set)."""
+class MeshKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Requires the mesh key on the listed methods (when a key is set)."""
 
-    def __init__(self, admin_key: str | None, protected_methods: frozenset[str]) -> None:
-        self._key = admin_key.encode() if admin_key else None
+    def __init__(self, mesh_key: str | None, protected_methods: frozenset[str]) -> None:
+        self._key = mesh_key.encode() if mesh_key else None
         self._protected = protected_methods
 
     async def intercept_service(
@@ -94,17 +94,17 @@ class AdminKeyInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         if self._key is None or handler_call_details.method not in self._protected:
             return await continuation(handler_call_details)
-        if has_admin_key(handler_call_details.invocation_metadata or (), self._key):
+        if has_mesh_key(handler_call_details.invocation_metadata or (), self._key):
             return await continuation(handler_call_details)
         return await _denied(
-            continuation, handler_call_details, Unauthenticated("missing or wrong admin key")
+            continuation, handler_call_details, Unauthenticated("missing or wrong mesh key")
         )
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     """Requires a public API key (`Authorization: Bearer KEY`) on every method
     but the open ones, when keys are configured, and holds each key to its
-    request rate. Calls from mesh members (they hold the admin key) and this
+    request rate. Calls from mesh members (they hold the mesh key) and this
     server's own calls to itself (its internal token) pass: the call that led
     to them was checked already."""
 
@@ -112,14 +112,14 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         self,
         keys: ApiKeys,
         open_methods: frozenset[str],
-        admin_key: str | None,
+        mesh_key: str | None,
         *,
         rate_limit: TokenBuckets | None = None,
         internal_token: str | None = None,
     ) -> None:
         self._keys = keys
         self._open = open_methods
-        self._admin = admin_key.encode() if admin_key else None
+        self._mesh_key = mesh_key.encode() if mesh_key else None
         self._rates = rate_limit
         self._internal = internal_token.encode() if internal_token else None
 
@@ -130,7 +130,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         if not self._keys.configured or method in self._open or method.startswith(OPEN_PREFIXES):
             return await continuation(handler_call_details)
         metadata = handler_call_details.invocation_metadata or ()
-        if self._admin is not None and has_admin_key(metadata, self._admin):
+        if self._mesh_key is not None and has_mesh_key(metadata, self._mesh_key):
             return await continuation(handler_call_details)
         if self._internal is not None and _has(metadata, INTERNAL_METADATA, self._internal):
             return await continuation(handler_call_details)
@@ -162,8 +162,8 @@ def _has(metadata: Any, name: str, expected: bytes) -> bool:
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-def has_admin_key(metadata: Any, expected: bytes) -> bool:
-    return _has(metadata, ADMIN_KEY_METADATA, expected)
+def has_mesh_key(metadata: Any, expected: bytes) -> bool:
+    return _has(metadata, MESH_KEY_METADATA, expected)
 
 
 async def _denied(

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from turnmesh.runtime.interceptors import ADMIN_KEY_METADATA
-from turnmesh.runtime.serving import insecure_channel
+from turnmesh.runtime.interceptors import MESH_KEY_METADATA
+from turnmesh.runtime.serving import mesh_channel
+from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
@@ -38,17 +39,20 @@ class Membership:
         router_address: str,
         member: MemberInfo,
         *,
-        admin_key: str | None = None,
+        mesh_key: str | None = None,
         inflight: Callable[[], int] = lambda: 0,
         accepting: Callable[[], bool] = lambda: True,
         owned_sessions: Callable[[], list[str]] = list,
         on_rejoined: Callable[[], None] = lambda: None,
         heartbeat_interval: float = 1.0,
+        transport: Transport = PLAINTEXT,
     ) -> None:
         self.member = member
-        self._channel = insecure_channel(router_address)
+        # Servers open their channels to workers and other servers with it too.
+        self.transport = transport
+        self._channel = mesh_channel(router_address, transport)
         self.router = RouterServiceStub(self._channel)
-        self._metadata = ((ADMIN_KEY_METADATA, admin_key),) if admin_key else ()
+        self._metadata = ((MESH_KEY_METADATA, mesh_key),) if mesh_key else ()
         self._inflight = inflight
         self._accepting = accepting
         self._owned_sessions = owned_sessions
@@ -61,7 +65,7 @@ class Membership:
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        """Call metadata for router RPCs (carries the admin key when set)."""
+        """Call metadata for router RPCs (carries the mesh key when set)."""
         return self._metadata
 
     def start(self) -> None:

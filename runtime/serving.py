@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from turnmesh.runtime.interceptors import ErrorMappingInterceptor
+from turnmesh.runtime.tls import PLAINTEXT, Transport
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,13 @@ CHANNEL_OPTIONS: Sequence[tuple[str, int | str]] = (
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
-    """A channel to another mesh member with turnmesh's standard options."""
+    """A plaintext channel with turnmesh's standard options."""
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def mesh_channel(address: str, transport: Transport = PLAINTEXT) -> grpc.aio.Channel:
+    """A channel to another mesh member: mutual TLS when the mesh has it."""
+    return transport.channel(address, CHANNEL_OPTIONS)
 
 
 @dataclass
@@ -63,6 +69,7 @@ class GrpcProcess:
     register: Callable[[grpc.aio.Server], None]
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
     health: health.aio.HealthServicer = field(default_factory=health.aio.HealthServicer)
+    transport: Transport = PLAINTEXT
     _server: grpc.aio.Server | None = None
     bound_port: int = 0
 
@@ -80,7 +87,7 @@ class GrpcProcess:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.bound_port = server.add_insecure_port(f"{self.host}:{self.port}")
+        self.bound_port = self.transport.bind(server, f"{self.host}:{self.port}")
         if self.bound_port == 0:
             raise OSError(f"cannot bind {self.host}:{self.port}")
         # Not serving until the component says it is ready.
@@ -134,14 +141,16 @@ async def wait_for_signal(
             loop.remove_signal_handler(sig)
 
 
-def check_bind_host(host: str, admin_key: str | None, allow_open: bool) -> None:
-    """Without a key, bind loopback only unless explicitly overridden."""
-    if admin_key:
+def check_bind_host(host: str, secured: bool, allow_open: bool) -> None:
+    """Unsecured (no mesh key, no mutual TLS), bind loopback only unless
+    explicitly overridden."""
+    if secured:
         return
     if host not in ("127.0.0.1", "localhost", "::1"):
         if not allow_open:
             raise SystemExit(
-                f"refusing to bind {host} without an admin key: set TURNMESH_ADMIN_KEY "
-                "or pass --allow-open to expose an unauthenticated mesh"
+                f"refusing to bind {host} without a mesh key or mutual TLS: set "
+                "TURNMESH_MESH_KEY (or --tls-*), or pass --allow-open to expose an "
+                "unauthenticated mesh"
             )
-    log.warning("no admin key configured: the mesh is open to anyone who can reach %s", host)
+    log.warning("no mesh key or TLS configured: the mesh is open to anyone who can reach %s", host)

@@ -22,6 +22,7 @@ from turnmesh.runtime.serving import (
     wait_for_signal,
     write_ready_file,
 )
+from turnmesh.runtime.tls import TlsFiles, Transport
 from turnmesh.server.compat import CompatServicer, Mesh
 from turnmesh.server.core import CoreLimits, SessionCore
 from turnmesh.server.routing import RouteTable
@@ -53,7 +54,9 @@ class ServerConfig(BaseModel):
     keepalive_seconds: float = Field(default=15.0, gt=0)
     max_turns_in_flight: int = Field(default=256, gt=0)
     max_sessions: int = Field(default=100_000, gt=0)
-    admin_key: str | None = None
+    mesh_key: str | None = None
+    # Mutual TLS with the other members; plaintext when unset.
+    tls: TlsFiles | None = None
     # Public API keys (plain; kept hashed in memory) and/or a file of them.
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = None
@@ -94,18 +97,20 @@ class SessionServer:
         self.api_keys = ApiKeys(c.api_keys, c.api_keys_file)
         # Open to anyone who can reach it unless both the public API and the
         # mesh have keys.
-        guarded = c.admin_key if self.api_keys.configured else None
-        check_bind_host(c.host, guarded, c.allow_open)
+        secured = bool(c.mesh_key or c.tls) and self.api_keys.configured
+        check_bind_host(c.host, secured, c.allow_open)
+        transport = Transport.from_files(c.tls)
         # The address is known only after binding, so membership is built after.
         placeholder = MemberInfo(self.member_id, rpb.MEMBER_ROLE_SERVER, "")
         self._membership = Membership(
             c.router_address,
             placeholder,
-            admin_key=c.admin_key,
+            mesh_key=c.mesh_key,
             inflight=lambda: self.core.running_turns,
             accepting=lambda: self.state != spb.LIFECYCLE_STATE_SHUTTING_DOWN,
             owned_sessions=lambda: sorted(self.core.owned),
             on_rejoined=self._forget_routes,
+            transport=transport,
         )
         self.workers = WorkerPool(self._membership)
         self.routes = RouteTable(self._membership)
@@ -121,7 +126,7 @@ class SessionServer:
         self.store = open_store(c.store, c.event_log_ttl_seconds)
         self.core = SessionCore(self.store, self.workers, c.default_agent, limits)
         servicer = SessionServicer(
-            self.core, self.routes, self.member_id, self.lifecycle, admin_key=c.admin_key
+            self.core, self.routes, self.member_id, self.lifecycle, mesh_key=c.mesh_key
         )
         # The compatibility surfaces are clients of this server's own public API.
         self._compat_mesh = Mesh()
@@ -143,14 +148,15 @@ class SessionServer:
                 ApiKeyInterceptor(
                     self.api_keys,
                     open_methods,
-                    c.admin_key,
+                    c.mesh_key,
                     rate_limit=TokenBuckets(c.rate_limit) if c.rate_limit else None,
                     internal_token=self._internal_token,
                 )
             ],
+            transport=transport,
         )
         await self._process.start()
-        self._compat_mesh.connect(self._process.address, self._internal_token)
+        self._compat_mesh.connect(self._process.address, self._internal_token, transport)
         self.metrics_address = serve_metrics(c.host, c.metrics_port)
         address = self._process.address
         if c.advertise_host:

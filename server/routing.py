@@ -13,7 +13,7 @@ import grpc
 
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.membership import Membership
-from turnmesh.runtime.serving import insecure_channel
+from turnmesh.runtime.serving import mesh_channel
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 
@@ -69,7 +69,7 @@ class RouteTable:
     def stub(self, owner: Owner) -> SessionServiceStub:
         channel = self._channels.get(owner.address)
         if channel is None:
-            channel = insecure_channel(owner.address)
+            channel = mesh_channel(owner.address, self._membership.transport)
             self._channels[owner.address] = channel
         return SessionServiceStub(channel)
 

@@ -13,7 +13,7 @@ import grpc
 
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.ids import new_id
-from turnmesh.runtime.interceptors import ADMIN_KEY_METADATA, has_admin_key
+from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.server import validation
 from turnmesh.server.core import SessionCore
 from turnmesh.server.routing import FORWARDED_METADATA, Owner, RouteTable
@@ -37,13 +37,13 @@ class SessionServicer(SessionServiceServicer):
         member_id: str,
         readiness: Callable[[], spb.LifecycleState.ValueType],
         *,
-        admin_key: str | None = None,
+        mesh_key: str | None = None,
     ) -> None:
         self._core = core
         self._routes = routes
         self._member_id = member_id
         self._state = readiness
-        self._admin_key = admin_key
+        self._mesh_key = mesh_key
         self._started = time.monotonic()
 
     # Where a call runs ------------------------------------------------------
@@ -56,7 +56,7 @@ class SessionServicer(SessionServiceServicer):
         if any(key == FORWARDED_METADATA for key, _ in metadata):
             # Only a mesh member may say "handle this here" (Envoy also strips
             # the header from clients).
-            if self._admin_key is None or has_admin_key(metadata, self._admin_key.encode()):
+            if self._mesh_key is None or has_mesh_key(metadata, self._mesh_key.encode()):
                 return None
         if session_id in self._core.owned:
             return None
@@ -78,7 +78,7 @@ class SessionServicer(SessionServiceServicer):
             for k, v in context.invocation_metadata() or ()
             if k == "authorization" and isinstance(v, str)
         )
-        mesh = ((ADMIN_KEY_METADATA, self._admin_key),) if self._admin_key else ()
+        mesh = ((MESH_KEY_METADATA, self._mesh_key),) if self._mesh_key else ()
         return ((FORWARDED_METADATA, self._member_id), *mesh, *passed)
 
     async def _unary(

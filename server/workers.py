@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import grpc
 
 from turnmesh.runtime.membership import Membership
-from turnmesh.runtime.serving import insecure_channel
+from turnmesh.runtime.serving import mesh_channel
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub
 
@@ -96,7 +96,7 @@ class WorkerPool:
                     continue
                 channel = self._channels.get(member.address)
                 if channel is None:
-                    channel = insecure_channel(member.address)
+                    channel = mesh_channel(member.address, self._membership.transport)
                     self._channels[member.address] = channel
                 live[member.member_id] = WorkerRef(
                     member.member_id, member.address, member.agent_name, WorkerServiceStub(channel)
@@ -115,7 +115,7 @@ class WorkerPool:
 
     @property
     def call_metadata(self) -> tuple[tuple[str, str], ...]:
-        """Metadata for worker calls (carries the admin key when set)."""
+        """Metadata for worker calls (carries the mesh key when set)."""
         return self._membership.metadata
 
     def agents(self) -> set[str]:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from turnmesh.agent import AgentLoadError, AgentRunnable, load_agent
 from turnmesh.runtime.ids import new_member_id
-from turnmesh.runtime.interceptors import AdminKeyInterceptor
+from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.membership import MemberInfo, Membership
 from turnmesh.runtime.metrics import serve_metrics
@@ -20,6 +20,7 @@ from turnmesh.runtime.serving import (
     wait_for_signal,
     write_ready_file,
 )
+from turnmesh.runtime.tls import TlsFiles, Transport
 from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker.service import WorkerServicer
 
@@ -41,7 +42,9 @@ class WorkerConfig(BaseModel):
     port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
     router_address: str | None = None  # None: run stand-alone, no membership
     agent: str = "demo"  # a built-in name or "package.module:Class"
-    admin_key: str | None = None
+    mesh_key: str | None = None
+    # Mutual TLS with the other members; plaintext when unset.
+    tls: TlsFiles | None = None
     allow_open: bool = False
     advertise_host: str | None = None  # how other members reach us, if not `host`
     ready_file: str | None = None
@@ -65,17 +68,19 @@ async def serve(config: WorkerConfig) -> None:
     def register(server: grpc.aio.Server) -> None:
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
 
+    transport = Transport.from_files(config.tls)
     process = GrpcProcess(
         host=config.host,
         port=config.port,
         service_names=[SERVICE_NAME],
         register=register,
         # With a key set, only mesh members (holding it) may run turns.
-        interceptors=[AdminKeyInterceptor(config.admin_key, PROTECTED_METHODS)],
+        interceptors=[MeshKeyInterceptor(config.mesh_key, PROTECTED_METHODS)],
+        transport=transport,
     )
     membership: Membership | None = None
     try:
-        check_bind_host(config.host, config.admin_key, config.allow_open)
+        check_bind_host(config.host, bool(config.mesh_key or config.tls), config.allow_open)
         await process.start()
         address = _advertised_address(config, process)
         await process.set_serving(True)
@@ -88,8 +93,9 @@ async def serve(config: WorkerConfig) -> None:
                     address=address,
                     agent_name=agent_name,
                 ),
-                admin_key=config.admin_key,
+                mesh_key=config.mesh_key,
                 inflight=lambda: servicer.inflight,
+                transport=transport,
             )
             membership.start()
         metrics_address = serve_metrics(config.host, config.metrics_port)

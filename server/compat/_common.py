@@ -31,7 +31,8 @@ from turnmesh.runtime.errors import (
     Unavailable,
 )
 from turnmesh.runtime.interceptors import INTERNAL_METADATA
-from turnmesh.runtime.serving import CHANNEL_OPTIONS
+from turnmesh.runtime.serving import mesh_channel
+from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -56,8 +57,10 @@ class Mesh:
             else None
         )
 
-    def connect(self, address: str, internal_token: str | None = None) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def connect(
+        self, address: str, internal_token: str | None = None, transport: Transport = PLAINTEXT
+    ) -> None:
+        self._channel = mesh_channel(address, transport)
         self._internal_token = internal_token
 
     def for_caller(self, metadata: object) -> Mesh:

@@ -27,11 +27,11 @@ def keyed_mesh(mesh_factory: Mesh, tmp_path: Path) -> tuple[Mesh, str, Path]:
     stored = hashlib.sha256(KEY.encode()).hexdigest()
     keys.write_text(f"# the public keys, stored as hashes\nsha256:{stored}\n")
     mesh = mesh_factory
-    router = mesh.spawn("router", "router", "--admin-key", MESH_KEY)
+    router = mesh.spawn("router", "router", "--mesh-key", MESH_KEY)
     mesh.wait_ready(router)
     mesh.router = router
     worker = mesh.spawn(
-        "worker", "worker", "--router", router.address, "--agent", "demo", "--admin-key", MESH_KEY
+        "worker", "worker", "--router", router.address, "--agent", "demo", "--mesh-key", MESH_KEY
     )
     servers = [
         mesh.spawn(
@@ -39,7 +39,7 @@ def keyed_mesh(mesh_factory: Mesh, tmp_path: Path) -> tuple[Mesh, str, Path]:
             "server",
             "--router",
             router.address,
-            "--admin-key",
+            "--mesh-key",
             MESH_KEY,
             "--api-keys-file",
             str(keys),

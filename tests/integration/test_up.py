@@ -7,14 +7,19 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import grpc
 import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.support.certs import TestCA
 from turnmesh.client import Client
 
 
@@ -189,3 +194,46 @@ def test_a_bad_host_fails_cleanly(tmp_path: Path) -> None:
     assert not run_dir.exists()  # refused before anything started
     assert "turnmesh up:" in err
     assert _processes_mentioning(str(run_dir)) == []
+
+
+def test_up_with_https_at_the_edge_and_mutual_tls_inside(tmp_path: Path) -> None:
+    ca = TestCA(tmp_path / "ca")
+    member, edge_cert = ca.issue("member"), ca.issue("edge")
+    run_dir = tmp_path / "run"
+    proc = _up(
+        run_dir,
+        "--port",
+        "0",
+        *member.flags(),
+        "--edge-tls-cert",
+        str(edge_cert.cert_file),
+        "--edge-tls-key",
+        str(edge_cert.key_file),
+    )
+    try:
+        banner = _read_banner(proc)
+        match = re.search(r"REST/SSE and gRPC\s+https://(\S+)", banner)
+        assert match, banner
+        assert "-plaintext" not in banner
+        trust = ssl.create_default_context(cafile=ca.ca_file)
+        with httpx.Client(base_url=f"https://{match.group(1)}", verify=trust, timeout=30) as rest:
+            sid = rest.post("/v1/sessions", json={}).json()["session"]["sessionId"]
+            turn = rest.post(f"/v1/sessions/{sid}/turns", json={"message": "What is 6*7?"})
+            assert turn.status_code == 200
+            assert "42" in turn.text
+        # Inside, the router speaks only mutual TLS.
+        router_log = (run_dir / "router.log").read_text()
+        router = re.search(r"router serving on (\S+)", router_log)
+        assert router, router_log
+        with (
+            grpc.insecure_channel(router.group(1)) as channel,
+            pytest.raises(grpc.RpcError) as refused,
+        ):
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

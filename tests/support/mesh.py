@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 from turnmesh.envoy import EdgeConfig
 from turnmesh.envoy.process import RunningEnvoy, write_config
 from turnmesh.envoy.process import start as start_envoy
+from turnmesh.runtime.tls import TlsFiles
 
 SUPPORT_DIR = Path(__file__).resolve().parent
 READY_TIMEOUT = 60.0
@@ -52,8 +54,12 @@ class Component:
 class Mesh:
     """A set of turnmesh processes owned by one test or test session."""
 
-    def __init__(self, workdir: Path, heartbeat_interval: float = 0.3) -> None:
+    def __init__(
+        self, workdir: Path, heartbeat_interval: float = 0.3, common_args: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = workdir
+        # Flags every component gets (the mesh key, TLS files).
+        self.common_args = common_args
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.probe_dir = workdir / "probe"
         self.probe_dir.mkdir(exist_ok=True)
@@ -80,6 +86,7 @@ class Mesh:
                     "-m",
                     "turnmesh",
                     *args,
+                    *self.common_args,
                     "--port",
                     str(port),
                     "--ready-file",
@@ -134,10 +141,28 @@ class Mesh:
         assert self.router is not None
         return self.spawn(name, "server", "--router", self.router.address, *extra)
 
-    def start_envoy(self, servers: list[Component], name: str = "envoy") -> RunningEnvoy:
+    def start_envoy(
+        self,
+        servers: list[Component],
+        name: str = "envoy",
+        *,
+        listener_tls: tuple[Path, Path] | None = None,
+        upstream_tls: TlsFiles | None = None,
+        ca_file: Path | None = None,
+    ) -> RunningEnvoy:
         """Envoy on a free port in front of the given servers; waits until a
-        REST readiness call succeeds through it."""
-        config = EdgeConfig(upstreams=[s.address for s in servers], port=0, admin_port=0)
+        REST readiness call succeeds through it (over HTTPS trusting
+        ``ca_file`` when the listener has TLS)."""
+        config = EdgeConfig(
+            upstreams=[s.address for s in servers],
+            port=0,
+            admin_port=0,
+            listener_tls=listener_tls,
+            upstream_tls=upstream_tls,
+        )
+        scheme, context = "http", None
+        if listener_tls is not None:
+            scheme, context = "https", ssl.create_default_context(cafile=ca_file)
         path = write_config(config, self.workdir / f"{name}.json")
         log_path = self.workdir / f"{name}.log"
         with log_path.open("wb") as log_file:
@@ -147,7 +172,7 @@ class Mesh:
         while True:
             try:
                 with urllib.request.urlopen(
-                    f"http://{envoy.listener_address}/ready", timeout=5
+                    f"{scheme}://{envoy.listener_address}/ready", timeout=5, context=context
                 ) as response:
                     if response.status == 200:
                         return envoy

@@ -47,3 +47,27 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
         "reject_unknown_method": True,
         "reject_unknown_query_parameters": True,
     }
+
+
+def test_tls_on_the_listener_and_to_the_servers(tmp_path: Path) -> None:
+    from turnmesh.runtime.tls import TlsFiles
+
+    files = TlsFiles(ca_file=tmp_path / "ca.pem", cert_file=tmp_path / "c", key_file=tmp_path / "k")
+    config = render(
+        EdgeConfig(
+            upstreams=["127.0.0.1:7100"],
+            listener_tls=(tmp_path / "edge.crt", tmp_path / "edge.key"),
+            upstream_tls=files,
+        )
+    )
+    listener = config["static_resources"]["listeners"][0]["filter_chains"][0]
+    downstream = listener["transport_socket"]["typed_config"]["common_tls_context"]
+    assert downstream["tls_certificates"][0]["certificate_chain"]["filename"].endswith("edge.crt")
+    assert downstream["alpn_protocols"] == ["h2", "http/1.1"]
+    cluster = config["static_resources"]["clusters"][0]
+    upstream = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+    assert upstream["validation_context"]["trusted_ca"]["filename"] == str(files.ca_file)
+    assert upstream["alpn_protocols"] == ["h2"]
+    # Without TLS settings there is no transport socket at all.
+    plain = render(EdgeConfig(upstreams=["127.0.0.1:7100"]))
+    assert "transport_socket" not in plain["static_resources"]["clusters"][0]

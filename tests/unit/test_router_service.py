@@ -19,13 +19,13 @@ from grpc_status import rpc_status
 
 from turnmesh.router.app import SERVICE_NAME, RouterConfig, build_process, serve
 from turnmesh.router.state import RouterState
-from turnmesh.runtime.interceptors import ADMIN_KEY_METADATA
+from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
-ADMIN_KEY = "s3cret"
-KEY = ((ADMIN_KEY_METADATA, ADMIN_KEY),)
+MESH_KEY = "s3cret"
+KEY = ((MESH_KEY_METADATA, MESH_KEY),)
 
 
 class FakeClock:
@@ -44,8 +44,8 @@ class Router:
 
 
 @asynccontextmanager
-async def _start(admin_key: str | None) -> AsyncIterator[Router]:
-    config = RouterConfig(admin_key=admin_key, heartbeat_interval=0.5, heartbeat_timeout=2.0)
+async def _start(mesh_key: str | None) -> AsyncIterator[Router]:
+    config = RouterConfig(mesh_key=mesh_key, heartbeat_interval=0.5, heartbeat_timeout=2.0)
     clock = FakeClock()
     state = RouterState(config.heartbeat_timeout, clock=clock)
     process = build_process(config, state)
@@ -67,7 +67,7 @@ async def router() -> AsyncIterator[Router]:
 
 @pytest.fixture
 async def keyed_router() -> AsyncIterator[Router]:
-    async with _start(ADMIN_KEY) as r:
+    async with _start(MESH_KEY) as r:
         yield r
 
 
@@ -197,14 +197,14 @@ async def test_route_without_servers_is_unavailable(router: Router) -> None:
     assert info.value.details() == "no live session server"
 
 
-async def test_admin_key_guards_everything_but_list_members(keyed_router: Router) -> None:
+async def test_mesh_key_guards_everything_but_list_members(keyed_router: Router) -> None:
     stub = keyed_router.stub
     request = rpb.RegisterRequest(member=server_member("s-a"))
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.Register(request)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await stub.Register(request, metadata=((ADMIN_KEY_METADATA, "wrong"),))
+        await stub.Register(request, metadata=((MESH_KEY_METADATA, "wrong"),))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
     await stub.Register(request, metadata=KEY)
@@ -219,7 +219,7 @@ async def test_admin_key_guards_everything_but_list_members(keyed_router: Router
 
 async def test_serve_announces_address_and_stops_on_sigterm(tmp_path: Path) -> None:
     ready = tmp_path / "router.json"
-    config = RouterConfig(admin_key=ADMIN_KEY, ready_file=str(ready), grace_seconds=0)
+    config = RouterConfig(mesh_key=MESH_KEY, ready_file=str(ready), grace_seconds=0)
     task = asyncio.create_task(serve(config))
     async with asyncio.timeout(10):
         while not ready.exists():

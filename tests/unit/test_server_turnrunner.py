@@ -25,7 +25,7 @@ from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1 import worker_service_pb2 as wpb
 
 ET = event_pb2.EventType
-MD = (("x-turnmesh-admin-key", "k"),)
+MD = (("x-turnmesh-mesh-key", "k"),)
 
 
 def rpc_error() -> grpc.aio.AioRpcError:

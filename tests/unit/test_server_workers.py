@@ -23,7 +23,7 @@ from turnmesh.server.workers import (
 )
 from turnmesh.v1 import router_service_pb2 as rpb
 
-ADMIN_MD = (("x-turnmesh-admin-key", "secret"),)
+MESH_MD = (("x-turnmesh-mesh-key", "secret"),)
 
 
 class FakeRouter:
@@ -44,7 +44,8 @@ class FakeRouter:
 class FakeMembership:
     def __init__(self) -> None:
         self.router = FakeRouter()
-        self.metadata = ADMIN_MD
+        self.metadata = MESH_MD
+        self.transport = None
 
 
 @dataclass
@@ -60,7 +61,7 @@ class FakeChannel:
 class Channels:
     opened: list[FakeChannel] = field(default_factory=list)
 
-    def __call__(self, address: str) -> FakeChannel:
+    def __call__(self, address: str, transport: object = None) -> FakeChannel:
         channel = FakeChannel(address)
         self.opened.append(channel)
         return channel
@@ -79,7 +80,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 @pytest.fixture
 def channels(monkeypatch: pytest.MonkeyPatch) -> Channels:
     opened = Channels()
-    monkeypatch.setattr(workers_module, "insecure_channel", opened)
+    monkeypatch.setattr(workers_module, "mesh_channel", opened)
     monkeypatch.setattr(workers_module, "WorkerServiceStub", lambda channel: ("stub", channel))
     return opened
 
@@ -131,8 +132,8 @@ async def test_refresh_asks_the_router_for_workers_with_the_membership_metadata(
     await listed(pool, membership, member("w1"))
     request, metadata = membership.router.requests[-1]
     assert request.role == rpb.MEMBER_ROLE_WORKER
-    assert metadata == ADMIN_MD
-    assert pool.call_metadata == ADMIN_MD
+    assert metadata == MESH_MD
+    assert pool.call_metadata == MESH_MD
 
 
 async def test_known_is_set_once_a_worker_is_listed(

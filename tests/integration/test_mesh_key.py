@@ -1,4 +1,4 @@
-"""With an admin key, the mesh works for its members and refuses everyone else."""
+"""With a mesh key, the mesh works for its members and refuses everyone else."""
 
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ from turnmesh.v1 import worker_service_pb2 as wpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub
 
-KEY = "test-admin-key-0123456789"
+KEY = "test-mesh-key-0123456789"
 
 
-async def test_admin_key_guards_router_and_worker(mesh_factory: Mesh) -> None:
+async def test_mesh_key_guards_router_and_worker(mesh_factory: Mesh) -> None:
     mesh = mesh_factory
-    router = mesh.spawn("router", "router", "--admin-key", KEY)
+    router = mesh.spawn("router", "router", "--mesh-key", KEY)
     mesh.wait_ready(router)
     mesh.router = router
-    worker_args = ("--admin-key", KEY)
+    worker_args = ("--mesh-key", KEY)
     worker = mesh.spawn(
         "echo-keyed", "worker", "--router", router.address, "--agent", "echo", *worker_args
     )
-    server = mesh.spawn("server", "server", "--router", router.address, "--admin-key", KEY)
+    server = mesh.spawn("server", "server", "--router", router.address, "--mesh-key", KEY)
     mesh.wait_ready(worker, server)
 
     async with AsyncClient(server.address) as client:
@@ -44,7 +44,7 @@ async def test_admin_key_guards_router_and_worker(mesh_factory: Mesh) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Register(
                 rpb.RegisterRequest(member=member),
-                metadata=(("x-turnmesh-admin-key", "wrong"),),
+                metadata=(("x-turnmesh-mesh-key", "wrong"),),
             )
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
