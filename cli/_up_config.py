@@ -35,6 +35,8 @@ class UpConfig(BaseModel):
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # OTLP/gRPC collector for every component's spans and Envoy's.
+    otlp_endpoint: str | None = None
     # HTTPS (and gRPC over TLS) on Envoy's public listener.
     edge_tls_cert: Path | None = None
     edge_tls_key: Path | None = None

@@ -42,6 +42,12 @@ def _common(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--tls-ca", default=_env("tls_ca"), help="mesh CA (PEM): enables mutual TLS")
     p.add_argument("--tls-cert", default=_env("tls_cert"), help="this member's certificate (PEM)")
     p.add_argument("--tls-key", default=_env("tls_key"), help="this member's private key (PEM)")
+    p.add_argument(
+        "--otlp-endpoint",
+        default=_env("otlp_endpoint"),
+        help="send traces over OTLP/gRPC here, e.g. http://127.0.0.1:4317 "
+        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; off when neither is set)",
+    )
     p.add_argument("--ready-file", default=_env("ready_file"), help="write JSON here when ready")
     metrics_port = _env("metrics_port")
     p.add_argument(
@@ -150,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tls-key", type=Path, default=None, help="the members' private key")
     up.add_argument("--edge-tls-cert", type=Path, default=None, help="HTTPS at Envoy: cert")
     up.add_argument("--edge-tls-key", type=Path, default=None, help="HTTPS at Envoy: key")
+    up.add_argument("--otlp-endpoint", default=None, help="OTLP/gRPC collector for traces")
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
     up.add_argument("--log-level", default=None)
@@ -162,6 +169,7 @@ def _base(args: argparse.Namespace) -> dict[str, Any]:
         "port": args.port,
         "mesh_key": args.mesh_key or None,
         "tls": tls_files(args.tls_ca, args.tls_cert, args.tls_key),
+        "otlp_endpoint": args.otlp_endpoint,
         "allow_open": args.allow_open,
         "ready_file": args.ready_file,
         "metrics_port": args.metrics_port,

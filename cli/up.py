@@ -96,6 +96,8 @@ def _component_args(config: UpConfig) -> list[str]:
     if (tls := config.mesh_tls) is not None:
         args += ["--tls-ca", str(tls.ca_file), "--tls-cert", str(tls.cert_file)]
         args += ["--tls-key", str(tls.key_file)]
+    if config.otlp_endpoint:
+        args += ["--otlp-endpoint", config.otlp_endpoint]
     return args
 
 
@@ -202,6 +204,7 @@ class Mesh:
             admin_port=c.admin_port,
             listener_tls=c.edge_tls,
             upstream_tls=c.mesh_tls,
+            otlp_endpoint=c.otlp_endpoint,
         )
         path = write_config(edge, self.run_dir / "envoy.json")
         try:
@@ -290,6 +293,7 @@ def run_up(args: argparse.Namespace) -> int:
         "tls_key": args.tls_key,
         "edge_tls_cert": args.edge_tls_cert,
         "edge_tls_key": args.edge_tls_key,
+        "otlp_endpoint": args.otlp_endpoint,
     }
     try:
         config = load(args.config, flags)

@@ -71,6 +71,8 @@ class EdgeConfig:
     listener_tls: tuple[Path, Path] | None = None
     # Mutual TLS to the session servers: the mesh CA and Envoy's own certificate.
     upstream_tls: TlsFiles | None = None
+    # OTLP/gRPC collector (host:port or http://host:port) for Envoy's spans.
+    otlp_endpoint: str | None = None
 
 
 TLS_SOCKET = "envoy.transport_sockets.tls"
@@ -81,6 +83,47 @@ def _certificate(cert: Path, key: Path) -> dict[str, Any]:
     return {
         "certificate_chain": {"filename": str(cert)},
         "private_key": {"filename": str(key)},
+    }
+
+
+TRACE_COLLECTOR = "opentelemetry_collector"
+
+
+def _tracing() -> dict[str, Any]:
+    """Envoy starts each request's trace (or continues the caller's
+    ``traceparent``) and passes its span on to the session server."""
+    return {
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+                "grpc_service": {
+                    "envoy_grpc": {"cluster_name": TRACE_COLLECTOR},
+                    "timeout": "2s",
+                },
+                "service_name": "turnmesh-edge",
+            },
+        }
+    }
+
+
+def _collector_cluster(endpoint: str) -> dict[str, Any]:
+    host, port = _split(endpoint.split("://", 1)[-1].rstrip("/"))
+    return {
+        "name": TRACE_COLLECTOR,
+        "type": "STRICT_DNS",  # an IP or a name (a collector Service)
+        "connect_timeout": "2s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3"
+                ".HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": TRACE_COLLECTOR,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, port)}}]}],
+        },
     }
 
 
@@ -372,6 +415,20 @@ def render(config: EdgeConfig) -> dict[str, Any]:
     }
     if config.listener_tls is not None:
         filter_chain["transport_socket"] = _listener_tls(*config.listener_tls)
+    clusters = [cluster]
+    bootstrap_extra: dict[str, Any] = {}
+    if config.otlp_endpoint:
+        manager["tracing"] = _tracing()
+        clusters.append(_collector_cluster(config.otlp_endpoint))
+        # Spans leave every second (Envoy's default is 5 s).
+        bootstrap_extra["layered_runtime"] = {
+            "layers": [
+                {
+                    "name": "tracing",
+                    "static_layer": {"tracing.opentelemetry.flush_interval_ms": 1000},
+                }
+            ]
+        }
     return {
         "admin": {"address": _address("127.0.0.1", config.admin_port)},
         "overload_manager": {
@@ -396,6 +453,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                     "filter_chains": [filter_chain],
                 }
             ],
-            "clusters": [cluster],
+            "clusters": clusters,
         },
+        **bootstrap_extra,
     }

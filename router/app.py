@@ -22,6 +22,7 @@ from turnmesh.runtime.serving import (
     write_ready_file,
 )
 from turnmesh.runtime.tls import TlsFiles, Transport
+from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import router_service_pb2_grpc
 
@@ -45,6 +46,8 @@ class RouterConfig(BaseModel):
     mesh_key: str | None = None
     # Mutual TLS with the other members; plaintext when unset.
     tls: TlsFiles | None = None
+    # OTLP/gRPC collector for traces (else OTEL_EXPORTER_OTLP_ENDPOINT); off when unset.
+    otlp_endpoint: str | None = None
     allow_open: bool = False
     heartbeat_interval: float = Field(default=1.0, gt=0)
     heartbeat_timeout: float = Field(default=3.0, gt=0)
@@ -89,6 +92,7 @@ async def expire_members(state: RouterState, period: float) -> None:
 
 async def serve(config: RouterConfig) -> None:
     setup_logging("router", config.log_level)
+    stop_tracing = setup_tracing("router", config.otlp_endpoint)
     check_bind_host(config.host, bool(config.mesh_key or config.tls), config.allow_open)
     state = RouterState(config.heartbeat_timeout)
     process = build_process(config, state)
@@ -114,3 +118,4 @@ async def serve(config: RouterConfig) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
         await process.stop(config.grace_seconds)
+        stop_tracing()

@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from turnmesh.runtime.interceptors import ErrorMappingInterceptor
 from turnmesh.runtime.tls import PLAINTEXT, Transport
+from turnmesh.runtime.tracing import TracingInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class GrpcProcess:
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
     health: health.aio.HealthServicer = field(default_factory=health.aio.HealthServicer)
     transport: Transport = PLAINTEXT
+    # Methods that start a trace when the caller sent none (the public API).
+    trace_roots: tuple[str, ...] = ()
     _server: grpc.aio.Server | None = None
     bound_port: int = 0
 
@@ -79,9 +82,13 @@ class GrpcProcess:
         return f"{host}:{self.bound_port}"
 
     async def start(self) -> None:
-        server = grpc.aio.server(
-            interceptors=[*self.interceptors, ErrorMappingInterceptor()], options=SERVER_OPTIONS
-        )
+        # Tracing outermost, so a refused call is in the trace with its status.
+        interceptors = [
+            TracingInterceptor(self.trace_roots),
+            *self.interceptors,
+            ErrorMappingInterceptor(),
+        ]
+        server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
         self.register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

@@ -23,6 +23,7 @@ from turnmesh.runtime.serving import (
     write_ready_file,
 )
 from turnmesh.runtime.tls import TlsFiles, Transport
+from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh
 from turnmesh.server.core import CoreLimits, SessionCore
 from turnmesh.server.routing import RouteTable
@@ -57,6 +58,8 @@ class ServerConfig(BaseModel):
     mesh_key: str | None = None
     # Mutual TLS with the other members; plaintext when unset.
     tls: TlsFiles | None = None
+    # OTLP/gRPC collector for traces (else OTEL_EXPORTER_OTLP_ENDPOINT); off when unset.
+    otlp_endpoint: str | None = None
     # Public API keys (plain; kept hashed in memory) and/or a file of them.
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = None
@@ -143,6 +146,7 @@ class SessionServer:
             host=c.host,
             port=c.port,
             service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME],
+            trace_roots=(f"/{SERVICE_NAME}/", f"/{COMPAT_SERVICE_NAME}/"),
             register=register,
             interceptors=[
                 ApiKeyInterceptor(
@@ -222,9 +226,11 @@ class SessionServer:
 
 
 async def serve(config: ServerConfig) -> None:
+    stop_tracing = setup_tracing("server", config.otlp_endpoint)
     server = SessionServer(config)
     await server.start()
     try:
         await wait_for_signal()
     finally:
         await server.stop()
+        stop_tracing()  # flushes the last spans

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from turnmesh.runtime import tracing
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
@@ -52,7 +53,7 @@ class RouteTable:
                     lookup_only=not assign,
                     caller_member_id=self._membership.member.member_id,
                 ),
-                metadata=self._membership.metadata,
+                metadata=(*self._membership.metadata, *tracing.inject()),
                 timeout=5,
             )
         except grpc.aio.AioRpcError as exc:

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import grpc
 
+from turnmesh.runtime import tracing
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
@@ -79,7 +80,7 @@ class SessionServicer(SessionServiceServicer):
             if k == "authorization" and isinstance(v, str)
         )
         mesh = ((MESH_KEY_METADATA, self._mesh_key),) if self._mesh_key else ()
-        return ((FORWARDED_METADATA, self._member_id), *mesh, *passed)
+        return ((FORWARDED_METADATA, self._member_id), *mesh, *passed, *tracing.inject())
 
     async def _unary(
         self,

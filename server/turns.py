@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
-from turnmesh.runtime import metrics
+from turnmesh.runtime import metrics, tracing
 from turnmesh.runtime.errors import NotFound, SessionBusy
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.eventlog import EventLogs, TurnLog, error_event
@@ -59,6 +61,8 @@ class PendingTurn:
     policy: str = "collect"
     started: float = 0.0  # monotonic, when the runner took it
     first_event_seen: bool = False
+    # The trace of the call that created the turn; the worker call joins it.
+    trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
 
 
 @dataclass
@@ -175,6 +179,9 @@ class SessionTurns:
             policy=POLICY_LABELS.get(policy, "collect"),
         )
         self._turns[turn_id] = turn
+        span = trace.get_current_span()
+        span.set_attribute("turnmesh.session_id", self.session_id)
+        span.set_attribute("turnmesh.turn_id", turn_id)
         return turn
 
     def _remember_key(self, turn: PendingTurn, key: str) -> None:
@@ -339,16 +346,16 @@ class TurnRunner:
             metrics.TURNS.labels(outcome, turn.policy).inc()
             metrics.TURN_SECONDS.observe(elapsed)
             # One line per turn: ids, status and latency; never the content.
-            log.info(
-                "turn ended",
-                extra={
-                    "session_id": session_id,
-                    "turn_id": turn.turn_id,
-                    "status": outcome,
-                    "policy": turn.policy,
-                    "latency_ms": round(elapsed * 1000, 2),
-                },
-            )
+            fields: dict[str, object] = {
+                "session_id": session_id,
+                "turn_id": turn.turn_id,
+                "status": outcome,
+                "policy": turn.policy,
+                "latency_ms": round(elapsed * 1000, 2),
+            }
+            if (trace_id := tracing.trace_id(turn.trace_context)) is not None:
+                fields["trace_id"] = trace_id  # finds the turn's trace from its log line
+            log.info("turn ended", extra=fields)
             log.debug("turn %s messages: %r", turn.turn_id, turn.messages)
 
     async def _commit(
@@ -437,7 +444,14 @@ class TurnRunner:
                 metadata=turn.metadata,
             )
             try:
-                outcome = await self._stream(worker, session_id, request, turn.log, builder)
+                with tracing.client_span(
+                    "turnmesh.v1.WorkerService/Run",
+                    turn.trace_context,
+                    **{"turnmesh.worker_id": worker.member_id, "turnmesh.turn_id": turn.turn_id},
+                ) as trace_metadata:
+                    outcome = await self._stream(
+                        worker, session_id, request, turn.log, builder, trace_metadata
+                    )
             except HistoryMiss:
                 if base == 0:
                     raise WorkerFailed(streamed=False) from None
@@ -456,10 +470,11 @@ class TurnRunner:
         request: wpb.RunRequest,
         tlog: TurnLog,
         builder: HistoryBuilder,
+        trace_metadata: tracing.Metadata = (),
     ) -> TurnOutcome:
         self._workers.acquire(worker, session_id)
         streamed = False
-        call = worker.stub.Run(request, metadata=self._workers.call_metadata)
+        call = worker.stub.Run(request, metadata=(*self._workers.call_metadata, *trace_metadata))
         try:
             async for response in call:
                 for event in response.events:

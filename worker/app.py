@@ -21,6 +21,7 @@ from turnmesh.runtime.serving import (
     write_ready_file,
 )
 from turnmesh.runtime.tls import TlsFiles, Transport
+from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker.service import WorkerServicer
 
@@ -45,6 +46,8 @@ class WorkerConfig(BaseModel):
     mesh_key: str | None = None
     # Mutual TLS with the other members; plaintext when unset.
     tls: TlsFiles | None = None
+    # OTLP/gRPC collector for traces (else OTEL_EXPORTER_OTLP_ENDPOINT); off when unset.
+    otlp_endpoint: str | None = None
     allow_open: bool = False
     advertise_host: str | None = None  # how other members reach us, if not `host`
     ready_file: str | None = None
@@ -56,6 +59,7 @@ class WorkerConfig(BaseModel):
 async def serve(config: WorkerConfig) -> None:
     """Run a worker until SIGINT or SIGTERM; refuse to start with an unusable agent."""
     setup_logging("worker", config.log_level)
+    stop_tracing = setup_tracing("worker", config.otlp_endpoint)
     try:
         agent_name, agent = load_agent(config.agent)
     except AgentLoadError as exc:
@@ -115,6 +119,7 @@ async def serve(config: WorkerConfig) -> None:
             await membership.stop()  # leave first, so no server picks us meanwhile
         await process.stop(config.grace_seconds)  # health NOT_SERVING, then drain
         await _close_agent(agent)
+        stop_tracing()  # flushes the last spans
 
 
 def _advertised_address(config: WorkerConfig, process: GrpcProcess) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
+from opentelemetry import trace
 
 from turnmesh.agent import AgentResponse, AgentRunnable
 from turnmesh.runtime import metrics
@@ -73,6 +74,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             [history_message(m) for m in request.history],
         )
         agent_request = to_agent_request(request, history)
+        span = trace.get_current_span()
+        span.set_attribute("turnmesh.session_id", request.session_id)
+        span.set_attribute("turnmesh.turn_id", request.turn_id)
         seq = itertools.count(1)
 
         def stamped(event: event_pb2.Event) -> event_pb2.Event:

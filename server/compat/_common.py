@@ -20,6 +20,7 @@ from turnmesh.client import (
     TurnmeshClientError,
     UnavailableError,
 )
+from turnmesh.runtime import tracing
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
     AlreadyExists,
@@ -45,12 +46,14 @@ class Mesh:
         channel: grpc.aio.Channel | None = None,
         api_key: str = "",
         internal_token: str | None = None,
+        trace: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self._channel = channel
         self._internal_token = internal_token
         # The internal token marks calls the server makes to itself: the
         # caller's request was authenticated and counted once already.
         extra = ((INTERNAL_METADATA, internal_token),) if internal_token else ()
+        extra += trace  # the calls belong to the caller's trace
         self._client = (
             AsyncClient("", channel=channel, api_key=api_key or None, timeout=60, metadata=extra)
             if channel
@@ -64,10 +67,15 @@ class Mesh:
         self._internal_token = internal_token
 
     def for_caller(self, metadata: object) -> Mesh:
-        """A view whose calls carry this caller's `Authorization`."""
+        """A view whose calls carry this caller's `Authorization` and trace."""
         if self._channel is None:
             raise Unavailable("this server is still starting")
-        return Mesh(self._channel, bearer(metadata), self._internal_token)  # type: ignore[arg-type]
+        return Mesh(
+            self._channel,
+            bearer(metadata),  # type: ignore[arg-type]
+            self._internal_token,
+            tracing.inject(),
+        )
 
     @property
     def client(self) -> AsyncClient:

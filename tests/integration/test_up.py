@@ -20,6 +20,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.certs import TestCA
+from tests.support.collector import Collector
+from tests.support.mesh import wait_for
 from turnmesh.client import Client
 
 
@@ -196,14 +198,18 @@ def test_a_bad_host_fails_cleanly(tmp_path: Path) -> None:
     assert _processes_mentioning(str(run_dir)) == []
 
 
-def test_up_with_https_at_the_edge_and_mutual_tls_inside(tmp_path: Path) -> None:
+def test_up_with_https_tls_and_tracing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # the SDK's batch delay (5 s)
     ca = TestCA(tmp_path / "ca")
     member, edge_cert = ca.issue("member"), ca.issue("edge")
+    collector = Collector().start()
     run_dir = tmp_path / "run"
     proc = _up(
         run_dir,
         "--port",
         "0",
+        "--otlp-endpoint",
+        collector.endpoint,
         *member.flags(),
         "--edge-tls-cert",
         str(edge_cert.cert_file),
@@ -231,9 +237,17 @@ def test_up_with_https_at_the_edge_and_mutual_tls_inside(tmp_path: Path) -> None
         ):
             health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        # Every component and Envoy got the collector's address.
+        expected = {"turnmesh-edge", "turnmesh-server", "turnmesh-worker", "turnmesh-router"}
+        wait_for(
+            lambda: {s.service for s in collector.spans()} >= expected,
+            timeout=30,
+            what="spans from every component",
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
+        collector.stop()
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()

@@ -149,6 +149,7 @@ class Mesh:
         listener_tls: tuple[Path, Path] | None = None,
         upstream_tls: TlsFiles | None = None,
         ca_file: Path | None = None,
+        otlp_endpoint: str | None = None,
     ) -> RunningEnvoy:
         """Envoy on a free port in front of the given servers; waits until a
         REST readiness call succeeds through it (over HTTPS trusting
@@ -159,6 +160,7 @@ class Mesh:
             admin_port=0,
             listener_tls=listener_tls,
             upstream_tls=upstream_tls,
+            otlp_endpoint=otlp_endpoint,
         )
         scheme, context = "http", None
         if listener_tls is not None:

@@ -16,6 +16,8 @@ VARIANTS = {
     ),
     "exposed": EdgeConfig(upstreams=["10.0.0.5:7100"], host="0.0.0.0", port=8080),
     "ephemeral-ports": EdgeConfig(upstreams=["[::1]:7100"], port=0, admin_port=0),
+    "traced-ip": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="http://127.0.0.1:4317"),
+    "traced-name": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="otel-collector:4317"),
 }
 
 
