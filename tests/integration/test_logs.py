@@ -43,3 +43,22 @@ async def test_json_logs_have_a_line_per_turn_and_no_content(mesh_factory: Mesh)
     assert turn["latency_ms"] > 0
     assert secret not in server.log()
     assert secret not in worker.log()
+
+
+async def test_debug_logs_show_the_bodies(mesh_factory: Mesh) -> None:
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("worker", "echo")
+    server = mesh.spawn_server("server", "--log-format", "json", "--log-level", "DEBUG")
+    mesh.wait_ready(worker, server)
+    words = "words-only-a-debug-log-may-show"
+    async with AsyncClient(server.address) as client:
+        sid = (await client.create_session(agent="echo")).session_id
+        await client.send(sid, words)
+    mesh.stop()
+    debug = [
+        record
+        for record in map(json.loads, server.log().splitlines())
+        if record["level"] == "DEBUG" and words in record["message"]
+    ]
+    assert debug, "the DEBUG log should carry the turn's messages"
