@@ -21,12 +21,22 @@ MESSAGE_SEPARATOR = "\n\n"
 
 @dataclass(frozen=True)
 class AgentFile:
-    """A file attached to the turn; ``text`` is set for ``text/*`` types."""
+    """A file attached to the turn.
+
+    ``text`` is what the worker read from it: the text of a text file or a
+    PDF, an office document as Markdown, an image's OCR. It is None when the
+    file could not be read, and ``error`` says why. ``truncated`` marks text
+    that stops at the limit (200,000 characters). ``content`` holds the raw
+    bytes for agents that want them.
+    """
 
     filename: str
     mime_type: str
     content: bytes
     text: str | None = None
+    sha256: str = ""
+    error: str | None = None
+    truncated: bool = False
 
 
 @dataclass(frozen=True)

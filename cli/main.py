@@ -139,6 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a built-in agent (echo, demo) or package.module:Class",
     )
     worker.add_argument("--advertise-host", default=_env("advertise_host"))
+    worker.add_argument(
+        "--file-timeout",
+        type=float,
+        default=float(_env("file_timeout", "30") or 30),
+        help="seconds to read one attached file before it fails",
+    )
+    worker.add_argument(
+        "--file-memory-mb",
+        type=int,
+        default=int(_env("file_memory_mb", "2048") or 2048),
+        help="memory one file's reader process may use",
+    )
 
     up = sub.add_parser(
         "up", help="run router, servers, workers and Envoy together (foreground; Ctrl-C stops)"
@@ -218,6 +230,8 @@ def _component(
         router_address=args.router,
         agent=args.agent,
         advertise_host=args.advertise_host,
+        file_timeout_seconds=args.file_timeout,
+        file_memory_mb=args.file_memory_mb,
     )
     return "worker", config, serve_worker
 

@@ -102,9 +102,37 @@ local function openai_error(text, code)
     .. ',"param":' .. param .. ',"code":' .. error_code .. "}}"
 end
 
+-- What a value of each proto type must look like in JSON.
+local EXPECTED = {
+  TYPE_BYTES = "base64", TYPE_BOOL = "a boolean", TYPE_ENUM = "one of the enum's names",
+  TYPE_INT32 = "an integer", TYPE_INT64 = "an integer", TYPE_UINT32 = "an integer",
+  TYPE_UINT64 = "an integer", TYPE_DOUBLE = "a number", TYPE_FLOAT = "a number",
+  TYPE_STRING = "a string",
+}
+
+-- The transcoder's own 400 for a value of the wrong type echoes the value (a
+-- 50 MB file's worth, for bad base64) and names no field in a structured way:
+-- replace it with a field violation and no echo.
+local function typed_value_problem(handle, text)
+  local detail = member(text, "detail")
+  if detail == nil then return end
+  local field, kind = detail:match('^"([%w_%.%[%]]+): invalid value .* for type (TYPE_[%u%d]+)"$')
+  if field == nil then return end
+  local description = "must be " .. (EXPECTED[kind] or "a valid value")
+  local body = '{"type":"' .. BASE .. 'invalid-argument","title":"Invalid request","status":400,'
+    .. '"detail":"' .. field .. ' ' .. description .. '","grpc_code":3,'
+    .. '"violations":[{"field":"' .. field .. '","description":"' .. description .. '"}]}'
+  handle:body():setBytes(body)
+end
+
 function envoy_on_response(handle)
   local status = tonumber(handle:headers():get(":status")) or 200
   local content_type = handle:headers():get("content-type") or ""
+  if status == 400 and content_type == "application/problem+json" then
+    local body = handle:body()
+    if body ~= nil then typed_value_problem(handle, body:getBytes(0, body:length())) end
+    return
+  end
   if status < 400 or content_type:sub(1, 16) ~= "application/json" then
     return
   end

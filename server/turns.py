@@ -61,6 +61,8 @@ class PendingTurn:
     policy: str = "collect"
     started: float = 0.0  # monotonic, when the runner took it
     first_event_seen: bool = False
+    # What the worker read from the files (text, checksums), for the history.
+    file_refs: list[message_pb2.FileRef] = field(default_factory=list)
     # The trace of the call that created the turn; the worker call joins it.
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
 
@@ -295,10 +297,15 @@ class TurnRunner:
                 )
                 for text in turn.messages
             ]
-            for file in turn.files:
-                users[-1].files.add(
-                    mime_type=file.mime_type, filename=file.filename, size_bytes=len(file.content)
-                )
+            if len(turn.file_refs) == len(turn.files):
+                users[-1].files.extend(turn.file_refs)
+            else:  # a worker that does not read files: what is known here
+                for file in turn.files:
+                    users[-1].files.add(
+                        mime_type=file.mime_type,
+                        filename=file.filename,
+                        size_bytes=len(file.content),
+                    )
             if turn.metadata.fields:
                 users[-1].metadata.CopyFrom(turn.metadata)
             messages = users + builder.finish(created, outcome.result)
@@ -450,7 +457,7 @@ class TurnRunner:
                     **{"turnmesh.worker_id": worker.member_id, "turnmesh.turn_id": turn.turn_id},
                 ) as trace_metadata:
                     outcome = await self._stream(
-                        worker, session_id, request, turn.log, builder, trace_metadata
+                        worker, session_id, request, turn, builder, trace_metadata
                     )
             except HistoryMiss:
                 if base == 0:
@@ -468,15 +475,18 @@ class TurnRunner:
         worker: WorkerRef,
         session_id: str,
         request: wpb.RunRequest,
-        tlog: TurnLog,
+        turn: PendingTurn,
         builder: HistoryBuilder,
         trace_metadata: tracing.Metadata = (),
     ) -> TurnOutcome:
+        tlog = turn.log
         self._workers.acquire(worker, session_id)
         streamed = False
         call = worker.stub.Run(request, metadata=(*self._workers.call_metadata, *trace_metadata))
         try:
             async for response in call:
+                if response.files:
+                    turn.file_refs = list(response.files)
                 for event in response.events:
                     if event.type == event_pb2.RUN_STARTED:
                         continue

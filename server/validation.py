@@ -6,35 +6,24 @@ A request that fails validation raises ``InvalidArgument`` with one
 
 from __future__ import annotations
 
+from turnmesh.files import (
+    ALLOWED_MIME_TYPES,
+    MAX_FILE_BYTES,
+    MAX_FILES,
+    MAX_TOTAL_FILE_BYTES,
+    sniff_problem,
+)
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument
 from turnmesh.runtime.ids import SESSION_ID_PATTERN
 from turnmesh.v1 import session_service_pb2 as spb
 
 MAX_MESSAGE_CHARS = 10_000
-MAX_FILES = 10
-MAX_FILE_BYTES = 50 * 1024 * 1024
-MAX_TOTAL_FILE_BYTES = 100 * 1024 * 1024
 MAX_FILENAME_CHARS = 255
 MAX_IDEMPOTENCY_KEY_CHARS = 256
 MAX_METADATA_BYTES = 64 * 1024
 MAX_SEED_MESSAGES = 10_000
 MAX_SEED_MESSAGE_CHARS = 100_000
 SEED_ROLES = frozenset({"user", "assistant", "system", "tool"})
-ALLOWED_MIME_TYPES = frozenset(
-    {
-        "image/png",
-        "image/jpeg",
-        "image/gif",
-        "image/webp",
-        "application/pdf",
-        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
-        "text/plain",
-        "text/csv",
-        "text/markdown",
-    }
-)
 
 
 def _raise_if(violations: list[FieldViolation]) -> None:
@@ -149,6 +138,11 @@ def _file_violations(request: spb.TurnRequest) -> list[FieldViolation]:
             violations.append(FieldViolation(f"{field}.content", f"must not be empty{name}"))
         elif size > MAX_FILE_BYTES:
             violations.append(FieldViolation(f"{field}.content", f"must be at most 50 MB{name}"))
+        elif file.mime_type in ALLOWED_MIME_TYPES:
+            # The magic numbers must match the declared type.
+            problem = sniff_problem(file.content, file.mime_type)
+            if problem is not None:
+                violations.append(FieldViolation(f"{field}.content", f"{problem}{name}"))
         if len(file.filename) > MAX_FILENAME_CHARS:
             violations.append(
                 FieldViolation(

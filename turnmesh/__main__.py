@@ -1,3 +1,5 @@
 from turnmesh.cli import main
 
-main()
+# Guarded: multiprocessing children (the file readers) import this module too.
+if __name__ == "__main__":
+    main()

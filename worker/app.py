@@ -9,6 +9,7 @@ import grpc
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnmesh.agent import AgentLoadError, AgentRunnable, load_agent
+from turnmesh.files import Sandbox
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
@@ -53,6 +54,11 @@ class WorkerConfig(BaseModel):
     ready_file: str | None = None
     metrics_port: int | None = None  # Prometheus /metrics (0: any free port)
     grace_seconds: float = Field(default=10.0, ge=0)
+    # Reading an attached file: at most this long and this much memory, in
+    # its own process; this many files at once.
+    file_timeout_seconds: float = Field(default=30.0, gt=0)
+    file_memory_mb: int = Field(default=2048, ge=256)
+    file_concurrency: int = Field(default=2, ge=1, le=64)
     log_level: str = "INFO"
 
 
@@ -67,7 +73,12 @@ async def serve(config: WorkerConfig) -> None:
         raise SystemExit(2) from exc
 
     member_id = new_member_id("worker")
-    servicer = WorkerServicer(agent, agent_name=agent_name, worker_id=member_id)
+    sandbox = Sandbox(
+        timeout_seconds=config.file_timeout_seconds,
+        memory_bytes=config.file_memory_mb * 1024 * 1024,
+        concurrency=config.file_concurrency,
+    )
+    servicer = WorkerServicer(agent, agent_name=agent_name, worker_id=member_id, sandbox=sandbox)
 
     def register(server: grpc.aio.Server) -> None:
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)

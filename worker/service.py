@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -16,10 +17,12 @@ from google.protobuf import struct_pb2
 from opentelemetry import trace
 
 from turnmesh.agent import AgentResponse, AgentRunnable
+from turnmesh.files import Sandbox
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import PROBLEM_BASE
 from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker._convert import history_message, to_agent_request
+from turnmesh.worker.attachments import file_events, read_files
 from turnmesh.worker.emitter import ET, QueueEmitter, make_event
 from turnmesh.worker.history_cache import HistoryCache
 
@@ -37,8 +40,16 @@ AGENT_ERROR_PROBLEM = event_pb2.Problem(
 
 
 class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
-    def __init__(self, agent: AgentRunnable, *, agent_name: str, worker_id: str) -> None:
+    def __init__(
+        self,
+        agent: AgentRunnable,
+        *,
+        agent_name: str,
+        worker_id: str,
+        sandbox: Sandbox | None = None,
+    ) -> None:
         self.agent = agent
+        self.sandbox = sandbox or Sandbox()
         self.agent_name = agent_name
         self.worker_id = worker_id
         self.ready = True  # the agent is loaded before the servicer exists
@@ -95,6 +106,15 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     make_event(ET.RUN_STARTED, collected_messages=collected if collected > 1 else 0)
                 )
             ]
+            if request.files:
+                # The caller sees the turn start while the files are read.
+                yield worker_service_pb2.RunResponse(events=pending)
+                files, refs = await read_files(self.sandbox, list(request.files))
+                agent_request = dataclasses.replace(agent_request, files=files)
+                yield worker_service_pb2.RunResponse(
+                    events=[stamped(e) for e in file_events(refs)], files=refs
+                )
+                pending = []
             emitter = QueueEmitter()
             task = asyncio.create_task(
                 self.agent.run(agent_request, emitter=emitter), name=f"turn-{request.turn_id}"

@@ -2,6 +2,9 @@
 
 Deterministic and offline. Rules, first match wins:
 
+0. Files attached: quotes the line of their text (OCR, PDF text, Markdown of an office
+   document) that shares the most words with the question, and names any file it could
+   not read.
 1. "what did I ask first" / "first question": quotes the first user message of the history;
    "what did I ask last / before / previously": quotes the most recent one.
 2. An arithmetic expression ("What is 12*(3+4)?"): calls the ``calculator`` tool.
@@ -19,6 +22,7 @@ from typing import Any
 from turnmesh.agent._contract import AgentRequest, AgentResponse, EventEmitter, TokenUsage
 from turnmesh.agent.builtin._calculator import calculate, find_expression
 from turnmesh.agent.builtin._common import delay_seconds, stream_words, word_count
+from turnmesh.agent.builtin._files import answer_from_files
 
 __all__ = ["DemoAgent"]
 
@@ -49,7 +53,9 @@ class DemoAgent:
         asked = [m.get("content", "") for m in request.history if m.get("role") == "user"]
 
         rule: str
-        if _ASKED_FIRST.search(message):
+        if request.files:
+            rule, answer = "files", answer_from_files(message, request.files)
+        elif _ASKED_FIRST.search(message):
             rule, answer = "history", _recall(asked, first=True)
         elif _ASKED_LAST.search(message):
             rule, answer = "history", _recall(asked, first=False)

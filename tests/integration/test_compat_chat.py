@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import httpx
@@ -79,5 +80,11 @@ async def test_text_files_reach_the_agent(rest: httpx.AsyncClient) -> None:
     session_id = response.json()["session_id"]
     history = (await rest.get(f"/v1/sessions/{session_id}/history")).json()["messages"]
     assert history[0]["files"] == [
-        {"mime_type": "text/plain", "filename": "n.txt", "size_bytes": "5"}
+        {
+            "mime_type": "text/plain",
+            "filename": "n.txt",
+            "size_bytes": "5",
+            "sha256": hashlib.sha256(b"hello").hexdigest(),
+            "text": "hello",
+        }
     ]

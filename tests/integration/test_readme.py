@@ -50,6 +50,20 @@ def test_readme_curl_quickstart(shared_mesh: SharedMesh) -> None:
     assert problem["violations"] == [{"field": "message", "description": "must not be blank"}]
 
 
+def test_readme_files_example(shared_mesh: SharedMesh) -> None:
+    outputs = []
+    for line in _block("files").strip().splitlines():
+        args = shlex.split(line.replace(README_ADDRESS, shared_mesh.edge))
+        assert args[0] == "curl"
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    frames = [json.loads(f[len("data: ") :]) for f in outputs[1].split("\n\n") if f.strip()]
+    assert frames[-1]["type"] == "RUN_FINISHED"
+    assert "4-18-27" in "".join(str(e.get("delta", "")) for e in frames)
+    assert any(e.get("name") == "file_read" for e in frames)
+
+
 def test_readme_grpcurl_conversation(shared_mesh: SharedMesh) -> None:
     address = shared_mesh.edge
     outputs = []

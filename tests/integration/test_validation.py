@@ -405,7 +405,7 @@ async def test_every_other_limit_at_its_boundary_passes(api: Api) -> None:
     owner, forwarder = await api.owner_first(sid)
     boundary = sized(MAX_FILE, MAX_FILE - 8, *[1] * 8)()
     boundary[1].filename = "n" * 255
-    boundary[2].mime_type = "application/pdf"
+    boundary[2].mime_type = "text/markdown"
     request = spb.TurnRequest(
         session_id=sid,
         message="limits",

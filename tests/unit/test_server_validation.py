@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from google.protobuf import struct_pb2
 
+from tests.support.samples import DOCX, XLSX, minimal
 from turnmesh.runtime.errors import InvalidArgument
 from turnmesh.server.validation import (
     ALLOWED_MIME_TYPES,
@@ -48,7 +49,7 @@ def struct_of_size(size: int) -> struct_pb2.Struct:
     raise AssertionError(f"cannot build a Struct of {size} bytes")
 
 
-def pdf(content: bytes = b"%PDF", filename: str = "a.pdf") -> message_pb2.File:
+def pdf(content: bytes = b"%PDF-1.7\n", filename: str = "a.pdf") -> message_pb2.File:
     return message_pb2.File(content=content, mime_type="application/pdf", filename=filename)
 
 
@@ -131,7 +132,46 @@ def test_turn_file_count(count: int, expected: list[str]) -> None:
 
 @pytest.mark.parametrize("mime_type", sorted(ALLOWED_MIME_TYPES))
 def test_turn_every_allowed_mime_type(mime_type: str) -> None:
-    assert turn_fields(files=[message_pb2.File(content=b"x", mime_type=mime_type)]) == []
+    assert (
+        turn_fields(files=[message_pb2.File(content=minimal(mime_type), mime_type=mime_type)]) == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "declared", "says"),
+    [
+        pytest.param("image/png", "application/pdf", "the content is image/png", id="png-as-pdf"),
+        pytest.param(
+            "application/pdf", "image/png", "the content is application/pdf", id="pdf-as-png"
+        ),
+        pytest.param("image/jpeg", "image/gif", "the content is image/jpeg", id="jpeg-as-gif"),
+        pytest.param(DOCX, XLSX, f"the content is {DOCX}", id="docx-as-xlsx"),
+        pytest.param("text/plain", "image/webp", "not a recognised binary type", id="text-as-webp"),
+        pytest.param("image/png", "text/plain", "the content is image/png", id="png-as-text"),
+    ],
+)
+def test_turn_file_bytes_must_match_the_declared_type(
+    content: str, declared: str, says: str
+) -> None:
+    bad = message_pb2.File(content=minimal(content), mime_type=declared, filename="x.bin")
+    with pytest.raises(InvalidArgument) as info:
+        validate_turn(turn(files=[pdf(), bad]))
+    (violation,) = info.value.violations
+    assert violation.field == "files[1].content"
+    assert says in violation.description
+    assert "(x.bin)" in violation.description
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe not utf-8", b"zero\x00byte", "é".encode() * 5000 + b"\xc3"],
+    ids=["not-utf8", "nul-byte", "cut-after-the-sample"],
+)
+def test_turn_text_files_must_be_utf8_text(content: bytes) -> None:
+    bad = message_pb2.File(content=content, mime_type="text/plain")
+    expected = ["files[0].content"] if len(content) < 9000 else []
+    # Only the first 8 KiB are sniffed: a file cut inside a character there passes.
+    assert turn_fields(files=[bad]) == expected
 
 
 @pytest.mark.parametrize(
@@ -173,7 +213,7 @@ def test_turn_one_file_can_break_every_file_rule() -> None:
 
 @pytest.fixture(scope="module")
 def max_file() -> message_pb2.File:
-    return pdf(content=bytes(MAX_FILE_BYTES))
+    return pdf(content=b"%PDF-" + bytes(MAX_FILE_BYTES - 5))
 
 
 def test_turn_file_of_exactly_50_mb_is_allowed(max_file: message_pb2.File) -> None:
@@ -182,7 +222,7 @@ def test_turn_file_of_exactly_50_mb_is_allowed(max_file: message_pb2.File) -> No
 
 
 def test_turn_file_of_50_mb_plus_one_byte_is_refused() -> None:
-    assert turn_fields(files=[pdf(), pdf(content=bytes(MAX_FILE_BYTES + 1))]) == [
+    assert turn_fields(files=[pdf(), pdf(content=b"%PDF-" + bytes(MAX_FILE_BYTES - 4))]) == [
         "files[1].content"
     ]
 
@@ -195,7 +235,8 @@ def test_turn_files_of_exactly_100_mb_in_all_are_allowed(max_file: message_pb2.F
 def test_turn_files_of_100_mb_plus_one_byte_in_all_are_refused(
     max_file: message_pb2.File,
 ) -> None:
-    assert turn_fields(files=[max_file, max_file, pdf(content=b"x")]) == ["files"]
+    one_byte = message_pb2.File(content=b"x", mime_type="text/plain")
+    assert turn_fields(files=[max_file, max_file, one_byte]) == ["files"]
 
 
 # --- Turn: policies, idempotency key, metadata -------------------------------------

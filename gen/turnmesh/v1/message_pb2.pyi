@@ -63,19 +63,37 @@ class FileRef(_message.Message):
     MIME_TYPE_FIELD_NUMBER: _builtins.int
     FILENAME_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
     mime_type: _builtins.str
     filename: _builtins.str
     size_bytes: _builtins.int
+    sha256: _builtins.str
+    """SHA-256 of the file's bytes, lower-case hex."""
+    text: _builtins.str
+    """The text the agent got: the file's text, a PDF's text, an office
+    document as Markdown, or an image's OCR (at most 200,000 characters).
+    """
+    error: _builtins.str
+    """Set when the file could not be read; the agent got this instead of text."""
+    truncated: _builtins.bool
+    """True when `text` stops at the limit."""
     def __init__(
         self,
         *,
         mime_type: _builtins.str = ...,
         filename: _builtins.str = ...,
         size_bytes: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+        text: _builtins.str = ...,
+        error: _builtins.str = ...,
+        truncated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filename", b"filename", "mime_type", b"mime_type", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "filename", b"filename", "mime_type", b"mime_type", "sha256", b"sha256", "size_bytes", b"size_bytes", "text", b"text", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,7 @@ from turnmesh.v1 import event_pb2 as turnmesh_dot_v1_dot_event__pb2
 from turnmesh.v1 import message_pb2 as turnmesh_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/worker_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"\xcd\x01\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x10\n\x08messages\x18\x03 \x03(\t\x12 \n\x05\x66iles\x18\x04 \x03(\x0b\x32\x11.turnmesh.v1.File\x12%\n\x07history\x18\x05 \x03(\x0b\x32\x14.turnmesh.v1.Message\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0chistory_base\x18\x07 \x01(\x05\"1\n\x0bRunResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.turnmesh.v1.Event\"\x10\n\x0eGetInfoRequest\"_\n\x0fGetInfoResponse\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x16\n\x0einflight_turns\x18\x04 \x01(\x05\x32\x91\x01\n\rWorkerService\x12:\n\x03Run\x12\x17.turnmesh.v1.RunRequest\x1a\x18.turnmesh.v1.RunResponse0\x01\x12\x44\n\x07GetInfo\x12\x1b.turnmesh.v1.GetInfoRequest\x1a\x1c.turnmesh.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/worker_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"\xcd\x01\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x10\n\x08messages\x18\x03 \x03(\t\x12 \n\x05\x66iles\x18\x04 \x03(\x0b\x32\x11.turnmesh.v1.File\x12%\n\x07history\x18\x05 \x03(\x0b\x32\x14.turnmesh.v1.Message\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0chistory_base\x18\x07 \x01(\x05\"V\n\x0bRunResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.turnmesh.v1.Event\x12#\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x14.turnmesh.v1.FileRef\"\x10\n\x0eGetInfoRequest\"_\n\x0fGetInfoResponse\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x16\n\x0einflight_turns\x18\x04 \x01(\x05\x32\x91\x01\n\rWorkerService\x12:\n\x03Run\x12\x17.turnmesh.v1.RunRequest\x1a\x18.turnmesh.v1.RunResponse0\x01\x12\x44\n\x07GetInfo\x12\x1b.turnmesh.v1.GetInfoRequest\x1a\x1c.turnmesh.v1.GetInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNREQUEST']._serialized_start=132
   _globals['_RUNREQUEST']._serialized_end=337
   _globals['_RUNRESPONSE']._serialized_start=339
-  _globals['_RUNRESPONSE']._serialized_end=388
-  _globals['_GETINFOREQUEST']._serialized_start=390
-  _globals['_GETINFOREQUEST']._serialized_end=406
-  _globals['_GETINFORESPONSE']._serialized_start=408
-  _globals['_GETINFORESPONSE']._serialized_end=503
-  _globals['_WORKERSERVICE']._serialized_start=506
-  _globals['_WORKERSERVICE']._serialized_end=651
+  _globals['_RUNRESPONSE']._serialized_end=425
+  _globals['_GETINFOREQUEST']._serialized_start=427
+  _globals['_GETINFOREQUEST']._serialized_end=443
+  _globals['_GETINFORESPONSE']._serialized_start=445
+  _globals['_GETINFORESPONSE']._serialized_end=540
+  _globals['_WORKERSERVICE']._serialized_start=543
+  _globals['_WORKERSERVICE']._serialized_end=688
 # @@protoc_insertion_point(module_scope)

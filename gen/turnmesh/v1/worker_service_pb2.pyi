@@ -82,16 +82,24 @@ class RunResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]: ...
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.FileRef]:
+        """What the worker read from the turn's files (sent once, before the
+        agent's events); the server records it in the history.
+        """
+
     def __init__(
         self,
         *,
         events: _abc.Iterable[_event_pb2.Event] | None = ...,
+        files: _abc.Iterable[_message_pb2.FileRef] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "files", b"files"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,249 @@
+"""Text from a file: plain text, a PDF's text, an office document as Markdown,
+an image through Tesseract OCR.
+
+These functions run inside a throwaway process (``files/sandbox.py``) with a
+memory and time limit, so a hostile file can only fail itself. Each reader is
+also bounded on its own: pages, rows, slides, pixels, unzipped size and output
+characters. A problem a user can act on raises ``FileUnreadable`` with a
+message fit for them; anything else is reported as a generic failure.
+
+The office formats are read with python-docx, openpyxl and python-pptx and
+turned into Markdown here: markitdown does the same on top of those libraries
+but pulls in onnxruntime and pandas, hundreds of megabytes for a worker.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from turnmesh.files.types import DOCX, IMAGE_TYPES, PPTX, TEXT_TYPES, XLSX
+
+MAX_TEXT_CHARS = 200_000
+MAX_PDF_PAGES = 2_000
+MAX_SHEET_ROWS = 5_000
+MAX_IMAGE_PIXELS = 40_000_000
+# Office files are zips: refuse bombs before a parser inflates them.
+MAX_UNZIPPED_BYTES = 256 * 1024 * 1024
+MAX_ZIP_RATIO = 200
+MAX_ZIP_ENTRIES = 5_000
+OCR_SECONDS = 25
+
+
+class FileUnreadable(Exception):
+    """The file cannot be read; the message says why, for the user."""
+
+
+class _Full(Exception):
+    """The text reached MAX_TEXT_CHARS."""
+
+
+@dataclass
+class Extracted:
+    text: str
+    truncated: bool = False
+
+
+class _Text:
+    """Collects text up to the limit, then stops the reader."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._size = 0
+        self.truncated = False
+
+    def add(self, text: str) -> None:
+        room = MAX_TEXT_CHARS - self._size
+        if len(text) > room:
+            self._parts.append(text[:room])
+            self._size = MAX_TEXT_CHARS
+            self.truncated = True
+            raise _Full
+        self._parts.append(text)
+        self._size += len(text)
+
+    def result(self) -> Extracted:
+        return Extracted("".join(self._parts).strip(), self.truncated)
+
+
+def extract(mime_type: str, content: bytes) -> Extracted:
+    out = _Text()
+    try:
+        if mime_type in TEXT_TYPES:
+            out.add(content.decode("utf-8", errors="replace"))
+        elif mime_type == "application/pdf":
+            _pdf(content, out)
+        elif mime_type == DOCX:
+            _docx(_checked_zip(content), out)
+        elif mime_type == XLSX:
+            _xlsx(_checked_zip(content), out)
+        elif mime_type == PPTX:
+            _pptx(_checked_zip(content), out)
+        elif mime_type in IMAGE_TYPES:
+            _image(content, out)
+        else:
+            raise FileUnreadable(f"no reader for {mime_type}")
+    except _Full:
+        pass
+    return out.result()
+
+
+def _pdf(content: bytes, out: _Text) -> None:
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(content))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise FileUnreadable("the PDF is encrypted")
+        pages = len(reader.pages)
+    except PdfReadError as exc:
+        raise FileUnreadable("the PDF is damaged and cannot be read") from exc
+    for number in range(min(pages, MAX_PDF_PAGES)):
+        out.add(reader.pages[number].extract_text() or "")
+        out.add("\n\n")
+    if pages > MAX_PDF_PAGES:
+        out.truncated = True
+        out.add(f"[{pages - MAX_PDF_PAGES} more pages not read]")
+
+
+def _checked_zip(content: bytes) -> io.BytesIO:
+    """The zip, once its entries are known to inflate to a sane size."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(content)) as archive:
+            entries = archive.infolist()
+    except zipfile.BadZipFile as exc:
+        raise FileUnreadable("the document is damaged (not a valid zip)") from exc
+    if len(entries) > MAX_ZIP_ENTRIES:
+        raise FileUnreadable(f"the document has {len(entries)} parts, more than {MAX_ZIP_ENTRIES}")
+    unzipped = sum(e.file_size for e in entries)
+    packed = max(1, sum(e.compress_size for e in entries))
+    if unzipped > MAX_UNZIPPED_BYTES or unzipped / packed > MAX_ZIP_RATIO:
+        raise FileUnreadable(
+            f"the document would unpack to {unzipped // (1024 * 1024)} MB "
+            f"({unzipped // packed}x its size): refused as a decompression bomb"
+        )
+    return io.BytesIO(content)
+
+
+def _table(rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table; the first row is the header."""
+    if not rows:
+        return ""
+    width = max(len(r) for r in rows)
+
+    def line(cells: Sequence[Any]) -> str:
+        values = [_cell(c) for c in cells] + [""] * (width - len(cells))
+        return "| " + " | ".join(values) + " |"
+
+    lines = [line(rows[0]), "|" + " --- |" * width, *(line(r) for r in rows[1:])]
+    return "\n".join(lines) + "\n\n"
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _docx(stream: io.BytesIO, out: _Text) -> None:
+    import docx
+    from docx.table import Table
+
+    try:
+        document = docx.Document(stream)
+    except Exception as exc:  # python-docx raises many types for a broken file
+        raise FileUnreadable("the Word document is damaged and cannot be read") from exc
+    for block in document.iter_inner_content():
+        if isinstance(block, Table):
+            out.add(_table([[cell.text for cell in row.cells] for row in block.rows]))
+            continue
+        text = block.text.strip()
+        if not text:
+            continue
+        style = (block.style.name if block.style is not None else "") or ""
+        if style == "Title":
+            out.add(f"# {text}\n\n")
+        elif style.startswith("Heading ") and style[8:].isdigit():
+            out.add(f"{'#' * min(6, int(style[8:]) + 1)} {text}\n\n")
+        elif style.startswith("List"):
+            out.add(f"- {text}\n")
+        else:
+            out.add(f"{text}\n\n")
+
+
+def _xlsx(stream: io.BytesIO, out: _Text) -> None:
+    import openpyxl
+
+    try:
+        workbook = openpyxl.load_workbook(stream, read_only=True, data_only=True)
+    except Exception as exc:  # openpyxl raises many types for a broken file
+        raise FileUnreadable("the spreadsheet is damaged and cannot be read") from exc
+    try:
+        for sheet in workbook.worksheets:
+            out.add(f"## {sheet.title}\n\n")
+            rows = _rows(sheet.iter_rows(values_only=True))
+            out.add(_table(rows))
+    finally:
+        workbook.close()
+
+
+def _rows(rows: Iterable[Sequence[Any]]) -> list[Sequence[Any]]:
+    kept: list[Sequence[Any]] = []
+    for row in rows:
+        if len(kept) >= MAX_SHEET_ROWS:
+            break
+        if any(v is not None and str(v).strip() for v in row):
+            kept.append(row)
+    return kept
+
+
+def _pptx(stream: io.BytesIO, out: _Text) -> None:
+    import pptx
+
+    try:
+        presentation = pptx.Presentation(stream)
+    except Exception as exc:  # python-pptx raises many types for a broken file
+        raise FileUnreadable("the presentation is damaged and cannot be read") from exc
+    for number, slide in enumerate(presentation.slides, start=1):
+        out.add(f"## Slide {number}\n\n")
+        for shape in slide.shapes:
+            if shape.has_text_frame:
+                text = shape.text_frame.text.strip()
+                if text:
+                    out.add(f"{text}\n\n")
+            if getattr(shape, "has_table", False) and shape.has_table:
+                table = shape.table
+                out.add(_table([[cell.text for cell in row.cells] for row in table.rows]))
+        if slide.has_notes_slide:
+            notes = slide.notes_slide.notes_text_frame
+            if notes is not None and notes.text.strip():
+                out.add(f"Notes: {notes.text.strip()}\n\n")
+
+
+def _image(content: bytes, out: _Text) -> None:
+    import pytesseract
+    from PIL import Image, UnidentifiedImageError
+
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    try:
+        image = Image.open(io.BytesIO(content))
+        width, height = image.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise FileUnreadable(
+                f"the image is {width}x{height} pixels, more than {MAX_IMAGE_PIXELS:,}"
+            )
+        image.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise FileUnreadable("the image is damaged and cannot be read") from exc
+    if image.mode not in ("L", "RGB"):
+        image = image.convert("RGB")
+    try:
+        text = pytesseract.image_to_string(image, timeout=OCR_SECONDS)
+    except RuntimeError as exc:  # pytesseract's timeout
+        raise FileUnreadable("reading the image's text took too long") from exc
+    except pytesseract.TesseractNotFoundError as exc:
+        raise FileUnreadable("OCR is not installed on this worker") from exc
+    out.add(text)

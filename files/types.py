@@ -1,0 +1,53 @@
+"""Which files a turn accepts, and whether a file's bytes are what it claims.
+
+Sniffing looks at magic numbers only (the first few kilobytes), so it is cheap
+enough for a session server to run on every request before anything else
+happens; reading the whole file is the worker's job.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+import filetype
+
+MAX_FILES = 10
+MAX_FILE_BYTES = 50 * 1024 * 1024
+MAX_TOTAL_FILE_BYTES = 100 * 1024 * 1024
+
+DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+TEXT_TYPES = frozenset({"text/plain", "text/csv", "text/markdown"})
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+OFFICE_TYPES = frozenset({DOCX, XLSX, PPTX})
+ALLOWED_MIME_TYPES = frozenset({*TEXT_TYPES, *IMAGE_TYPES, *OFFICE_TYPES, "application/pdf"})
+
+# How much of a file sniffing reads: enough for every magic number, and for
+# filetype to find the OOXML part names near the start of the zip.
+SNIFF_BYTES = 8192
+
+
+def _describe(mime: str | None) -> str:
+    return mime or "not a recognised binary type"
+
+
+def sniff_problem(content: bytes, mime_type: str) -> str | None:
+    """Why the bytes are not of the declared type, or None when they are."""
+    head = content[:SNIFF_BYTES]
+    guessed = filetype.guess_mime(head)
+    if mime_type in TEXT_TYPES:
+        if guessed is not None:
+            return f"declared {mime_type} but the content is {guessed}"
+        if b"\x00" in head:
+            return f"declared {mime_type} but the content is binary"
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        try:
+            # Not final: the sample may end inside a multi-byte character.
+            decoder.decode(head, final=len(content) <= SNIFF_BYTES)
+        except UnicodeDecodeError:
+            return f"declared {mime_type} but the content is not UTF-8 text"
+        return None
+    if guessed != mime_type:
+        return f"declared {mime_type} but the content is {_describe(guessed)}"
+    return None

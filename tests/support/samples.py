@@ -1,0 +1,97 @@
+"""Real files of every allowed type, made here by the libraries that write
+them (fpdf2, python-docx, openpyxl, python-pptx, Pillow), each carrying one
+sentence a test can ask about."""
+
+from __future__ import annotations
+
+import functools
+import io
+
+DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+
+
+def pdf(*lines: str, pages: int = 1) -> bytes:
+    from fpdf import FPDF
+
+    document = FPDF()
+    document.set_font("helvetica", size=14)
+    for _ in range(pages):
+        document.add_page()
+        for line in lines:
+            document.cell(text=line, new_x="LMARGIN", new_y="NEXT")
+    return bytes(document.output())
+
+
+def docx(*paragraphs: str) -> bytes:
+    import docx as python_docx
+
+    document = python_docx.Document()
+    document.add_heading("Field notes", level=1)
+    for paragraph in paragraphs:
+        document.add_paragraph(paragraph)
+    table = document.add_table(rows=2, cols=2)
+    table.cell(0, 0).text, table.cell(0, 1).text = "item", "count"
+    table.cell(1, 0).text, table.cell(1, 1).text = "lanterns", "12"
+    out = io.BytesIO()
+    document.save(out)
+    return out.getvalue()
+
+
+def xlsx(*rows: tuple[object, ...]) -> bytes:
+    import openpyxl
+
+    workbook = openpyxl.Workbook()
+    sheet = workbook.active
+    assert sheet is not None
+    sheet.title = "Inventory"
+    for row in rows:
+        sheet.append(list(row))
+    out = io.BytesIO()
+    workbook.save(out)
+    return out.getvalue()
+
+
+def pptx(title: str, body: str) -> bytes:
+    import pptx as python_pptx
+
+    presentation = python_pptx.Presentation()
+    slide = presentation.slides.add_slide(presentation.slide_layouts[1])
+    slide.shapes.title.text = title
+    slide.placeholders[1].text = body
+    out = io.BytesIO()
+    presentation.save(out)
+    return out.getvalue()
+
+
+def image(text: str, fmt: str = "PNG") -> bytes:
+    """Printed text on a white background, large enough for OCR."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=48)
+    width = int(font.getlength(text)) + 80
+    picture = Image.new("RGB", (width, 130), "white")
+    ImageDraw.Draw(picture).text((40, 35), text, fill="black", font=font)
+    out = io.BytesIO()
+    picture.save(out, fmt)
+    return out.getvalue()
+
+
+@functools.cache
+def minimal(mime_type: str) -> bytes:
+    """A small valid file of the type (for validation tests)."""
+    makers = {
+        "application/pdf": lambda: pdf("hello"),
+        DOCX: lambda: docx("hello"),
+        XLSX: lambda: xlsx(("hello",)),
+        PPTX: lambda: pptx("hello", "world"),
+        "image/png": lambda: image("hi", "PNG"),
+        "image/jpeg": lambda: image("hi", "JPEG"),
+        "image/gif": lambda: image("hi", "GIF"),
+        "image/webp": lambda: image("hi", "WEBP"),
+        "text/plain": lambda: b"hello\n",
+        "text/csv": lambda: b"a,b\n1,2\n",
+        "text/markdown": lambda: b"# hello\n",
+    }
+    return makers[mime_type]()

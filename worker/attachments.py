@@ -1,0 +1,75 @@
+"""A turn's files as the agent gets them: each file's text, read in a sandbox
+process, with its checksum, and a CUSTOM ``file_read`` event per file so the
+caller sees what the agent could read."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from google.protobuf import struct_pb2
+
+from turnmesh.agent import AgentFile
+from turnmesh.files import Outcome, Sandbox
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.worker.emitter import ET, make_event
+
+
+async def _read_one(sandbox: Sandbox, file: message_pb2.File) -> tuple[str, Outcome]:
+    # hashlib releases the GIL on large inputs: the loop keeps serving.
+    digest = asyncio.to_thread(lambda: hashlib.sha256(file.content).hexdigest())
+    outcome = sandbox.extract(file.mime_type, file.content)
+    return await asyncio.gather(digest, outcome)
+
+
+async def read_files(
+    sandbox: Sandbox, files: list[message_pb2.File]
+) -> tuple[list[AgentFile], list[message_pb2.FileRef]]:
+    """What the agent gets, and what the history records (no bytes)."""
+    results = await asyncio.gather(*(_read_one(sandbox, f) for f in files))
+    agent_files, refs = [], []
+    for file, (sha256, outcome) in zip(files, results, strict=True):
+        agent_files.append(
+            AgentFile(
+                filename=file.filename,
+                mime_type=file.mime_type,
+                content=file.content,
+                text=outcome.text if not outcome.error else None,
+                sha256=sha256,
+                error=outcome.error or None,
+                truncated=outcome.truncated,
+            )
+        )
+        refs.append(
+            message_pb2.FileRef(
+                mime_type=file.mime_type,
+                filename=file.filename,
+                size_bytes=len(file.content),
+                sha256=sha256,
+                text=outcome.text,
+                error=outcome.error,
+                truncated=outcome.truncated,
+            )
+        )
+    return agent_files, refs
+
+
+def file_events(refs: list[message_pb2.FileRef]) -> list[event_pb2.Event]:
+    """One ``file_read`` CUSTOM event per file: what was read, never the text."""
+    events = []
+    for index, ref in enumerate(refs):
+        value = struct_pb2.Value()
+        fields = {
+            "index": index,
+            "filename": ref.filename,
+            "mime_type": ref.mime_type,
+            "size_bytes": ref.size_bytes,
+            "sha256": ref.sha256,
+            "chars": len(ref.text),
+            "truncated": ref.truncated,
+        }
+        if ref.error:
+            fields["error"] = ref.error
+        value.struct_value.update(fields)
+        events.append(make_event(ET.CUSTOM, name="file_read", value=value))
+    return events
