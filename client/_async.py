@@ -11,7 +11,7 @@ import grpc
 from google.protobuf import json_format
 
 from turnmesh.client.errors import TurnFailedError, map_rpc_errors
-from turnmesh.runtime.serving import CHANNEL_OPTIONS
+from turnmesh.runtime.serving import CLIENT_CHANNEL_OPTIONS
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
@@ -130,8 +130,8 @@ class AsyncClient:
     ) -> None:
         # credentials: TLS to an HTTPS edge, e.g. grpc.ssl_channel_credentials().
         if channel is None and credentials is not None:
-            channel = grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-        self._channel = channel or grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.secure_channel(target, credentials, options=CLIENT_CHANNEL_OPTIONS)
+        self._channel = channel or grpc.aio.insecure_channel(target, options=CLIENT_CHANNEL_OPTIONS)
         self._owns_channel = channel is None
         self._stub = SessionServiceStub(self._channel)
         auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()

@@ -11,7 +11,7 @@ from google.protobuf import json_format
 
 from turnmesh.client._async import TurnResult, build_turn_request, collect_result
 from turnmesh.client.errors import map_rpc_errors
-from turnmesh.runtime.serving import CHANNEL_OPTIONS
+from turnmesh.runtime.serving import CLIENT_CHANNEL_OPTIONS
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
@@ -34,9 +34,9 @@ class Client:
         timeout: float | None = 30.0,
     ) -> None:
         self._channel = (
-            grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+            grpc.secure_channel(target, credentials, options=CLIENT_CHANNEL_OPTIONS)
             if credentials is not None
-            else grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+            else grpc.insecure_channel(target, options=CLIENT_CHANNEL_OPTIONS)
         )
         self._stub = SessionServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()

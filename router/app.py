@@ -16,6 +16,7 @@ from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.metrics import serve_metrics
 from turnmesh.runtime.serving import (
+    MAX_ROUTER_REQUEST_BYTES,
     GrpcProcess,
     check_bind_host,
     wait_for_signal,
@@ -78,6 +79,7 @@ def build_process(config: RouterConfig, state: RouterState) -> GrpcProcess:
         register=register,
         interceptors=[MeshKeyInterceptor(config.mesh_key, PROTECTED_METHODS)],
         transport=Transport.from_files(config.tls),
+        max_receive_bytes=MAX_ROUTER_REQUEST_BYTES,
     )
 
 

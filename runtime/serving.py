@@ -27,26 +27,52 @@ from turnmesh.runtime.tracing import TracingInterceptor
 
 log = logging.getLogger(__name__)
 
-# Room for the largest valid Turn request (100 MB of files) plus its framing.
-MAX_MESSAGE_BYTES = 112 * 1024 * 1024
+# The largest valid Turn: 100 MiB of files, plus a message of 10,000 characters,
+# 64 KiB of metadata, ten file names and framing, well under 1 MiB more. Public
+# ports receive no more than this, and clients send no more.
+MAX_TURN_REQUEST_BYTES = 101 * 1024 * 1024
+# A worker's Run carries a Turn's files and the history the worker lacks.
+MAX_HISTORY_BYTES = 64 * 1024 * 1024
+MAX_RUN_REQUEST_BYTES = MAX_TURN_REQUEST_BYTES + MAX_HISTORY_BYTES
+# The router's largest message: a server re-registering with every session it
+# owns (100,000 ids of up to 128 characters).
+MAX_ROUTER_REQUEST_BYTES = 32 * 1024 * 1024
 
-SERVER_OPTIONS: Sequence[tuple[str, int | str]] = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-)
 
-CHANNEL_OPTIONS: Sequence[tuple[str, int | str]] = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+def server_options(max_receive_bytes: int) -> Sequence[tuple[str, int | str]]:
+    return (
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        # Replies (a whole history) may be as large as anything a member sends.
+        ("grpc.max_send_message_length", MAX_RUN_REQUEST_BYTES),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+    )
+
+
+SERVER_OPTIONS = server_options(MAX_TURN_REQUEST_BYTES)
+
+_KEEPALIVE: Sequence[tuple[str, int | str]] = (
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     # Reconnect quickly to a member that came back (default backoff up to 120 s).
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+# Between mesh members: a server sends workers a Run, the largest message.
+CHANNEL_OPTIONS: Sequence[tuple[str, int | str]] = (
+    ("grpc.max_receive_message_length", MAX_RUN_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_RUN_REQUEST_BYTES),
+    *_KEEPALIVE,
+)
+
+# Public clients send at most a Turn and may receive a whole history.
+CLIENT_CHANNEL_OPTIONS: Sequence[tuple[str, int | str]] = (
+    ("grpc.max_receive_message_length", MAX_RUN_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_TURN_REQUEST_BYTES),
+    *_KEEPALIVE,
 )
 
 
@@ -73,6 +99,7 @@ class GrpcProcess:
     transport: Transport = PLAINTEXT
     # Methods that start a trace when the caller sent none (the public API).
     trace_roots: tuple[str, ...] = ()
+    max_receive_bytes: int = MAX_TURN_REQUEST_BYTES
     _server: grpc.aio.Server | None = None
     bound_port: int = 0
 
@@ -88,7 +115,9 @@ class GrpcProcess:
             *self.interceptors,
             ErrorMappingInterceptor(),
         ]
-        server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+        server = grpc.aio.server(
+            interceptors=interceptors, options=server_options(self.max_receive_bytes)
+        )
         self.register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

@@ -16,6 +16,7 @@ from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.membership import MemberInfo, Membership
 from turnmesh.runtime.metrics import serve_metrics
 from turnmesh.runtime.serving import (
+    MAX_RUN_REQUEST_BYTES,
     GrpcProcess,
     check_bind_host,
     wait_for_signal,
@@ -92,6 +93,7 @@ async def serve(config: WorkerConfig) -> None:
         # With a key set, only mesh members (holding it) may run turns.
         interceptors=[MeshKeyInterceptor(config.mesh_key, PROTECTED_METHODS)],
         transport=transport,
+        max_receive_bytes=MAX_RUN_REQUEST_BYTES,
     )
     membership: Membership | None = None
     try:

@@ -25,6 +25,7 @@ from turnmesh.server.compat._common import (
     sse_body,
     to_domain,
 )
+from turnmesh.server.compat._files import decode_base64, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -41,13 +42,55 @@ class _ToolCall(BaseModel):
     function: _FunctionCall
 
 
+class _Part(BaseModel):
+    """A content part (AG-UI 1.0): text, or media with a ``source``."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+    source: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
 class AguiMessage(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     id: str = ""
     role: Literal["developer", "system", "assistant", "user", "tool"]
-    content: str | None = None
+    content: str | list[_Part] | None = None
     tool_calls: list[_ToolCall] = Field(default_factory=list, alias="toolCalls")
     tool_call_id: str | None = Field(default=None, alias="toolCallId")
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+    def files(self, field: str) -> list[message_pb2.File]:
+        """``image`` and ``document`` parts whose source is inline data."""
+        if not isinstance(self.content, list):
+            return []
+        files = []
+        for index, part in enumerate(self.content):
+            where = f"{field}.content[{index}]"
+            if part.type == "text":
+                continue
+            if part.type not in ("image", "document"):
+                raise invalid(f"{where}.type", f"{part.type!r} parts are not supported")
+            source = part.source or {}
+            if source.get("type") != "data":
+                raise unsupported(f"{where}.source", "url and file sources")
+            value, mime_type = source.get("value"), source.get("mimeType")
+            if not isinstance(value, str) or not isinstance(mime_type, str):
+                raise invalid(f"{where}.source", "needs value (base64) and mimeType")
+            filename = (part.metadata or {}).get("filename")
+            files.append(
+                message_pb2.File(
+                    content=decode_base64(value, f"{where}.source.value"),
+                    mime_type=mime_type,
+                    filename=filename if isinstance(filename, str) else "",
+                )
+            )
+        return files
 
 
 class RunAgentInput(BaseModel):
@@ -81,7 +124,7 @@ def _history(messages: list[AguiMessage]) -> list[message_pb2.Message]:
     for m in messages:
         message = message_pb2.Message(
             role="system" if m.role == "developer" else m.role,
-            content=m.content or "",
+            content=m.text(),
             tool_call_id=m.tool_call_id or "",
         )
         for call in m.tool_calls:
@@ -141,7 +184,9 @@ def to_agui(event: event_pb2.Event, thread_id: str, run_id: str) -> dict[str, An
 
 async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.HttpBody]:
     thread = request.thread_id
-    message = request.messages[-1].content or ""
+    last = len(request.messages) - 1
+    message = request.messages[last].text()
+    files = request.messages[last].files(f"messages[{last}]")
     if not await mesh.session_exists(thread):
         agent = request.forwarded_props.get("agent")
         # A concurrent first run on the same thread may have created it.
@@ -152,7 +197,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
     run_id = request.run_id
     try:
         async with mesh.client.stream_turn(
-            thread, message, policy=request.forwarded_props.get("policy", "collect")
+            thread, message, policy=request.forwarded_props.get("policy", "collect"), files=files
         ) as stream:
             async for event in stream:
                 run_id = run_id or event.run_id

@@ -22,6 +22,7 @@ from turnmesh.server.compat._common import (
     to_domain,
     turn_error,
 )
+from turnmesh.server.compat._files import from_data_url, from_inline, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -43,6 +44,34 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text or "" for p in self.content if p.type in ("text", "input_text"))
+
+    def files(self, field: str) -> list[message_pb2.File]:
+        """``image_url`` (a data: URL) and ``file`` (``file_data``) parts."""
+        if not isinstance(self.content, list):
+            return []
+        files = []
+        for index, part in enumerate(self.content):
+            where = f"{field}.content[{index}]"
+            extra = part.model_extra or {}
+            if part.type == "image_url":
+                image = extra.get("image_url")
+                url = image.get("url") if isinstance(image, dict) else image
+                if not isinstance(url, str):
+                    raise invalid(f"{where}.image_url.url", "required")
+                files.append(from_data_url(url, f"{where}.image_url.url"))
+            elif part.type == "file":
+                file = extra.get("file")
+                if not isinstance(file, dict):
+                    raise invalid(f"{where}.file", "required")
+                if file.get("file_id"):
+                    raise unsupported(f"{where}.file.file_id", "file ids")
+                data, filename = file.get("file_data"), file.get("filename") or ""
+                if not isinstance(data, str) or not data:
+                    raise invalid(f"{where}.file.file_data", "required")
+                files.append(from_inline(data, str(filename), f"{where}.file.file_data"))
+            elif part.type not in ("text", "input_text"):
+                raise invalid(f"{where}.type", f"{part.type!r} parts are not supported")
+        return files
 
 
 class _StreamOptions(BaseModel):
@@ -78,6 +107,7 @@ class Turn:
         self.id = ""
         self.created = int(time.time())
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        self.files: list[message_pb2.File] = []
 
     def finish(self, event: event_pb2.Event) -> None:
         for u in event.usage:
@@ -95,13 +125,26 @@ async def open_turn(
         raise invalid(
             f"messages[{len(request.messages) - 1}].role", "the last message must be the user's"
         )
+    last_index = len(request.messages) - 1
     if session_header and await mesh.session_exists(session_header):
-        return Turn(session_header, throwaway=False), last.text()
+        turn = Turn(session_header, throwaway=False)
+        turn.files = last.files(f"messages[{last_index}]")
+        return turn, last.text()
+    # A new session: files anywhere in the conversation go with this turn
+    # (the history it is seeded with holds text only).
+    files = [
+        file
+        for index, m in enumerate(request.messages)
+        if m.role == "user"
+        for file in m.files(f"messages[{index}]")
+    ]
     history = to_history(request.messages[:-1])
     session_id = await mesh.create_session(
         session_header or None, request.model, history, param="model"
     )
-    return Turn(session_id, throwaway=not session_header), last.text()
+    turn = Turn(session_id, throwaway=not session_header)
+    turn.files = files
+    return turn, last.text()
 
 
 def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
@@ -113,7 +156,7 @@ def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
 
 async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb2.Event]:
     try:
-        async with mesh.client.stream_turn(turn.session_id, message) as stream:
+        async with mesh.client.stream_turn(turn.session_id, message, files=turn.files) as stream:
             async for event in stream:
                 if not turn.id:
                     turn.id = f"chatcmpl-{event.run_id}"

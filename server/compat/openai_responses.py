@@ -27,6 +27,7 @@ from turnmesh.server.compat._common import (
     to_domain,
     turn_error,
 )
+from turnmesh.server.compat._files import from_data_url, from_inline, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -46,6 +47,32 @@ class InputMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text or "" for p in self.content)
+
+    def files(self, field: str) -> list[message_pb2.File]:
+        """``input_image`` (a data: URL) and ``input_file`` (``file_data``) parts."""
+        if isinstance(self.content, str):
+            return []
+        files = []
+        for index, part in enumerate(self.content):
+            where = f"{field}.content[{index}]"
+            extra = part.model_extra or {}
+            if extra.get("file_id"):
+                raise unsupported(f"{where}.file_id", "file ids")
+            if part.type == "input_image":
+                url = extra.get("image_url")
+                if not isinstance(url, str):
+                    raise invalid(f"{where}.image_url", "required")
+                files.append(from_data_url(url, f"{where}.image_url"))
+            elif part.type == "input_file":
+                if extra.get("file_url"):
+                    raise unsupported(f"{where}.file_url", "file URLs")
+                data, filename = extra.get("file_data"), extra.get("filename") or ""
+                if not isinstance(data, str) or not data:
+                    raise invalid(f"{where}.file_data", "required")
+                files.append(from_inline(data, str(filename), f"{where}.file_data"))
+            elif part.type not in ("input_text", "output_text", "text"):
+                raise invalid(f"{where}.type", f"{part.type!r} parts are not supported")
+        return files
 
 
 class ResponseRequest(BaseModel):
@@ -103,6 +130,7 @@ class Response:
         self.status = "in_progress"
         self.usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         self.error: dict[str, str] | None = None
+        self.files: list[message_pb2.File] = []
 
     def started(self, turn_id: str) -> None:
         self.id = response_id(self.session_id, turn_id)
@@ -169,15 +197,31 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response,
                 reason="PREVIOUS_RESPONSE_NOT_FOUND",
                 metadata={"param": "previous_response_id"},
             )
-        return Response(request, session_id), message
+        response = Response(request, session_id)
+        response.files = items[-1].files(_field(request, len(items) - 1))
+        return response, message
     history = []
     if request.instructions:
         history.append(message_pb2.Message(role="system", content=request.instructions))
     for item in items[:-1]:
         role = "system" if item.role == "developer" else item.role
         history.append(message_pb2.Message(role=role, content=item.text()))
+    # A new session: files anywhere in the input go with this turn (the
+    # history it is seeded with holds text only).
+    files = [
+        file
+        for index, item in enumerate(items)
+        if item.role == "user"
+        for file in item.files(_field(request, index))
+    ]
     session_id = await mesh.create_session(None, request.model, history, param="model")
-    return Response(request, session_id), message
+    response = Response(request, session_id)
+    response.files = files
+    return response, message
+
+
+def _field(request: ResponseRequest, index: int) -> str:
+    return "input" if isinstance(request.input, str) else f"input[{index}]"
 
 
 async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator[event_pb2.Event]:
@@ -186,7 +230,7 @@ async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator
         metadata["instructions"] = response.request.instructions
     try:
         async with mesh.client.stream_turn(
-            response.session_id, message, metadata=metadata
+            response.session_id, message, metadata=metadata, files=response.files
         ) as stream:
             async for event in stream:
                 if event.type == event_pb2.RUN_STARTED:

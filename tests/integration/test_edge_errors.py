@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import SharedMesh
 from tests.support.mesh import Mesh
 from turnmesh.client import AsyncClient, InvalidArgumentError, UnavailableError
+from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
 from turnmesh.envoy.process import RunningEnvoy
 
 
@@ -127,7 +128,7 @@ async def test_oversize_body_is_413_before_it_is_sent(
     rest: httpx.AsyncClient, shared_mesh: SharedMesh
 ) -> None:
     sid = await _session(rest, agentName="echo")
-    size = 150 * 1024 * 1024
+    size = MAX_REQUEST_BODY_BYTES + 1  # one byte over
     status, headers, body = _raw_request(
         shared_mesh.edge,
         f"POST /v1/sessions/{sid}/turns HTTP/1.1\r\nHost: x\r\n"
