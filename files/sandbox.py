@@ -11,10 +11,14 @@ pool cannot do this: it cannot kill one task, and a killed worker breaks it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
 import resource
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -22,6 +26,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
+# How often a waiting reader checks whether its turn was cancelled.
+POLL_SECONDS = 0.05
 DEFAULT_MEMORY_BYTES = 2 * 1024 * 1024 * 1024
 PRELOAD = [
     "turnmesh.files.extract",
@@ -44,6 +50,8 @@ class Outcome:
 
 
 def _child(conn: Connection, mime_type: str, content: bytes, memory_bytes: int) -> None:
+    # Its own process group: killing the group also ends a tesseract it started.
+    os.setpgrp()
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     # Tesseract's OpenMP threads each reserve address space; one is plenty here.
     os.environ["OMP_THREAD_LIMIT"] = "1"
@@ -60,6 +68,15 @@ def _child(conn: Connection, mime_type: str, content: bytes, memory_bytes: int) 
         message = ("failed", type(exc).__name__)
     conn.send(message)
     conn.close()
+
+
+def _kill_group(pid: int | None) -> None:
+    """SIGKILL the reader and anything it started (a reader that finished
+    has no group left, which is fine)."""
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 class Sandbox:
@@ -84,10 +101,19 @@ class Sandbox:
         self._run_blocking("text/plain", b"warm-up")
 
     async def extract(self, mime_type: str, content: bytes) -> Outcome:
+        """The file's text; cancelling this (the turn was cancelled) kills
+        the reader at once."""
+        stop = threading.Event()
         async with self._slots:
-            return await asyncio.to_thread(self._run_blocking, mime_type, content)
+            try:
+                return await asyncio.to_thread(self._run_blocking, mime_type, content, stop)
+            except asyncio.CancelledError:
+                stop.set()
+                raise
 
-    def _run_blocking(self, mime_type: str, content: bytes) -> Outcome:
+    def _run_blocking(
+        self, mime_type: str, content: bytes, stop: threading.Event | None = None
+    ) -> Outcome:
         receiver, sender = self._context.Pipe(duplex=False)
         process = self._context.Process(
             target=_child,
@@ -96,11 +122,15 @@ class Sandbox:
         )
         process.start()
         sender.close()
+        deadline = time.monotonic() + self.timeout_seconds
         try:
-            if not receiver.poll(self.timeout_seconds):
-                return Outcome(
-                    error=f"reading the file took longer than {self.timeout_seconds:g} seconds"
-                )
+            while not receiver.poll(min(POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
+                if stop is not None and stop.is_set():
+                    return Outcome(error="cancelled")
+                if time.monotonic() >= deadline:
+                    return Outcome(
+                        error=f"reading the file took longer than {self.timeout_seconds:g} seconds"
+                    )
             try:
                 kind, value = receiver.recv()
             except EOFError:
@@ -108,7 +138,8 @@ class Sandbox:
                 return Outcome(error="the file could not be read (its reader crashed)")
         finally:
             receiver.close()
-            if process.is_alive():
+            _kill_group(process.pid)
+            if process.is_alive():  # killed before it made its group
                 process.kill()
             process.join(5)
             process.close()

@@ -46,6 +46,12 @@ def history_message(message: message_pb2.Message) -> dict[str, Any]:
         ]
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
+    if message.files:
+        # Earlier turns' files, as read then: agents can answer from them later.
+        out["files"] = [
+            {"filename": f.filename, "mime_type": f.mime_type, "text": f.text, "error": f.error}
+            for f in message.files
+        ]
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from turnmesh.agent._contract import AgentFile
 
@@ -65,7 +66,24 @@ def _lines(text: str) -> list[str]:
     return [p.strip(" |#-") for p in parts if p.strip(" |#-")]
 
 
-def answer_from_files(question: str, files: Sequence[AgentFile]) -> str:
+def files_in_history(history: Sequence[dict[str, Any]]) -> list[AgentFile]:
+    """The files of earlier turns, newest first, as the worker read them."""
+    found = []
+    for message in reversed(history):
+        for file in message.get("files", ()):
+            found.append(
+                AgentFile(
+                    filename=str(file.get("filename", "")),
+                    mime_type=str(file.get("mime_type", "")),
+                    content=b"",
+                    text=file.get("text") or None,
+                )
+            )
+    return found
+
+
+def best_line(question: str, files: Sequence[AgentFile]) -> tuple[str, str] | None:
+    """(file name, line) of the line sharing the most words with the question."""
     wanted = _words(question)
     best: tuple[int, str, str] = (0, "", "")
     for file in files:
@@ -73,9 +91,14 @@ def answer_from_files(question: str, files: Sequence[AgentFile]) -> str:
             score = len(wanted & _words(line))
             if score > best[0]:
                 best = (score, file.filename or file.mime_type, line)
+    return (best[1], " ".join(best[2].split())) if best[0] else None
+
+
+def answer_from_files(question: str, files: Sequence[AgentFile]) -> str:
+    found = best_line(question, files)
     parts = []
-    if best[0]:
-        parts.append(f'From {best[1]}: "{" ".join(best[2].split())}".')
+    if found is not None:
+        parts.append(f'From {found[0]}: "{found[1]}".')
     else:
         readable = [f.filename or f.mime_type for f in files if f.text]
         if readable:

@@ -9,7 +9,8 @@ Deterministic and offline. Rules, first match wins:
    "what did I ask last / before / previously": quotes the most recent one.
 2. An arithmetic expression ("What is 12*(3+4)?"): calls the ``calculator`` tool.
 3. Time or date ("time", "clock", "date", "what day"): calls the ``clock`` tool.
-4. Anything else: repeats the message and counts the conversation's user messages.
+4. A question about a file attached earlier: the best-matching line of its text.
+5. Anything else: repeats the message and counts the conversation's user messages.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from turnmesh.agent._contract import AgentRequest, AgentResponse, EventEmitter, TokenUsage
 from turnmesh.agent.builtin._calculator import calculate, find_expression
 from turnmesh.agent.builtin._common import delay_seconds, stream_words, word_count
-from turnmesh.agent.builtin._files import answer_from_files
+from turnmesh.agent.builtin._files import answer_from_files, best_line, files_in_history
 
 __all__ = ["DemoAgent"]
 
@@ -63,6 +64,8 @@ class DemoAgent:
             rule, answer = "calculator", await self._calculator(expression, emitter)
         elif _CLOCK.search(message):
             rule, answer = "clock", await self._clock_tool(emitter)
+        elif (found := best_line(message, files_in_history(request.history))) is not None:
+            rule, answer = "files", f'From {found[0]} (attached earlier): "{found[1]}".'
         else:
             rule = "echo"
             answer = f'You said: "{message}". This is message {len(asked) + 1} of our conversation.'

@@ -21,7 +21,7 @@ from httpx_sse import aconnect_sse
 
 from tests.conftest import SharedMesh
 from tests.support import samples
-from tests.support.mesh import Component, Mesh
+from tests.support.mesh import Component, Mesh, until
 from turnmesh.client import AsyncClient
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -174,6 +174,10 @@ async def test_the_agent_answers_from_each_kind_of_file_over_grpc(
         (user, *_) = await client.history(sid)
         assert kind.answer in user.files[0].text
         assert user.files[0].size_bytes == len(file.content)
+        # A later turn, with no file attached, still reaches the text.
+        later = await client.send(sid, kind.question)
+        assert kind.answer in later.text
+        assert "attached earlier" in later.text
 
 
 async def test_several_files_in_one_turn(client: AsyncClient) -> None:
@@ -409,3 +413,46 @@ async def test_a_mismatched_magic_number_is_a_400_naming_the_file(rest: httpx.As
     assert violation["field"] == "files[0].content"
     assert "invoice.pdf" in violation["description"]
     assert "image/png" in violation["description"]
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+async def test_cancelling_a_turn_kills_its_file_reader_and_ocr(
+    file_mesh: tuple[Mesh, Component, Component],
+) -> None:
+    _, worker, server = file_mesh
+    # A page of small print: Tesseract needs seconds for it.
+    lines = [f"Line {n}: the quick brown fox jumps over the lazy dog" for n in range(60)]
+    page = samples.image_lines(lines)
+    async with AsyncClient(server.address, timeout=60) as client:
+        sid = (await client.create_session()).session_id
+        file = message_pb2.File(content=page, mime_type="image/png", filename="page.png")
+        async with client.stream_turn(sid, "Read it", files=[file]) as events:
+            started = await anext(aiter(events))
+            assert started.type == event_pb2.RUN_STARTED
+
+            def readers() -> list[int]:
+                # The fork server's children are the readers, each a group leader.
+                return [p for p in _descendants(worker.pid) if p in _group_members(p)]
+
+            await until(
+                lambda: any(len(_group_members(r)) >= 2 for r in readers()),
+                timeout=30,
+                what="the reader and its tesseract",
+            )
+            (reader,) = readers()
+            await client.cancel_turn(sid, started.run_id)
+        # Left alone, this OCR takes about 10 s; cancelled, it is gone at once.
+        await until(lambda: not _group_members(reader), timeout=2, what="the reader group gone")
+        assert "42" in (await client.send(sid, "What is 6*7?")).text

@@ -78,6 +78,20 @@ def image(text: str, fmt: str = "PNG") -> bytes:
     return out.getvalue()
 
 
+def image_lines(lines: list[str]) -> bytes:
+    """A page of small print: many lines, slow for OCR."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=22)
+    picture = Image.new("L", (1400, 40 + 30 * len(lines)), 255)
+    draw = ImageDraw.Draw(picture)
+    for n, line in enumerate(lines):
+        draw.text((20, 20 + 30 * n), line, fill=0, font=font)
+    out = io.BytesIO()
+    picture.save(out, "PNG")
+    return out.getvalue()
+
+
 @functools.cache
 def minimal(mime_type: str) -> bytes:
     """A small valid file of the type (for validation tests)."""
