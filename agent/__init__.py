@@ -19,6 +19,7 @@ The worker runs one ``run`` per turn; a cancelled turn raises
 """
 
 from turnmesh.agent._contract import (
+    AgentError,
     AgentFile,
     AgentRequest,
     AgentResponse,
@@ -30,6 +31,7 @@ from turnmesh.agent._loader import BUILTIN_AGENTS, AgentLoadError, load_agent
 
 __all__ = [
     "BUILTIN_AGENTS",
+    "AgentError",
     "AgentFile",
     "AgentLoadError",
     "AgentRequest",
@@ -42,6 +44,7 @@ __all__ = [
 
 # Reprs and tracebacks name the public module, not the private one.
 for _obj in (
+    AgentError,
     AgentFile,
     AgentLoadError,
     AgentRequest,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "AgentError",
     "AgentFile",
     "AgentRequest",
     "AgentResponse",
@@ -108,6 +109,23 @@ class AgentResponse:
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     usage: TokenUsage | None = None
+
+
+class AgentError(Exception):
+    """Raise from ``run`` to end the turn with a ``RUN_ERROR`` that says what
+    went wrong in words fit for the caller (never a secret or a traceback).
+
+    Any other exception ends the turn with a generic "agent error".
+    """
+
+    def __init__(
+        self, title: str, detail: str = "", *, code: str = "agent_error", status: int = 502
+    ) -> None:
+        super().__init__(title)
+        self.title = title
+        self.detail = detail
+        self.code = code
+        self.status = status
 
 
 class EventEmitter(Protocol):

@@ -17,6 +17,7 @@ BUILTIN_AGENTS: Mapping[str, str] = MappingProxyType(
     {
         "demo": "turnmesh.agent.builtin.demo:DemoAgent",
         "echo": "turnmesh.agent.builtin.echo:EchoAgent",
+        "openai": "turnmesh.agent.builtin.llm:OpenAIAgent",
     }
 )
 
@@ -26,12 +27,15 @@ class AgentLoadError(ValueError):
 
 
 def load_agent(spec: str) -> tuple[str, AgentRunnable]:
-    """Return ``(agent_name, instance)`` for a built-in name or ``module:Class``.
+    """Return ``(agent_name, instance)`` for a built-in name, ``module:Class``,
+    or an agent file (``.yaml``).
 
     A class is instantiated with no arguments; its name is its ``name``
     attribute when it has one, else the class name in lower case.
     """
     spec = spec.strip()
+    if spec.endswith((".yaml", ".yml")):
+        return _load_file(spec)
     if ":" not in spec:
         if spec not in BUILTIN_AGENTS:
             known = ", ".join(sorted(BUILTIN_AGENTS))
@@ -40,6 +44,19 @@ def load_agent(spec: str) -> tuple[str, AgentRunnable]:
             )
         return _load(BUILTIN_AGENTS[spec])
     return _load(spec)
+
+
+def _load_file(path: str) -> tuple[str, AgentRunnable]:
+    from turnmesh.agent._config import AgentFileError, build_agent, read_agent_file
+
+    try:
+        config = read_agent_file(path)  # its errors name the file and field
+    except AgentFileError as exc:
+        raise AgentLoadError(str(exc)) from exc
+    try:
+        return config.name, build_agent(config)
+    except (AgentFileError, AgentLoadError, ImportError, ValueError) as exc:
+        raise AgentLoadError(f"agent file {path}: {exc}") from exc
 
 
 def _load(spec: str) -> tuple[str, AgentRunnable]:

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--agent",
         default=_env("agent", "demo"),
-        help="a built-in agent (echo, demo) or package.module:Class",
+        help="a built-in agent (demo, echo, openai), package.module:Class, or an agent file",
     )
     worker.add_argument("--advertise-host", default=_env("advertise_host"))
     worker.add_argument(
@@ -155,7 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser(
         "up", help="run router, servers, workers and Envoy together (foreground; Ctrl-C stops)"
     )
-    up.add_argument("--agent", default=None, help="demo (default), echo, or pkg.module:Class")
+    up.add_argument(
+        "--agent",
+        default=None,
+        help="demo (default), echo, openai, pkg.module:Class, or an agent file (.yaml)",
+    )
     up.add_argument("--servers", type=int, default=None, help="session servers (default 1)")
     up.add_argument("--workers", type=int, default=None, help="workers (default 1)")
     up.add_argument("--host", default=None, help="public address (default 127.0.0.1)")

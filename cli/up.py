@@ -48,21 +48,14 @@ def _preflight(config: UpConfig) -> None:
                     f"port {config.port} on {config.host} is not available ({exc.strerror}); "
                     "pass --port"
                 ) from exc
-    if ":" in config.agent:
-        from turnmesh.agent import AgentLoadError, load_agent
+    # A built-in name, package.module:Class or an agent file: load it here
+    # once, so a bad one is one clear line before anything starts.
+    from turnmesh.agent import AgentLoadError, load_agent
 
-        try:
-            load_agent(config.agent)
-        except AgentLoadError as exc:
-            raise UpError(str(exc)) from exc
-    else:
-        from turnmesh.agent import BUILTIN_AGENTS
-
-        if config.agent not in BUILTIN_AGENTS:
-            raise UpError(
-                f"unknown agent {config.agent!r}: use one of {', '.join(sorted(BUILTIN_AGENTS))} "
-                "or package.module:Class"
-            )
+    try:
+        load_agent(config.agent)
+    except AgentLoadError as exc:
+        raise UpError(str(exc)) from exc
     from turnmesh.envoy import EdgeConfig
     from turnmesh.envoy.process import EnvoyError, validate, write_config
 
@@ -82,11 +75,10 @@ def _preflight(config: UpConfig) -> None:
 
 
 def _agent_name(spec: str) -> str:
-    if ":" not in spec:
-        return spec
-    from turnmesh.agent import load_agent
+    """The name workers register the agent under (a file or class names it)."""
+    from turnmesh.agent import BUILTIN_AGENTS, load_agent
 
-    return load_agent(spec)[0]
+    return spec if spec in BUILTIN_AGENTS else load_agent(spec)[0]
 
 
 def _component_args(config: UpConfig) -> list[str]:

@@ -16,7 +16,7 @@ import grpc
 from google.protobuf import struct_pb2
 from opentelemetry import trace
 
-from turnmesh.agent import AgentResponse, AgentRunnable
+from turnmesh.agent import AgentError, AgentResponse, AgentRunnable
 from turnmesh.files import Sandbox
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import PROBLEM_BASE
@@ -137,9 +137,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                         await task
 
             finished = (
-                None if response is None else _run_finished(response, started, request.turn_id)
+                _run_finished(response, started, request.turn_id)
+                if isinstance(response, AgentResponse)
+                else None
             )
-            if response is None or finished is None:
+            if isinstance(response, AgentError):
+                pending.append(stamped(_agent_error_event(response)))
+            elif response is None or finished is None:
                 pending.append(
                     stamped(
                         make_event(
@@ -164,12 +168,29 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             metrics.WORKER_RUN_SECONDS.observe(time.monotonic() - started)
 
 
-def _outcome(task: asyncio.Task[Any], turn_id: str) -> AgentResponse | None:
-    """The agent's response, or None (logged here, server side only) if it failed."""
+def _agent_error_event(error: AgentError) -> event_pb2.Event:
+    """The agent's own account of its failure, as RUN_ERROR."""
+    slug = error.code.replace("_", "-")
+    return make_event(
+        ET.RUN_ERROR,
+        message=error.title,
+        code=error.code,
+        problem=event_pb2.Problem(
+            type=PROBLEM_BASE + slug, title=error.title, status=error.status, detail=error.detail
+        ),
+    )
+
+
+def _outcome(task: asyncio.Task[Any], turn_id: str) -> AgentResponse | AgentError | None:
+    """The agent's response, its AgentError, or None (logged here, server side
+    only) if it failed otherwise."""
     if task.cancelled():
         log.error("the agent cancelled turn %s by itself", turn_id)
         return None
     exc = task.exception()
+    if isinstance(exc, AgentError):
+        log.warning("turn %s failed in the agent: %s", turn_id, exc.title)
+        return exc
     if exc is not None:
         log.error("the agent raised on turn %s", turn_id, exc_info=exc)
         return None

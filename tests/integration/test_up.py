@@ -251,3 +251,36 @@ def test_up_with_https_tls_and_tracing(tmp_path: Path, monkeypatch: pytest.Monke
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_up_with_an_agent_file(tmp_path: Path) -> None:
+    agent_file = tmp_path / "helper.yaml"
+    agent_file.write_text("name: helper\nkind: echo\n")
+    run_dir = tmp_path / "run"
+    proc = _up(run_dir, "--port", "0", "--agent", str(agent_file))
+    try:
+        banner = _read_banner(proc)
+        assert "agent 'helper'" in banner or str(agent_file) in banner
+        match = re.search(r"REST/SSE and gRPC\s+http://(\S+)", banner)
+        assert match, banner
+        with Client(match.group(1)) as client:
+            session = client.create_session()
+            assert session.agent_name == "helper"
+            assert "hello" in client.send(session.session_id, "hello").text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_a_bad_agent_file_stops_up_before_it_starts(tmp_path: Path) -> None:
+    agent_file = tmp_path / "bad.yaml"
+    agent_file.write_text("name: helper\nkind: openai\n")
+    run_dir = tmp_path / "run"
+    proc = _up(run_dir, "--port", "0", "--agent", str(agent_file))
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "needs `model`" in err and str(agent_file) in err
+    assert not run_dir.exists()

@@ -75,6 +75,7 @@ async def run(agent: AgentRunnable, request: AgentRequest) -> tuple[RecordingEmi
 def test_public_names_are_pinned() -> None:
     assert turnmesh.agent.__all__ == [
         "BUILTIN_AGENTS",
+        "AgentError",
         "AgentFile",
         "AgentLoadError",
         "AgentRequest",
@@ -357,7 +358,7 @@ def test_load_builtin(spec: str, cls: type) -> None:
 
 
 def test_builtin_names_are_listed() -> None:
-    assert sorted(turnmesh.agent.BUILTIN_AGENTS) == ["demo", "echo"]
+    assert sorted(turnmesh.agent.BUILTIN_AGENTS) == ["demo", "echo", "openai"]
 
 
 @pytest.mark.usefixtures("samples_on_path")
@@ -380,8 +381,8 @@ def test_load_module_class(spec: str, name: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("nope", "unknown agent 'nope': use a built-in agent (demo, echo) or"),
-        ("", "unknown agent '': use a built-in agent (demo, echo)"),
+        ("nope", "unknown agent 'nope': use a built-in agent (demo, echo, openai) or"),
+        ("", "unknown agent '': use a built-in agent (demo, echo, openai)"),
         ("no_such_module_xyz:Agent", "cannot import module 'no_such_module_xyz'"),
         (
             "_agent_samples_broken:Agent",

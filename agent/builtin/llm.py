@@ -1,0 +1,259 @@
+"""``openai``: a model-backed agent with a tool loop, for any OpenAI-compatible
+chat-completions endpoint (vLLM, SGLang, llama.cpp's server, Ollama, hosted
+APIs), through the official ``openai`` SDK.
+
+Each turn sends the instructions, the session's history and the new message
+(with the text of any attached files), streams the model's tokens out as
+deltas, and runs the tools it calls (each with a time limit), sending their
+results back until the model answers. Errors from the model become an
+``AgentError`` with a useful title; the SDK retries what is safe to retry
+(connection errors, 429 and 5xx before any token arrived) a bounded number of
+times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from turnmesh.agent._contract import (
+    AgentError,
+    AgentFile,
+    AgentRequest,
+    AgentResponse,
+    EventEmitter,
+    TokenUsage,
+)
+from turnmesh.agent.tools import Tool, load_tool
+
+__all__ = ["ModelSettings", "OpenAIAgent"]
+
+
+class ModelSettings(BaseModel):
+    """Where the model is and how to call it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="the model id the endpoint serves")
+    base_url: str | None = Field(
+        default=None,
+        description="the endpoint, e.g. http://127.0.0.1:8000/v1 (else OPENAI_BASE_URL)",
+    )
+    # The key: from this variable, or given here (`${VAR}` in a file keeps it out).
+    api_key_env: str = Field(default="OPENAI_API_KEY", min_length=1)
+    api_key: SecretStr | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, gt=0)
+    timeout_seconds: float = Field(default=120.0, gt=0)
+    max_retries: int = Field(default=2, ge=0, le=10)
+
+
+@dataclass
+class _Call:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class _Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, usage: Any) -> None:
+        if usage is not None:
+            self.input_tokens += usage.prompt_tokens or 0
+            self.output_tokens += usage.completion_tokens or 0
+
+
+@dataclass
+class _Step:
+    text: str = ""
+    calls: dict[int, _Call] = field(default_factory=dict)
+
+
+def _file_context(files: Sequence[AgentFile]) -> str:
+    parts = []
+    for file in files:
+        name = file.filename or file.mime_type
+        if file.text:
+            parts.append(f"<file name={name!r} type={file.mime_type!r}>\n{file.text}\n</file>")
+        elif file.error:
+            parts.append(f"<file name={name!r}>could not be read: {file.error}</file>")
+    return "\n\n".join(parts)
+
+
+# (exception type, title, detail, code, HTTP status), first match wins.
+_MODEL_ERRORS: tuple[tuple[type[openai.OpenAIError], str, str, str, int], ...] = (
+    (openai.APITimeoutError, "Model timed out", "the model did not answer in time",
+     "model_timeout", 504),
+    (openai.APIConnectionError, "Model unreachable", "the model endpoint could not be reached",
+     "model_unreachable", 502),
+    (openai.AuthenticationError, "Model refused the API key",
+     "the model endpoint rejected the agent's credentials", "model_auth", 502),
+    (openai.PermissionDeniedError, "Model refused the API key",
+     "the model endpoint rejected the agent's credentials", "model_auth", 502),
+    (openai.RateLimitError, "Model rate limited",
+     "the model endpoint is rate limiting; try again later", "model_rate_limited", 503),
+    (openai.NotFoundError, "Model not found",
+     "the model endpoint does not serve the configured model", "model_not_found", 502),
+)  # fmt: skip
+
+
+def _model_error(exc: openai.OpenAIError) -> AgentError:
+    """What the caller is told; the SDK's own message stays in the log."""
+    for kind, title, detail, code, status in _MODEL_ERRORS:
+        if isinstance(exc, kind):
+            return AgentError(title, detail, code=code, status=status)
+    if isinstance(exc, openai.APIStatusError):
+        detail = f"the model endpoint answered {exc.status_code}"
+        return AgentError("Model error", detail, code="model_error", status=502)
+    return AgentError("Model error", "the model call failed", code="model_error", status=502)
+
+
+class OpenAIAgent:
+    """A chat model with tools. ``tools`` are import paths or ``Tool``s."""
+
+    def __init__(
+        self,
+        model: ModelSettings | None = None,
+        *,
+        name: str = "openai",
+        instructions: str = "",
+        tools: Sequence[str | Tool] = (),
+        tool_timeout_seconds: float = 30.0,
+        max_tool_rounds: int = 8,
+    ) -> None:
+        if model is None:
+            # `--agent openai` with no file: the model comes from the environment.
+            model_name = os.environ.get("OPENAI_MODEL", "")
+            if not model_name:
+                raise ValueError("set OPENAI_MODEL, or describe the agent in a YAML file")
+            model = ModelSettings(name=model_name)
+        self.name = name
+        self.settings = model
+        self.instructions = instructions
+        self.tools = {t.name: t for t in (load_tool(s) if isinstance(s, str) else s for s in tools)}
+        self.tool_timeout_seconds = tool_timeout_seconds
+        self.max_tool_rounds = max_tool_rounds
+        self._client = openai.AsyncOpenAI(
+            base_url=model.base_url or os.environ.get("OPENAI_BASE_URL") or None,
+            # Local servers take any key; the SDK insists on one.
+            api_key=(model.api_key.get_secret_value() if model.api_key else None)
+            or os.environ.get(model.api_key_env)
+            or "not-needed",
+            timeout=model.timeout_seconds,
+            max_retries=model.max_retries,
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def _messages(self, request: AgentRequest) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        for m in request.history:
+            entry = {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m}
+            messages.append(entry)
+        content = request.message
+        if request.files:
+            content = f"{content}\n\n{_file_context(request.files)}"
+        messages.append({"role": "user", "content": content})
+        return messages
+
+    async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
+        messages = self._messages(request)
+        usage = _Usage()
+        for _ in range(self.max_tool_rounds + 1):
+            step = await self._step(messages, emitter, usage)
+            if not step.calls:
+                return AgentResponse(
+                    text=step.text,
+                    metadata={"model": self.settings.name},
+                    usage=TokenUsage(usage.input_tokens, usage.output_tokens),
+                )
+            calls = [step.calls[i] for i in sorted(step.calls)]
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": step.text or None,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in calls
+                    ],
+                }
+            )
+            for call in calls:
+                result = await self._run_tool(call, emitter)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        raise AgentError(
+            "Too many tool calls",
+            f"the model kept calling tools after {self.max_tool_rounds} rounds",
+            code="tool_loop",
+        )
+
+    async def _run_tool(self, call: _Call, emitter: EventEmitter) -> str:
+        call.id = await emitter.emit_tool_call(call.name, call.arguments, call_id=call.id or None)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            result = f"error: there is no tool named {call.name!r}"
+        else:
+            result = await tool.invoke(call.arguments, self.tool_timeout_seconds)
+        await emitter.emit_tool_result(call.id, result)
+        return result
+
+    async def _step(
+        self, messages: list[dict[str, Any]], emitter: EventEmitter, usage: _Usage
+    ) -> _Step:
+        """One model call, streamed: text out as deltas, tool calls collected."""
+        options: dict[str, Any] = {}
+        if self.tools:
+            options["tools"] = [t.schema() for t in self.tools.values()]
+        if self.settings.temperature is not None:
+            options["temperature"] = self.settings.temperature
+        if self.settings.max_tokens is not None:
+            options["max_tokens"] = self.settings.max_tokens
+        step = _Step()
+        try:
+            stream = await self._client.chat.completions.create(
+                model=self.settings.name,
+                messages=messages,  # type: ignore[arg-type]
+                stream=True,
+                stream_options={"include_usage": True},
+                **options,
+            )
+        except openai.OpenAIError as exc:
+            raise _model_error(exc) from exc
+        try:
+            async for chunk in stream:
+                usage.add(chunk.usage)
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                if delta.content:
+                    step.text += delta.content
+                    await emitter.emit_delta(delta.content)
+                for piece in delta.tool_calls or ():
+                    call = step.calls.setdefault(piece.index, _Call())
+                    call.id = piece.id or call.id
+                    if piece.function is not None:
+                        call.name += piece.function.name or ""
+                        call.arguments += piece.function.arguments or ""
+        except openai.OpenAIError as exc:
+            raise _model_error(exc) from exc
+        finally:
+            # Also on cancellation: the model stops generating for us.
+            with contextlib.suppress(Exception):
+                await stream.close()
+        return step
