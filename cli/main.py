@@ -152,6 +152,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory one file's reader process may use",
     )
 
+    edge = sub.add_parser(
+        "edge", help="run Envoy in front of session servers (what a container runs)"
+    )
+    edge.add_argument(
+        "--upstream",
+        action="append",
+        default=[u for u in (_env("upstreams") or "").split(",") if u],
+        help="a session server host:port (repeat; a DNS name gives every address it has)",
+    )
+    edge.add_argument("--host", default=_env("host", "127.0.0.1"), help="public address")
+    edge.add_argument("--port", type=int, default=int(_env("port", "8080") or 8080))
+    edge.add_argument("--admin-port", type=int, default=int(_env("admin_port", "9901") or 9901))
+    edge.add_argument("--tls-ca", default=_env("tls_ca"), help="mesh CA: mTLS to the servers")
+    edge.add_argument("--tls-cert", default=_env("tls_cert"), help="Envoy's mesh certificate")
+    edge.add_argument("--tls-key", default=_env("tls_key"), help="Envoy's mesh private key")
+    edge.add_argument("--edge-tls-cert", default=_env("edge_tls_cert"), help="HTTPS: cert")
+    edge.add_argument("--edge-tls-key", default=_env("edge_tls_key"), help="HTTPS: key")
+    edge.add_argument("--otlp-endpoint", default=_env("otlp_endpoint"))
+    edge.add_argument("--config-dir", default=_env("config_dir"), help="where envoy.json goes")
+
     up = sub.add_parser(
         "up", help="run router, servers, workers and Envoy together (foreground; Ctrl-C stops)"
     )
@@ -260,6 +280,10 @@ def main(argv: list[str] | None = None) -> None:
         from turnmesh.cli.up import run_up
 
         sys.exit(run_up(args))
+    if args.command == "edge":
+        from turnmesh.cli.edge import run_edge
+
+        sys.exit(run_edge(args))
     from turnmesh.runtime.logs import setup_logging
 
     try:

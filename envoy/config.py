@@ -9,6 +9,7 @@ RPCs come out as SSE. Errors a REST client can get are all
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,14 @@ def _address(host: str, port: int) -> dict[str, Any]:
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _problem_mappers() -> list[dict[str, Any]]:
@@ -371,7 +380,11 @@ def render(config: EdgeConfig) -> dict[str, Any]:
     }
     cluster = {
         "name": "session_servers",
-        "type": "STATIC",
+        # Addresses as given; names (a Kubernetes headless Service) are
+        # resolved, every address an endpoint, and re-resolved as pods change.
+        "type": "STATIC" if all(_is_ip(_split(a)[0]) for a in config.upstreams) else "STRICT_DNS",
+        "dns_refresh_rate": "5s",
+        "dns_lookup_family": "V4_PREFERRED",
         "connect_timeout": "2s",
         "lb_policy": "ROUND_ROBIN",
         "typed_extension_protocol_options": {

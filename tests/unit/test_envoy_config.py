@@ -16,6 +16,7 @@ VARIANTS = {
     ),
     "exposed": EdgeConfig(upstreams=["10.0.0.5:7100"], host="0.0.0.0", port=8080),
     "ephemeral-ports": EdgeConfig(upstreams=["[::1]:7100"], port=0, admin_port=0),
+    "dns-upstream": EdgeConfig(upstreams=["turnmesh-server-headless:7100"], host="0.0.0.0"),
     "traced-ip": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="http://127.0.0.1:4317"),
     "traced-name": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="otel-collector:4317"),
 }
@@ -73,3 +74,10 @@ def test_tls_on_the_listener_and_to_the_servers(tmp_path: Path) -> None:
     # Without TLS settings there is no transport socket at all.
     plain = render(EdgeConfig(upstreams=["127.0.0.1:7100"]))
     assert "transport_socket" not in plain["static_resources"]["clusters"][0]
+
+
+def test_names_are_resolved_and_addresses_are_static() -> None:
+    static = render(EdgeConfig(upstreams=["10.0.0.5:7100", "[::1]:7100"]))
+    assert static["static_resources"]["clusters"][0]["type"] == "STATIC"
+    named = render(EdgeConfig(upstreams=["turnmesh-server-headless:7100"]))
+    assert named["static_resources"]["clusters"][0]["type"] == "STRICT_DNS"

@@ -1,0 +1,53 @@
+"""``turnmesh edge``: render Envoy's config for the given session servers,
+check it, and become Envoy (exec), so that signals reach Envoy directly: what
+a container or a host of its own runs at the edge."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from turnmesh.envoy import EdgeConfig
+from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
+from turnmesh.runtime.tls import TlsConfigError, tls_files
+
+
+def edge_config(args: argparse.Namespace) -> EdgeConfig:
+    if not args.upstream:
+        raise ValueError("give at least one --upstream HOST:PORT (a session server)")
+    if bool(args.edge_tls_cert) != bool(args.edge_tls_key):
+        raise ValueError("HTTPS needs both --edge-tls-cert and --edge-tls-key")
+    return EdgeConfig(
+        upstreams=list(args.upstream),
+        host=args.host,
+        port=args.port,
+        admin_port=args.admin_port,
+        listener_tls=(Path(args.edge_tls_cert), Path(args.edge_tls_key))
+        if args.edge_tls_cert
+        else None,
+        upstream_tls=tls_files(args.tls_ca, args.tls_cert, args.tls_key),
+        otlp_endpoint=args.otlp_endpoint,
+    )
+
+
+def run_edge(args: argparse.Namespace) -> int:
+    try:
+        config = edge_config(args)
+        directory = Path(args.config_dir or tempfile.mkdtemp(prefix="turnmesh-edge-"))
+        directory.mkdir(parents=True, exist_ok=True)
+        path = write_config(config, directory / "envoy.json")
+        validate(path)
+    except (ValueError, TlsConfigError, EnvoyError, OSError) as exc:
+        print(f"turnmesh edge: {exc}", file=sys.stderr, flush=True)
+        return 2
+    argv = envoy_argv(path, directory / "envoy-admin-address")
+    print(
+        f"turnmesh edge: Envoy on {args.host}:{args.port} in front of "
+        f"{', '.join(config.upstreams)} (config {path})",
+        flush=True,
+    )
+    os.execv(argv[0], argv)  # Envoy takes over this process
+    return 0  # not reached
