@@ -15,12 +15,13 @@ but pulls in onnxruntime and pandas, hundreds of megabytes for a worker.
 from __future__ import annotations
 
 import io
+import warnings
 import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from turnmesh.files.types import DOCX, IMAGE_TYPES, PPTX, TEXT_TYPES, XLSX
+from turnmesh.files.types import DOCX, IMAGE_TYPES, MAX_ZIP_ENTRIES, PPTX, TEXT_TYPES, XLSX
 
 MAX_TEXT_CHARS = 200_000
 MAX_PDF_PAGES = 2_000
@@ -29,7 +30,6 @@ MAX_IMAGE_PIXELS = 40_000_000
 # Office files are zips: refuse bombs before a parser inflates them.
 MAX_UNZIPPED_BYTES = 256 * 1024 * 1024
 MAX_ZIP_RATIO = 200
-MAX_ZIP_ENTRIES = 5_000
 OCR_SECONDS = 25
 
 
@@ -93,13 +93,15 @@ def extract(mime_type: str, content: bytes) -> Extracted:
 
 def _pdf(content: bytes, out: _Text) -> None:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import LimitReachedError, PdfReadError
 
     try:
         reader = PdfReader(io.BytesIO(content))
         if reader.is_encrypted and not reader.decrypt(""):
             raise FileUnreadable("the PDF is encrypted")
         pages = len(reader.pages)
+    except LimitReachedError as exc:
+        raise FileUnreadable("the PDF is too large or too deeply nested to read") from exc
     except PdfReadError as exc:
         raise FileUnreadable("the PDF is damaged and cannot be read") from exc
     for number in range(min(pages, MAX_PDF_PAGES)):
@@ -156,19 +158,26 @@ def _docx(stream: io.BytesIO, out: _Text) -> None:
         document = docx.Document(stream)
     except Exception as exc:  # python-docx raises many types for a broken file
         raise FileUnreadable("the Word document is damaged and cannot be read") from exc
+    in_list = False
     for block in document.iter_inner_content():
         if isinstance(block, Table):
+            text, style = None, ""
+        else:
+            text = block.text.strip()
+            if not text:
+                continue
+            style = (block.style.name if block.style is not None else "") or ""
+        if in_list and not style.startswith("List"):
+            out.add("\n")  # a list ends with a blank line in Markdown
+        in_list = style.startswith("List")
+        if text is None:
+            assert isinstance(block, Table)
             out.add(_table([[cell.text for cell in row.cells] for row in block.rows]))
-            continue
-        text = block.text.strip()
-        if not text:
-            continue
-        style = (block.style.name if block.style is not None else "") or ""
-        if style == "Title":
+        elif style == "Title":
             out.add(f"# {text}\n\n")
         elif style.startswith("Heading ") and style[8:].isdigit():
             out.add(f"{'#' * min(6, int(style[8:]) + 1)} {text}\n\n")
-        elif style.startswith("List"):
+        elif in_list:
             out.add(f"- {text}\n")
         else:
             out.add(f"{text}\n\n")
@@ -184,20 +193,25 @@ def _xlsx(stream: io.BytesIO, out: _Text) -> None:
     try:
         for sheet in workbook.worksheets:
             out.add(f"## {sheet.title}\n\n")
-            rows = _rows(sheet.iter_rows(values_only=True))
+            rows, cut = _rows(sheet.iter_rows(values_only=True))
             out.add(_table(rows))
+            if cut:
+                out.truncated = True
+                out.add(f"[rows after the first {MAX_SHEET_ROWS} not read]\n\n")
     finally:
         workbook.close()
 
 
-def _rows(rows: Iterable[Sequence[Any]]) -> list[Sequence[Any]]:
+def _rows(rows: Iterable[Sequence[Any]]) -> tuple[list[Sequence[Any]], bool]:
+    """The non-empty rows, at most MAX_SHEET_ROWS of them (a sheet of
+    blank rows is walked no further than that either); and whether any were cut."""
     kept: list[Sequence[Any]] = []
-    for row in rows:
-        if len(kept) >= MAX_SHEET_ROWS:
-            break
+    for seen, row in enumerate(rows):
+        if len(kept) >= MAX_SHEET_ROWS or seen >= 2 * MAX_SHEET_ROWS:
+            return kept, True
         if any(v is not None and str(v).strip() for v in row):
             kept.append(row)
-    return kept
+    return kept, False
 
 
 def _pptx(stream: io.BytesIO, out: _Text) -> None:
@@ -209,18 +223,26 @@ def _pptx(stream: io.BytesIO, out: _Text) -> None:
         raise FileUnreadable("the presentation is damaged and cannot be read") from exc
     for number, slide in enumerate(presentation.slides, start=1):
         out.add(f"## Slide {number}\n\n")
-        for shape in slide.shapes:
-            if shape.has_text_frame:
-                text = shape.text_frame.text.strip()
-                if text:
-                    out.add(f"{text}\n\n")
-            if getattr(shape, "has_table", False) and shape.has_table:
-                table = shape.table
-                out.add(_table([[cell.text for cell in row.cells] for row in table.rows]))
+        _shapes(slide.shapes, out)
         if slide.has_notes_slide:
             notes = slide.notes_slide.notes_text_frame
             if notes is not None and notes.text.strip():
                 out.add(f"Notes: {notes.text.strip()}\n\n")
+
+
+def _shapes(shapes: Iterable[Any], out: _Text) -> None:
+    from pptx.enum.shapes import MSO_SHAPE_TYPE
+
+    for shape in shapes:
+        if shape.shape_type == MSO_SHAPE_TYPE.GROUP:
+            _shapes(shape.shapes, out)  # grouped text boxes are text too
+            continue
+        if shape.has_text_frame:
+            text = shape.text_frame.text.strip()
+            if text:
+                out.add(f"{text}\n\n")
+        if getattr(shape, "has_table", False) and shape.has_table:
+            out.add(_table([[cell.text for cell in row.cells] for row in shape.table.rows]))
 
 
 def _image(content: bytes, out: _Text) -> None:
@@ -228,22 +250,36 @@ def _image(content: bytes, out: _Text) -> None:
     from PIL import Image, UnidentifiedImageError
 
     Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    too_big = f"the image has more than {MAX_IMAGE_PIXELS:,} pixels"
     try:
-        image = Image.open(io.BytesIO(content))
+        with warnings.catch_warnings():
+            # Pillow warns past the limit and refuses past twice it: we refuse.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(content))
         width, height = image.size
         if width * height > MAX_IMAGE_PIXELS:
             raise FileUnreadable(
                 f"the image is {width}x{height} pixels, more than {MAX_IMAGE_PIXELS:,}"
             )
         image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise FileUnreadable(too_big) from exc
+    except (UnidentifiedImageError, OSError) as exc:
         raise FileUnreadable("the image is damaged and cannot be read") from exc
-    if image.mode not in ("L", "RGB"):
+    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+        # On white, as a viewer shows it: dark text on a transparent
+        # background would otherwise become dark text on black.
+        rgba = image.convert("RGBA")
+        image = Image.new("RGB", rgba.size, "white")
+        image.paste(rgba, mask=rgba.getchannel("A"))
+    elif image.mode not in ("L", "RGB"):
         image = image.convert("RGB")
     try:
         text = pytesseract.image_to_string(image, timeout=OCR_SECONDS)
-    except RuntimeError as exc:  # pytesseract's timeout
-        raise FileUnreadable("reading the image's text took too long") from exc
     except pytesseract.TesseractNotFoundError as exc:
         raise FileUnreadable("OCR is not installed on this worker") from exc
+    except pytesseract.TesseractError as exc:
+        raise FileUnreadable("OCR could not read this image") from exc
+    except RuntimeError as exc:  # pytesseract's timeout
+        raise FileUnreadable("reading the image's text took too long") from exc
     out.add(text)

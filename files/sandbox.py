@@ -30,6 +30,9 @@ DEFAULT_TIMEOUT_SECONDS = 30.0
 POLL_SECONDS = 0.05
 DEFAULT_MEMORY_BYTES = 2 * 1024 * 1024 * 1024
 PRELOAD = [
+    # The main module once, in the fork server, not in every reader (a worker
+    # started by the `turnmesh` script would re-run it per file).
+    "__main__",
     "turnmesh.files.extract",
     "pypdf",
     "docx",

@@ -8,6 +8,8 @@ happens; reading the whole file is the worker's job.
 from __future__ import annotations
 
 import codecs
+import io
+import zipfile
 
 import filetype
 
@@ -37,7 +39,9 @@ def sniff_problem(content: bytes, mime_type: str) -> str | None:
     head = content[:SNIFF_BYTES]
     guessed = filetype.guess_mime(head)
     if mime_type in TEXT_TYPES:
-        if guessed is not None:
+        # Only the accepted binary types count: filetype also "recognises"
+        # two-byte signatures (BM, MZ) that plenty of text starts with.
+        if guessed in ALLOWED_MIME_TYPES:
             return f"declared {mime_type} but the content is {guessed}"
         if b"\x00" in head:
             return f"declared {mime_type} but the content is binary"
@@ -48,6 +52,33 @@ def sniff_problem(content: bytes, mime_type: str) -> str | None:
         except UnicodeDecodeError:
             return f"declared {mime_type} but the content is not UTF-8 text"
         return None
+    if mime_type in OFFICE_TYPES and guessed in ("application/zip", *OFFICE_TYPES):
+        # filetype finds the part names only among the first few entries;
+        # the zip's own directory says for sure.
+        guessed = _office_type(content) or guessed
     if guessed != mime_type:
         return f"declared {mime_type} but the content is {_describe(guessed)}"
     return None
+
+
+# The part every document of the type has.
+_MAIN_PARTS = {"word/document.xml": DOCX, "xl/workbook.xml": XLSX, "ppt/presentation.xml": PPTX}
+# More entries than this is not a document we read (nor cheap to list here).
+MAX_ZIP_ENTRIES = 5_000
+
+
+def _office_type(content: bytes) -> str | None:
+    """The OOXML type by the zip's part names; the entry count is read from
+    the end record first, so listing them stays cheap."""
+    tail = content[-(65_535 + 22) :]
+    end = tail.rfind(b"PK\x05\x06")
+    if end < 0 or len(tail) < end + 12:
+        return None
+    if int.from_bytes(tail[end + 10 : end + 12], "little") > MAX_ZIP_ENTRIES:
+        return None
+    try:
+        with zipfile.ZipFile(io.BytesIO(content)) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, ValueError):
+        return None
+    return next((kind for part, kind in _MAIN_PARTS.items() if part in names), None)
