@@ -5,11 +5,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # Programs the tests use that come from Debian, not PyPI: command:package.
-SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server wrk:wrk tesseract:tesseract-ocr
+SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server wrk:wrk tesseract:tesseract-ocr ip:iproute2
 # The real AG-UI client, pinned by package-lock.json, for the AG-UI tests.
 NODE_STAMP := clients/agui/node_modules/.package-lock.json
 
-.PHONY: install system-deps gen test test-unit lint format run bench chaos clean
+.PHONY: install system-deps gen test test-unit test-multihost lint format run bench chaos clean
 
 install: system-deps $(STAMP) $(NODE_STAMP)
 
@@ -42,6 +42,10 @@ test: install
 
 test-unit: install
 	$(PY) -m pytest tests/unit
+
+# Six hosts in network namespaces (root): also part of `make test`.
+test-multihost: install
+	$(PY) -m pytest -s tests/integration/test_multihost.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -391,7 +391,13 @@ def render(config: EdgeConfig) -> dict[str, Any]:
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3"
                 ".HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
+                "explicit_http_config": {
+                    "http2_protocol_options": {
+                        # A server whose host vanished (no RST, no FIN) is
+                        # found out in seconds: its streams end, callers retry.
+                        "connection_keepalive": {"interval": "5s", "timeout": "3s"}
+                    }
+                },
             }
         },
         "load_assignment": {

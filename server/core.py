@@ -150,8 +150,11 @@ class SessionCore:
                 except NotFound:
                     pass  # its events expired: run it as a new turn
                 else:
-                    turns.rejoin(earlier)
-                    return tlog
+                    if not (tlog.done and tlog.state != spb.TURN_STATE_FINISHED):
+                        turns.rejoin(earlier)
+                        return tlog
+                    # It failed or was cancelled, so it changed nothing: a
+                    # retry runs the turn again (the key then names the new one).
         if not self.workers.has_agent(record.agent_name):
             await self.workers.refresh()
             if not self.workers.has_agent(record.agent_name):

@@ -11,16 +11,24 @@ each is atomic and a commit to a deleted session cannot resurrect it.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-from typing import Any
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import redis.asyncio as redis
 
-from turnmesh.runtime.errors import AlreadyExists, NotFound
+from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
 from turnmesh.server.store import SessionRecord, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 IDLE = "tm:idle"
+# Redis refusing service (auth, protected mode, loading, a read-only replica).
+REFUSALS = ("DENIED", "NOAUTH", "WRONGPASS", "LOADING", "READONLY", "MASTERDOWN")
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # KEYS: record, history, idle. ARGV: id, agent, created, activity, metadata, n, messages...
 CREATE = """
@@ -49,9 +57,35 @@ return 1
 """
 
 
+def _unavailable_when_down(cls: type[T]) -> type[T]:
+    """Every public coroutine of ``cls`` turns Redis being unreachable or
+    refusing us into Unavailable (a retryable 503), not an internal error."""
+    for name, member in list(vars(cls).items()):
+        if name.startswith("_") or not inspect.iscoroutinefunction(member):
+            continue
+
+        def wrap(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            @functools.wraps(method)
+            async def guarded(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await method(*args, **kwargs)
+                except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+                    if isinstance(exc, redis.ResponseError) and not str(exc).startswith(REFUSALS):
+                        raise  # our own mistake (a script error): internal, logged as such
+                    log.warning("the session store failed: %s", type(exc).__name__)
+                    raise Unavailable("the session store is unavailable") from exc
+
+            return guarded
+
+        setattr(cls, name, wrap(member))
+    return cls
+
+
+@_unavailable_when_down
 class RedisStore(TurnCommits):
     def __init__(self, url: str, event_ttl_seconds: float) -> None:
-        self._redis = redis.Redis.from_url(url)
+        # Bounded waits: a Redis behind a cut link must fail calls, not hang them.
+        self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
         self._ttl = max(1, int(event_ttl_seconds))
         self._create = self._redis.register_script(CREATE)
         self._commit_script = self._redis.register_script(COMMIT)

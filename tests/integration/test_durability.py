@@ -7,8 +7,10 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.support.mesh import Component, Mesh, RedisServer, eventually
-from turnmesh.client import AsyncClient
+from turnmesh.client import AsyncClient, TurnFailedError
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -178,3 +180,19 @@ async def test_a_turn_that_outlives_the_drain_ends_cleanly(
         assert events[-1].code == "shutdown"
         assert victim.proc.wait(timeout=30) == 0
         assert [m.content for m in await other.history(sid)] == ["kept", "part0 "]
+
+
+async def test_a_retry_of_a_failed_turn_runs_it_again(client: AsyncClient) -> None:
+    """A failed turn changed nothing, so its idempotency key does not pin the
+    failure: the retry runs, once, and a second retry replays that run."""
+    sid = (await client.create_session(agent="probe")).session_id
+    options = {"idempotency_key": "retry-me", "metadata": {"fail_once": sid, "deltas": 2}}
+    with pytest.raises(TurnFailedError) as failed:
+        await client.send(sid, "try", **options)
+    assert failed.value.event.problem.title == "Probe failure"
+    assert await client.history(sid) == []
+    second = await client.send(sid, "try", **options)
+    assert second.turn_id != failed.value.event.run_id
+    third = await client.send(sid, "try", **options)
+    assert third.events == second.events
+    assert [m.content for m in await client.history(sid) if m.role == "user"] == ["try"]

@@ -85,9 +85,9 @@ class TestCA:
         self.ca_file = directory / f"{slug}.pem"
         self.ca_file.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str) -> Issued:
+    def issue(self, name: str, ips: tuple[str, ...] = ("127.0.0.1",)) -> Issued:
         """A certificate for both ends of a connection (server and client
-        auth), valid for 127.0.0.1 and localhost."""
+        auth), valid for localhost and the given addresses."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         cert = (
@@ -102,7 +102,7 @@ class TestCA:
                 x509.SubjectAlternativeName(
                     [
                         x509.DNSName("localhost"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips),
                     ]
                 ),
                 critical=False,

@@ -6,7 +6,8 @@ that a cancellation reached the agent as asyncio.CancelledError.
 
 Metadata: ``deltas`` (count), ``delay_ms`` (between deltas),
 ``stall_first_attempt`` (the first worker to run the turn stalls before
-emitting anything: the test kills it there to see a transparent retry).
+emitting anything: the test kills it there to see a transparent retry),
+``fail_once`` (a name: the first turn carrying it fails with AgentError).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from turnmesh.agent import AgentRequest, AgentResponse, EventEmitter
+from turnmesh.agent import AgentError, AgentRequest, AgentResponse, EventEmitter
 
 
 class ProbeAgent:
@@ -30,6 +31,11 @@ class ProbeAgent:
         deltas = int(request.metadata.get("deltas", 5))
         delay = float(request.metadata.get("delay_ms", 50)) / 1000
         parts: list[str] = []
+        if fail_once := request.metadata.get("fail_once"):
+            marker = probe / f"failed-once-{fail_once}"
+            if not marker.exists():
+                marker.write_text(request.turn_id)
+                raise AgentError("Probe failure", "this turn fails once, on purpose")
         try:
             if request.metadata.get("stall_first_attempt") and first_attempt:
                 await asyncio.sleep(3600)
