@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # Programs the tests use that come from Debian, not PyPI: command:package.
-SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server wrk:wrk tesseract:tesseract-ocr ip:iproute2
+SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server wrk:wrk tesseract:tesseract-ocr ip:iproute2 chromium:chromium chromedriver:chromium-driver
 # The real AG-UI client, pinned by package-lock.json, for the AG-UI tests.
 NODE_STAMP := clients/agui/node_modules/.package-lock.json
 

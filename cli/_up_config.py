@@ -37,6 +37,8 @@ class UpConfig(BaseModel):
     tls_key: Path | None = None
     # OTLP/gRPC collector for every component's spans and Envoy's.
     otlp_endpoint: str | None = None
+    # Browser origins allowed to call the API, comma-separated ("*": any).
+    cors_origins: str = "http://localhost:3000"
     # HTTPS (and gRPC over TLS) on Envoy's public listener.
     edge_tls_cert: Path | None = None
     edge_tls_key: Path | None = None

@@ -30,7 +30,12 @@ def edge_config(args: argparse.Namespace) -> EdgeConfig:
         else None,
         upstream_tls=tls_files(args.tls_ca, args.tls_cert, args.tls_key),
         otlp_endpoint=args.otlp_endpoint,
+        cors_origins=_origins(args.cors_origins),
     )
+
+
+def _origins(value: str) -> tuple[str, ...]:
+    return tuple(o.strip() for o in value.split(",") if o.strip())
 
 
 def run_edge(args: argparse.Namespace) -> int:
@@ -43,7 +48,7 @@ def run_edge(args: argparse.Namespace) -> int:
     except (ValueError, TlsConfigError, EnvoyError, OSError) as exc:
         print(f"turnmesh edge: {exc}", file=sys.stderr, flush=True)
         return 2
-    argv = envoy_argv(path, directory / "envoy-admin-address")
+    argv = envoy_argv(path, directory / "envoy-admin-address", args.concurrency)
     print(
         f"turnmesh edge: Envoy on {args.host}:{args.port} in front of "
         f"{', '.join(config.upstreams)} (config {path})",

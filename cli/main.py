@@ -140,6 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--advertise-host", default=_env("advertise_host"))
     worker.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=float(_env("grace_seconds", "10") or 10),
+        help="how long SIGTERM waits for running turns",
+    )
+    worker.add_argument(
+        "--file-concurrency",
+        type=int,
+        default=int(_env("file_concurrency", "2") or 2),
+        help="attached files read at once (each in its own process)",
+    )
+    worker.add_argument(
         "--file-timeout",
         type=float,
         default=float(_env("file_timeout", "30") or 30),
@@ -170,7 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--edge-tls-cert", default=_env("edge_tls_cert"), help="HTTPS: cert")
     edge.add_argument("--edge-tls-key", default=_env("edge_tls_key"), help="HTTPS: key")
     edge.add_argument("--otlp-endpoint", default=_env("otlp_endpoint"))
+    edge.add_argument(
+        "--cors-origins",
+        default=_env("cors_origins", "http://localhost:3000"),
+        help="browser origins allowed to call the API, comma-separated ('*' for any)",
+    )
     edge.add_argument("--config-dir", default=_env("config_dir"), help="where envoy.json goes")
+    concurrency = _env("concurrency")
+    edge.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(concurrency) if concurrency else None,
+        help="Envoy worker threads (default: one per CPU of the machine; set it to the pod's)",
+    )
 
     up = sub.add_parser(
         "up", help="run router, servers, workers and Envoy together (foreground; Ctrl-C stops)"
@@ -193,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--edge-tls-cert", type=Path, default=None, help="HTTPS at Envoy: cert")
     up.add_argument("--edge-tls-key", type=Path, default=None, help="HTTPS at Envoy: key")
     up.add_argument("--otlp-endpoint", default=None, help="OTLP/gRPC collector for traces")
+    up.add_argument(
+        "--cors-origins",
+        default=None,
+        help="browser origins allowed to call the API, comma-separated ('*' for any; "
+        "default http://localhost:3000; the playground needs none)",
+    )
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
     up.add_argument("--log-level", default=None)
@@ -256,6 +286,8 @@ def _component(
         advertise_host=args.advertise_host,
         file_timeout_seconds=args.file_timeout,
         file_memory_mb=args.file_memory_mb,
+        file_concurrency=args.file_concurrency,
+        grace_seconds=args.grace_seconds,
     )
     return "worker", config, serve_worker
 

@@ -134,6 +134,7 @@ class Mesh:
 
     def _child(self, name: str, *args: str) -> Child:
         ready = self.run_dir / f"{name}.ready.json"
+        ready.unlink(missing_ok=True)  # a reused run dir: never trust an old one
         argv = _turnmesh(*args, "--ready-file", str(ready))
         return Child(name, argv, self.run_dir, ready_file=ready)
 
@@ -197,6 +198,7 @@ class Mesh:
             listener_tls=c.edge_tls,
             upstream_tls=c.mesh_tls,
             otlp_endpoint=c.otlp_endpoint,
+            cors_origins=tuple(o.strip() for o in c.cors_origins.split(",") if o.strip()),
         )
         path = write_config(edge, self.run_dir / "envoy.json")
         try:
@@ -204,6 +206,7 @@ class Mesh:
         except EnvoyError as exc:
             raise UpError(str(exc)) from exc
         admin_file = self.run_dir / "envoy-admin-address"
+        admin_file.unlink(missing_ok=True)
         argv = envoy_argv(path, admin_file)
         envoy = Child("envoy", argv, self.run_dir)
         self.envoy.append(envoy)
@@ -252,6 +255,7 @@ class Mesh:
             [
                 f"turnmesh is up in {elapsed:.1f} s: agent {c.agent!r}, "
                 f"{c.servers} server(s), {c.workers} worker(s)",
+                f"  playground         {edge}/  (open it in a browser)",
                 f"  REST/SSE and gRPC  {edge}  (Envoy; reflection for grpcurl)",
                 f"  Envoy admin        http://{self.admin_address}  (loopback only)",
                 f"  router             {self.router[0].info['address']}",
@@ -286,6 +290,7 @@ def run_up(args: argparse.Namespace) -> int:
         "edge_tls_cert": args.edge_tls_cert,
         "edge_tls_key": args.edge_tls_key,
         "otlp_endpoint": args.otlp_endpoint,
+        "cors_origins": args.cors_origins,
     }
     try:
         config = load(args.config, flags)

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import turnmesh.v1
+from turnmesh.playground import INDEX as PLAYGROUND_PAGE
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
 HERE = Path(__file__).resolve().parent
-# gen/ sits beside envoy/ in the repository; an installed package finds the
-# descriptor set next to the generated modules instead.
-DESCRIPTOR_SET = HERE.parent / "gen" / "turnmesh.binpb"
+# The descriptor set ships inside the generated package (package data), in a
+# checkout and an installed wheel alike.
+DESCRIPTOR_SET = Path(turnmesh.v1.__file__).resolve().parent / "turnmesh.binpb"
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
 
@@ -30,6 +32,13 @@ MAX_REQUEST_BODY_BYTES = 135 * 1024 * 1024
 # Idle streams are kept open by the servers' keepalive events; this only
 # reaps streams whose peer vanished.
 STREAM_IDLE_TIMEOUT = "3600s"
+
+DEFAULT_CORS_ORIGINS = ("http://localhost:3000",)
+# What a browser client may send and read (X-Session-Id: the OpenAI surfaces'
+# session header; Retry-After on 409/429; traceparent to join a trace).
+CORS_ALLOW_HEADERS = "authorization, content-type, x-session-id, last-event-id, traceparent"
+CORS_EXPOSE_HEADERS = "x-session-id, retry-after, www-authenticate, content-type"
+PLAYGROUND = PLAYGROUND_PAGE
 
 INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-mesh-key", "x-turnmesh-internal")
 OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
@@ -75,6 +84,11 @@ class EdgeConfig:
     upstream_tls: TlsFiles | None = None
     # OTLP/gRPC collector (host:port or http://host:port) for Envoy's spans.
     otlp_endpoint: str | None = None
+    # Browser origins allowed to call the API ("*": any). The playground is
+    # served from this listener, so it needs no entry (same origin).
+    cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
+    # The page served at GET / (None: no playground).
+    playground: Path | None = PLAYGROUND
 
 
 TLS_SOCKET = "envoy.transport_sockets.tls"
@@ -127,6 +141,58 @@ def _collector_cluster(endpoint: str) -> dict[str, Any]:
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, port)}}]}],
         },
     }
+
+
+def _cors(config: EdgeConfig) -> dict[str, Any]:
+    origins = (
+        [{"prefix": ""}]
+        if "*" in config.cors_origins
+        else [{"exact": origin.rstrip("/")} for origin in config.cors_origins]
+    )
+    return {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+        "allow_origin_string_match": origins,
+        "allow_methods": "GET, POST, DELETE, OPTIONS",
+        "allow_headers": CORS_ALLOW_HEADERS,
+        "expose_headers": CORS_EXPOSE_HEADERS,
+        "max_age": "600",
+        "allow_credentials": False,
+    }
+
+
+def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
+    if config.playground is None:
+        return []
+    return [
+        {
+            "match": {
+                "path": "/",
+                "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
+            },
+            "direct_response": {"status": 200, "body": {"filename": str(config.playground)}},
+            "response_headers_to_add": [
+                {"header": {"key": k, "value": v}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+                for k, v in (
+                    ("content-type", "text/html; charset=utf-8"),
+                    ("cache-control", "no-cache"),
+                    # The page talks to this origin only and loads nothing else.
+                    (
+                        "content-security-policy",
+                        "default-src 'none'; script-src 'unsafe-inline'; "
+                        "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+                    ),
+                    ("x-content-type-options", "nosniff"),
+                )
+            ],
+            # Not a gRPC method: the transcoder must let it through.
+            "typed_per_filter_config": {
+                "envoy.filters.http.grpc_json_transcoder": {
+                    "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                    "disabled": True,
+                }
+            },
+        }
+    ]
 
 
 def _listener_tls(cert: Path, key: Path) -> dict[str, Any]:
@@ -319,13 +385,17 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         "local_reply_config": {"mappers": _problem_mappers()},
         "route_config": {
             "name": "public",
+            # The playground page is served from memory (Envoy's default cap is 4 KiB).
+            "max_direct_response_body_size_bytes": 1024 * 1024,
             "virtual_hosts": [
                 {
                     "name": "mesh",
                     "domains": ["*"],
                     # Mesh-internal headers never come from outside.
                     "request_headers_to_remove": list(INTERNAL_HEADERS),
+                    "typed_per_filter_config": {"envoy.filters.http.cors": _cors(config)},
                     "routes": [
+                        *_playground_routes(config),
                         {
                             # Native gRPC (reflection is a bidi stream) must not
                             # be buffered; gRPC's own message limits apply.
@@ -353,6 +423,13 @@ def render(config: EdgeConfig) -> dict[str, Any]:
             ],
         },
         "http_filters": [
+            {
+                # Answers preflights for allowed origins, before anything else.
+                "name": "envoy.filters.http.cors",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"
+                },
+            },
             {
                 "name": "envoy.filters.http.lua",
                 "typed_config": {
@@ -383,7 +460,6 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         # Addresses as given; names (a Kubernetes headless Service) are
         # resolved, every address an endpoint, and re-resolved as pods change.
         "type": "STATIC" if all(_is_ip(_split(a)[0]) for a in config.upstreams) else "STRICT_DNS",
-        "dns_refresh_rate": "5s",
         "dns_lookup_family": "V4_PREFERRED",
         "connect_timeout": "2s",
         "lb_policy": "ROUND_ROBIN",

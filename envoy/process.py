@@ -59,8 +59,15 @@ def validate(path: Path) -> None:
         raise EnvoyError(f"invalid Envoy config {path}: {lines[-1] if lines else 'unknown error'}")
 
 
-def envoy_argv(config_path: Path, admin_address_file: Path) -> list[str]:
+def envoy_argv(
+    config_path: Path, admin_address_file: Path, concurrency: int | None = None
+) -> list[str]:
     """The command line for a turnmesh Envoy."""
+    threads = ["--concurrency", str(concurrency)] if concurrency else []
+    return [*_base_argv(config_path, admin_address_file), *threads]
+
+
+def _base_argv(config_path: Path, admin_address_file: Path) -> list[str]:
     return [
         envoy_binary(),
         "-c",

@@ -101,6 +101,7 @@ class Membership:
         self.registered.set()
 
     async def _run(self) -> None:
+        unreachable = False  # said once per outage, at WARNING: why we are not ready
         while True:
             try:
                 if not self.registered.is_set():
@@ -121,7 +122,13 @@ class Membership:
                     self.registered.clear()
                     self._forgotten = True
                     continue
-                log.debug("router unreachable: %s", exc.code())
+                if not unreachable:
+                    log.warning("router unreachable (%s); retrying", exc.code().name)
+                unreachable = True
+            else:
+                if unreachable:
+                    log.info("router reachable again")
+                unreachable = False
             await asyncio.sleep(self._interval)
 
     async def stop(self) -> None:

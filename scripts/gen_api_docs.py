@@ -94,7 +94,7 @@ def _scalar(type_number: int) -> str:
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "api.md"
     fds = descriptor_pb2.FileDescriptorSet.FromString(
-        (ROOT / "gen" / "turnmesh.binpb").read_bytes()
+        (ROOT / "gen" / "turnmesh" / "v1" / "turnmesh.binpb").read_bytes()
     )
     out.write_text(render(fds))
     print(f"wrote {out}")

@@ -124,7 +124,9 @@ def generate(out_dir: Path) -> None:
             shutil.rmtree(target_pkg)
         target_pkg.parent.mkdir(parents=True, exist_ok=True)
         shutil.copytree(package, target_pkg)
-        shutil.copyfile(tmp_out / DESCRIPTOR_SET, out_dir / DESCRIPTOR_SET)
+        # Inside the package, so that every install (a wheel too) carries it.
+        shutil.copyfile(tmp_out / DESCRIPTOR_SET, target_pkg / DESCRIPTOR_SET)
+        (out_dir / DESCRIPTOR_SET).unlink(missing_ok=True)
     os.utime(out_dir)  # gen/ is as new as its contents (tools compare it with proto/)
 
 

@@ -74,9 +74,14 @@ def test_up_serves_rest_and_grpc_and_stops_cleanly(tmp_path: Path) -> None:
         edge = match.group(1)
         assert "curl " in banner
         assert "grpcurl " in banner
+        assert f"playground         http://{edge}/" in banner
 
         # REST through Envoy, as the banner's curl does.
         with httpx.Client(base_url=f"http://{edge}", timeout=30) as rest:
+            page = rest.get("/")
+            assert page.status_code == 200
+            assert page.headers["content-type"] == "text/html; charset=utf-8"
+            assert "<title>turnmesh playground</title>" in page.text
             created = rest.post("/v1/sessions", json={"sessionId": "hello"})
             assert created.status_code == 200
             with rest.stream(
@@ -284,3 +289,22 @@ def test_a_bad_agent_file_stops_up_before_it_starts(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "needs `model`" in err and str(agent_file) in err
     assert not run_dir.exists()
+
+
+def test_a_reused_run_dir_starts_a_fresh_mesh(tmp_path: Path) -> None:
+    """Ready files and Envoy's address from the last run are never trusted."""
+    run_dir = tmp_path / "run"
+    for attempt in range(2):
+        proc = _up(run_dir, "--port", "0")
+        try:
+            banner = _read_banner(proc)
+            match = re.search(r"REST/SSE and gRPC\s+http://(\S+)", banner)
+            assert match, (attempt, banner)
+            with httpx.Client(base_url=f"http://{match.group(1)}", timeout=30) as rest:
+                assert rest.get("/ready").status_code == 200
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()

@@ -120,7 +120,7 @@ class Mesh:
             "--heartbeat-interval",
             str(self.heartbeat_interval),
             "--heartbeat-timeout",
-            str(self.heartbeat_interval * 5),
+            str(self.heartbeat_interval * 8),  # slack for a loaded 2-core machine
             port=port,
         )
         self.wait_ready(self.router)
@@ -150,6 +150,7 @@ class Mesh:
         upstream_tls: TlsFiles | None = None,
         ca_file: Path | None = None,
         otlp_endpoint: str | None = None,
+        cors_origins: tuple[str, ...] | None = None,
     ) -> RunningEnvoy:
         """Envoy on a free port in front of the given servers; waits until a
         REST readiness call succeeds through it (over HTTPS trusting
@@ -161,6 +162,7 @@ class Mesh:
             listener_tls=listener_tls,
             upstream_tls=upstream_tls,
             otlp_endpoint=otlp_endpoint,
+            **({"cors_origins": cors_origins} if cors_origins is not None else {}),
         )
         scheme, context = "http", None
         if listener_tls is not None:

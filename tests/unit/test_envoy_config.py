@@ -40,7 +40,9 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     assert listener["address"]["socket_address"]["address"] == "0.0.0.0"
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     assert manager["codec_type"] == "AUTO"
-    for route in manager["route_config"]["virtual_hosts"][0]["routes"]:
+    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    assert "direct_response" in routes[0]  # the playground page
+    for route in routes[1:]:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
         f for f in manager["http_filters"] if f["name"].endswith("grpc_json_transcoder")

@@ -38,7 +38,7 @@ def test_generated_code_matches_protos(tmp_path: Path) -> None:
 
 def test_descriptor_set_holds_what_envoy_needs() -> None:
     fds = descriptor_pb2.FileDescriptorSet.FromString(
-        (ROOT / "gen" / "turnmesh.binpb").read_bytes()
+        (ROOT / "gen" / "turnmesh" / "v1" / "turnmesh.binpb").read_bytes()
     )
     names = {f.name for f in fds.file}
     assert "turnmesh/v1/session_service.proto" in names
