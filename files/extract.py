@@ -14,6 +14,7 @@ but pulls in onnxruntime and pandas, hundreds of megabytes for a worker.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
 import zipfile
@@ -71,7 +72,7 @@ class _Text:
 
 def extract(mime_type: str, content: bytes) -> Extracted:
     out = _Text()
-    try:
+    with contextlib.suppress(_Full):  # the text reached its limit
         if mime_type in TEXT_TYPES:
             out.add(content.decode("utf-8", errors="replace"))
         elif mime_type == "application/pdf":
@@ -86,8 +87,6 @@ def extract(mime_type: str, content: bytes) -> Extracted:
             _image(content, out)
         else:
             raise FileUnreadable(f"no reader for {mime_type}")
-    except _Full:
-        pass
     return out.result()
 
 
