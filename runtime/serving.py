@@ -46,15 +46,21 @@ def server_options(max_receive_bytes: int) -> Sequence[tuple[str, int | str]]:
         ("grpc.max_send_message_length", MAX_RUN_REQUEST_BYTES),
         ("grpc.so_reuseport", 0),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        # Members ping every 5 s (see _KEEPALIVE); allow it, data or not.
+        ("grpc.http2.min_ping_interval_without_data_ms", 4000),
+        ("grpc.http2.max_ping_strikes", 0),
     )
 
 
 SERVER_OPTIONS = server_options(MAX_TURN_REQUEST_BYTES)
 
 _KEEPALIVE: Sequence[tuple[str, int | str]] = (
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
+    # A peer that froze or whose host vanished (no FIN, no RST) is found out
+    # in seconds even while a stream waits for its first message: pings keep
+    # going without data (gRPC stops after two by default).
+    ("grpc.keepalive_time_ms", 5_000),
+    ("grpc.keepalive_timeout_ms", 3_000),
+    ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     # Reconnect quickly to a member that came back (default backoff up to 120 s).
     ("grpc.initial_reconnect_backoff_ms", 200),

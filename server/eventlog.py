@@ -258,7 +258,12 @@ class EventLogs:
         if not events:
             raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found or expired")
         restored = TurnLog.restore(session_id, turn_id, events, self._max_events, self._sink)
+        if not restored.done and not await self._store.abandon_turn(session_id, turn_id):
+            # Its owner committed it just now: the store has the whole turn.
+            events = await self._store.read_events(session_id, turn_id) or events
+            restored = TurnLog.restore(session_id, turn_id, events, self._max_events, self._sink)
         if not restored.done:
+            # Fenced above: the owner, if it is only cut off, can no longer commit.
             restored.append(
                 error_event(
                     "owner_lost",
@@ -296,3 +301,5 @@ class EventStore(Protocol):
     ) -> None: ...
 
     async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None: ...
+
+    async def abandon_turn(self, session_id: str, turn_id: str) -> bool: ...

@@ -4,10 +4,11 @@ converts to and from the protos."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import grpc
 
@@ -28,6 +29,16 @@ Response = TypeVar("Response")
 Metadata = tuple[tuple[str, str], ...]
 # What a forwarded call's error keeps of the owner's trailers.
 PASSED_TRAILERS = frozenset({"grpc-status-details-bin", "retry-after"})
+
+
+# How long a forwarding server waits for the owner's first answer before it
+# asks the router whether the session moved, and for how long in all.
+OWNER_ANSWER_SECONDS = 2.0
+OWNER_SILENT_LIMIT_SECONDS = 60.0
+
+
+def _forwarded(context: grpc.aio.ServicerContext) -> bool:
+    return any(key == FORWARDED_METADATA for key, _ in context.invocation_metadata() or ())
 
 
 class SessionServicer(SessionServiceServicer):
@@ -111,20 +122,24 @@ class SessionServicer(SessionServiceServicer):
         session_id: str,
         owner: Owner,
         context: grpc.aio.ServicerContext,
-        forward: Callable[[SessionServiceStub, Metadata], AsyncIterator[event_pb2.Event]],
+        forward: Callable[[SessionServiceStub, Metadata], grpc.aio.UnaryStreamCall],
     ) -> AsyncIterator[event_pb2.Event]:
         """Relay a stream from the owner. Only a stream that failed before its
         first event is retried (after one, the caller resumes itself); raises
         _LocalNow if the session turned out to be this server's."""
         current: Owner | None = owner
-        for attempt in range(2):
+        attempt = 0
+        while True:
             if current is None:
                 raise _LocalNow
+            call = forward(self._routes.stub(current), self._forward_metadata(context))
+            moved = await self._await_answer(session_id, current, call)
+            if moved is not False:
+                current = moved  # the session moved while its owner was silent
+                continue
             received = False
             try:
-                async for event in forward(
-                    self._routes.stub(current), self._forward_metadata(context)
-                ):
+                async for event in call:
                     received = True
                     yield event
                 return
@@ -132,14 +147,48 @@ class SessionServicer(SessionServiceServicer):
                 unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
                 if not unreachable or attempt == 1:
                     await _pass_through(context, exc)
+                attempt += 1
                 current = await self._reroute(session_id, current)
-        raise _LocalNow
+
+    async def _await_answer(
+        self, session_id: str, owner: Owner, call: grpc.aio.UnaryStreamCall
+    ) -> Owner | Literal[False] | None:
+        """Wait for the owner's response headers (an owner sends them as soon
+        as it takes a forwarded stream). False: it answered (or failed, which
+        the caller sees). An owner that takes the call but stays silent is
+        frozen or cut off, which TCP and gRPC keepalives notice only after a
+        minute: ask the router, without an "unreachable" hint (a slow owner
+        must not be evicted), until the session moves (its heartbeats stop),
+        and return the new owner (None: this server), cancelling the call."""
+        give_up = time.monotonic() + OWNER_SILENT_LIMIT_SECONDS
+        while True:
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(call.initial_metadata()), OWNER_ANSWER_SECONDS
+                )
+                return False
+            except TimeoutError:
+                pass
+            self._routes.forget(session_id)
+            try:
+                latest = await self._routes.owner(session_id)
+            except Unavailable:
+                latest = owner
+            if latest is None or latest.member_id != owner.member_id:
+                call.cancel()
+                if latest is not None and latest.member_id == self._member_id:
+                    self._core.owned.add(session_id)
+                    return None
+                return latest
+            if time.monotonic() > give_up:
+                call.cancel()
+                raise Unavailable("the server that owns this session does not answer")
 
     async def _relay(
         self,
         session_id: str,
         context: grpc.aio.ServicerContext,
-        forward: Callable[[SessionServiceStub, Metadata], AsyncIterator[event_pb2.Event]],
+        forward: Callable[[SessionServiceStub, Metadata], grpc.aio.UnaryStreamCall],
         local: Callable[[], Awaitable[AsyncIterator[event_pb2.Event]]],
     ) -> AsyncIterator[event_pb2.Event]:
         """The events of a streaming call: relayed from the owner, or this
@@ -152,6 +201,9 @@ class SessionServicer(SessionServiceServicer):
                 return
             except _LocalNow:
                 pass
+        elif _forwarded(context):
+            # The forwarding server waits for these to know we took the call.
+            await context.send_initial_metadata(())
         async for event in await local():
             yield event
 

@@ -60,7 +60,13 @@ class SessionStore(Protocol):
         now: float,
     ) -> None:
         """Append a finished turn's messages and its RUN_FINISHED event in one
-        atomic step; NotFound if the session is gone."""
+        atomic step; NotFound if the session is gone; TurnAbandoned (nothing
+        written) if another server gave the turn up for lost and re-ran it."""
+
+    async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
+        """Make sure the turn never commits (its owner vanished, so a retry
+        will run it again): True if so, False if it has committed already.
+        Atomic against ``commit_turn``: exactly one of the two wins."""
 
     async def touch(self, session_id: str, now: float) -> None: ...
 
@@ -85,6 +91,10 @@ class SessionStore(Protocol):
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+class TurnAbandoned(Exception):
+    """The turn was given up for lost and re-run elsewhere: its result is void."""
 
 
 class MemoryStore:
@@ -140,6 +150,11 @@ class MemoryStore:
     ) -> None:
         # The event log of this process holds the final event.
         await self.append_messages(session_id, messages, now)
+
+    async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
+        # Not shared: a turn seen failed here was ended by its own runner,
+        # which commits nothing afterwards.
+        return True
 
     @property
     def persists_events(self) -> bool:
@@ -200,6 +215,9 @@ class TurnCommits(abc.ABC):
         now: float,
     ) -> None:
         await self._commit(session_id, messages, final_event, now)
+
+    @abc.abstractmethod
+    async def abandon_turn(self, session_id: str, turn_id: str) -> bool: ...
 
 
 def now() -> float:

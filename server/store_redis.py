@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import redis.asyncio as redis
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
-from turnmesh.server.store import SessionRecord, TurnCommits
+from turnmesh.server.store import SessionRecord, TurnAbandoned, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 IDLE = "tm:idle"
@@ -40,10 +40,14 @@ redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 return 1
 """
 
-# KEYS: record, history, idle, events, turns.
+# KEYS: record, history, idle, events, turns, turn status.
 # ARGV: id, activity, ttl, final event or '', turn, messages...
 COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if ARGV[4] ~= '' then
+  if redis.call('GET', KEYS[6]) == 'abandoned' then return 2 end
+  redis.call('SET', KEYS[6], 'committed', 'EX', ARGV[3])
+end
 for i = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 5)
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[2])
@@ -53,6 +57,15 @@ if ARGV[4] ~= '' then
   redis.call('EXPIRE', KEYS[4], ARGV[3])
   redis.call('SADD', KEYS[5], ARGV[5])
 end
+return 1
+"""
+
+
+# KEYS: turn status. ARGV: ttl. 1: abandoned (now or before), 0: committed.
+ABANDON = """
+local status = redis.call('GET', KEYS[1])
+if status == 'committed' then return 0 end
+redis.call('SET', KEYS[1], 'abandoned', 'EX', ARGV[1])
 return 1
 """
 
@@ -89,6 +102,7 @@ class RedisStore(TurnCommits):
         self._ttl = max(1, int(event_ttl_seconds))
         self._create = self._redis.register_script(CREATE)
         self._commit_script = self._redis.register_script(COMMIT)
+        self._abandon_script = self._redis.register_script(ABANDON)
 
     @staticmethod
     def _keys(session_id: str) -> tuple[str, str]:
@@ -166,6 +180,7 @@ class RedisStore(TurnCommits):
                 IDLE,
                 f"tm:e:{session_id}:{turn_id}",
                 f"tm:t:{session_id}",
+                f"tm:ts:{session_id}:{turn_id}",
             ],
             args=[
                 session_id,
@@ -178,6 +193,14 @@ class RedisStore(TurnCommits):
         )
         if not committed:
             raise NotFound(f"session {session_id!r} not found")
+        if committed == 2:
+            raise TurnAbandoned(turn_id)
+
+    async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
+        abandoned = await self._abandon_script(
+            keys=[f"tm:ts:{session_id}:{turn_id}"], args=[self._ttl]
+        )
+        return bool(abandoned)
 
     async def touch(self, session_id: str, now: float) -> None:
         record_key, _ = self._keys(session_id)

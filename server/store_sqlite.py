@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.store import SessionRecord, TurnCommits
+from turnmesh.server.store import SessionRecord, TurnAbandoned, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
@@ -47,6 +47,13 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (session_id, turn_id, seq)
 );
 CREATE INDEX IF NOT EXISTS events_by_age ON events (written_at);
+CREATE TABLE IF NOT EXISTS turn_status (
+    session_id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    written_at REAL NOT NULL,
+    PRIMARY KEY (session_id, turn_id)
+);
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     session_id TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -130,7 +137,7 @@ class SqliteStore(TurnCommits):
                 deleted = db.execute(
                     "DELETE FROM sessions WHERE session_id = ?", (session_id,)
                 ).rowcount
-                for table in ("messages", "events", "idempotency_keys"):
+                for table in ("messages", "events", "idempotency_keys", "turn_status"):
                     db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
             return deleted > 0
 
@@ -162,13 +169,22 @@ class SqliteStore(TurnCommits):
         final_event: event_pb2.Event | None,
         now: float,
     ) -> None:
-        def commit(db: sqlite3.Connection) -> bool:
+        def commit(db: sqlite3.Connection) -> bool | None:
             with _transaction(db):
                 row = db.execute(
                     "SELECT message_count FROM sessions WHERE session_id = ?", (session_id,)
                 ).fetchone()
                 if row is None:
                     return False
+                if final_event is not None:
+                    claimed = db.execute(
+                        "INSERT INTO turn_status VALUES (?, ?, 'committed', ?) "
+                        "ON CONFLICT DO UPDATE SET status = 'committed' "
+                        "WHERE status != 'abandoned' RETURNING status",
+                        (session_id, final_event.run_id, time.time()),
+                    ).fetchone()
+                    if claimed is None:
+                        return None  # abandoned: write nothing
                 start = row[0]
                 db.executemany(
                     "INSERT INTO messages VALUES (?, ?, ?)",
@@ -185,8 +201,23 @@ class SqliteStore(TurnCommits):
                     _insert_events(db, session_id, final_event.run_id, [final_event])
             return True
 
-        if not await self._run(commit):
+        committed = await self._run(commit)
+        if committed is None:
+            raise TurnAbandoned(final_event.run_id if final_event else "")
+        if not committed:
             raise NotFound(f"session {session_id!r} not found")
+
+    async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
+        def abandon(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                row = db.execute(
+                    "INSERT INTO turn_status VALUES (?, ?, 'abandoned', ?) "
+                    "ON CONFLICT DO UPDATE SET status = status RETURNING status",
+                    (session_id, turn_id, time.time()),
+                ).fetchone()
+            return bool(row[0] == "abandoned")
+
+        return await self._run(abandon)
 
     async def touch(self, session_id: str, now: float) -> None:
         await self._run(
@@ -199,6 +230,9 @@ class SqliteStore(TurnCommits):
         def idle(db: sqlite3.Connection) -> list[str]:
             # Events are pruned on the same schedule as idle sessions.
             db.execute("DELETE FROM events WHERE written_at < ?", (time.time() - self._event_ttl,))
+            db.execute(
+                "DELETE FROM turn_status WHERE written_at < ?", (time.time() - self._event_ttl,)
+            )
             rows = db.execute(
                 "SELECT session_id FROM sessions WHERE last_activity < ?", (last_activity_before,)
             ).fetchall()

@@ -26,7 +26,7 @@ from turnmesh.runtime.errors import NotFound, SessionBusy
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.eventlog import EventLogs, TurnLog, error_event
 from turnmesh.server.history import HistoryBuilder
-from turnmesh.server.store import SessionStore, now
+from turnmesh.server.store import SessionStore, TurnAbandoned, now
 from turnmesh.server.workers import WorkerPool, WorkerRef
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -339,6 +339,21 @@ class TurnRunner:
             if not tlog.done:
                 tlog.append(_cancel_event("session_deleted"))
                 tlog.set_state(spb.TURN_STATE_CANCELLED)
+        except TurnAbandoned:
+            # Cut off from the mesh, this server lost the turn: another server
+            # declared it lost and its caller ran it again there. Nothing of
+            # it was written; its result is void.
+            log.warning("turn %s was taken over elsewhere; its result is discarded", turn.turn_id)
+            if not tlog.done:
+                tlog.append(
+                    error_event(
+                        "owner_lost",
+                        "Server lost",
+                        503,
+                        "the turn was given up for lost here and may have run again elsewhere",
+                    )
+                )
+                tlog.set_state(spb.TURN_STATE_FAILED)
         except Exception:
             log.exception("turn %s failed", turn.turn_id)
             if not tlog.done:

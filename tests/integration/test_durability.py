@@ -4,12 +4,15 @@ restart reshuffles no session."""
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from pathlib import Path
 
+import grpc
 import pytest
 
-from tests.support.mesh import Component, Mesh, RedisServer, eventually
+from tests.support.mesh import Component, Mesh, RedisServer, eventually, until
 from turnmesh.client import AsyncClient, TurnFailedError
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import event_pb2
@@ -196,3 +199,53 @@ async def test_a_retry_of_a_failed_turn_runs_it_again(client: AsyncClient) -> No
     third = await client.send(sid, "try", **options)
     assert third.events == second.events
     assert [m.content for m in await client.history(sid) if m.role == "user"] == ["try"]
+
+
+async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
+    mesh_factory: Mesh, redis_server: RedisServer
+) -> None:
+    """The owner freezes mid-turn (SIGSTOP: a partition, as its peers see it);
+    the caller retries with its key on another server, which gives the turn up
+    for lost and runs it again. When the owner wakes and finishes the old run,
+    its commit is refused: the history has the turn once."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
+    servers = [mesh.spawn_server(f"s{i}", "--store", redis_server.url) for i in (1, 2)]
+    mesh.wait_ready(worker, *servers)
+    victim, survivor = servers
+    options = {"idempotency_key": "only-once", "metadata": {"deltas": 30, "delay_ms": 50}}
+    async with AsyncClient(survivor.address) as client:
+        sid = await _session_owned_by(client, mesh, victim, "probe")
+        async with client.stream_turn(sid, "two", **options) as stream:
+            async for event in stream:
+                if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+                    first_run = event.run_id
+                    break
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            await eventually(
+                lambda: _owner_is(mesh, sid, survivor), timeout=30, what="the session moving"
+            )
+            started = time.monotonic()
+            retried = await client.send(sid, "two", **options)
+            # The frozen owner was given up within heartbeats, not a TCP timeout.
+            assert time.monotonic() - started < 20
+            assert retried.turn_id != first_run
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        # The old run finishes on the woken owner, and is refused.
+        await until(
+            lambda: "was taken over elsewhere" in victim.log(), timeout=30, what="the refusal"
+        )
+        history = await client.history(sid)
+        assert [m.content for m in history if m.role == "user"] == ["two"]
+        again = await client.send(sid, "two", **options)
+        assert again.events == retried.events
+
+
+async def _owner_is(mesh: Mesh, session_id: str, server: Component) -> bool:
+    try:
+        return await _owner(mesh, session_id) == server.member_id
+    except grpc.aio.AioRpcError:
+        return False

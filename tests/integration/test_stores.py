@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.mesh import RedisServer
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.store import SessionRecord, SessionStore, open_store
+from turnmesh.server.store import SessionRecord, SessionStore, TurnAbandoned, open_store
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -141,3 +141,28 @@ async def test_history_of_two_thousand_messages_round_trips(store: SessionStore)
 def test_unknown_store_url_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown store"):
         open_store("postgres://x", 1)
+
+
+async def test_a_turn_either_commits_or_is_abandoned_never_both(store: SessionStore) -> None:
+    """The fence against a cut-off owner committing a turn that another server
+    gave up for lost (and whose caller re-ran it there)."""
+    sid = _sid()
+    await store.create(_record(sid))
+
+    def final(turn_id: str) -> event_pb2.Event:
+        return event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=2, thread_id=sid, run_id=turn_id)
+
+    # Committed first: it can no longer be abandoned.
+    await store.commit_turn(sid, [_message("user", "one")], final("t1"), 1001.0)
+    if store.persists_events:
+        assert await store.abandon_turn(sid, "t1") is False
+    # Abandoned first: its late commit writes nothing.
+    assert await store.abandon_turn(sid, "t2") is True
+    assert await store.abandon_turn(sid, "t2") is True  # and stays so
+    if store.persists_events:
+        with pytest.raises(TurnAbandoned):
+            await store.commit_turn(sid, [_message("user", "two")], final("t2"), 1002.0)
+        assert [m.content for m in await store.history(sid)] == ["one"]
+        assert await store.read_events(sid, "t2") is None
+        record = await store.get(sid)
+        assert record is not None and record.message_count == 1
