@@ -93,7 +93,10 @@ class Bench:
         mesh = self.mesh
         self.router = mesh.start_router()
         self.worker = mesh.spawn_worker("worker", "echo")
-        self.server = mesh.spawn_server("server", "--log-level", "WARNING")
+        # Room for the memory run's sessions (the default limit is 100,000).
+        self.server = mesh.spawn_server(
+            "server", "--log-level", "WARNING", "--max-sessions", "10000000"
+        )
         mesh.wait_ready(self.worker, self.server)
         self.envoy = mesh.start_envoy([self.server])
         ready = self.workdir / "baseline.json"

@@ -97,23 +97,32 @@ class SessionServicer(SessionServiceServicer):
         self,
         session_id: str,
         context: grpc.aio.ServicerContext,
-        forward: Callable[[SessionServiceStub, Metadata], Awaitable[Response]],
+        forward: Callable[[SessionServiceStub, Metadata], grpc.aio.UnaryUnaryCall],
         local: Callable[[], Awaitable[Response]],
         *,
         assign: bool = False,
     ) -> Response:
         """Run a unary call on the session's owner: here, or forwarded there.
         An unreachable owner is reported to the router and the call retried
-        once on the new owner (which may be this server)."""
+        once on the new owner (which may be this server); a silent one is
+        waited on until the router moves the session."""
         owner = await self._owner(session_id, context, assign=assign)
-        for attempt in range(2):
-            if owner is None:
-                break
+        if owner is None and _forwarded(context):
+            # The forwarding server waits for these to know we took the call.
+            await context.send_initial_metadata(())
+        attempt = 0
+        while owner is not None:
+            call = forward(self._routes.stub(owner), self._forward_metadata(context))
+            moved = await self._await_answer(session_id, owner, call)
+            if moved is not False:
+                owner = moved
+                continue
             try:
-                return await forward(self._routes.stub(owner), self._forward_metadata(context))
+                return await call  # type: ignore[no-any-return]
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 1:
                     await _pass_through(context, exc)
+                attempt += 1
                 owner = await self._reroute(session_id, owner)
         return await local()
 
@@ -151,7 +160,7 @@ class SessionServicer(SessionServiceServicer):
                 current = await self._reroute(session_id, current)
 
     async def _await_answer(
-        self, session_id: str, owner: Owner, call: grpc.aio.UnaryStreamCall
+        self, session_id: str, owner: Owner, call: grpc.aio.Call
     ) -> Owner | Literal[False] | None:
         """Wait for the owner's response headers (an owner sends them as soon
         as it takes a forwarded stream). False: it answered (or failed, which

@@ -224,6 +224,11 @@ async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
                     break
         os.kill(victim.pid, signal.SIGSTOP)
         try:
+            # A unary call forwarded to the frozen owner moves on as soon as
+            # the router does, rather than wait for TCP.
+            started = time.monotonic()
+            assert await client.history(sid) == []
+            assert time.monotonic() - started < 20
             await eventually(
                 lambda: _owner_is(mesh, sid, survivor), timeout=30, what="the session moving"
             )
