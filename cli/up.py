@@ -11,6 +11,7 @@ none, and the log says why.
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import signal
 import socket
@@ -50,10 +51,10 @@ def _preflight(config: UpConfig) -> None:
                 ) from exc
     # A built-in name, package.module:Class or an agent file: load it here
     # once, so a bad one is one clear line before anything starts.
-    from turnmesh.agent import AgentLoadError, load_agent
+    from turnmesh.agent import AgentLoadError
 
     try:
-        load_agent(config.agent)
+        _agent_name(config.agent)
     except AgentLoadError as exc:
         raise UpError(str(exc)) from exc
     from turnmesh.envoy import EdgeConfig
@@ -74,11 +75,13 @@ def _preflight(config: UpConfig) -> None:
             raise UpError(str(exc)) from exc
 
 
+@functools.cache
 def _agent_name(spec: str) -> str:
-    """The name workers register the agent under (a file or class names it)."""
-    from turnmesh.agent import BUILTIN_AGENTS, load_agent
+    """The name workers register the agent under (a file or class names it);
+    loaded once, by the preflight."""
+    from turnmesh.agent import load_agent
 
-    return spec if spec in BUILTIN_AGENTS else load_agent(spec)[0]
+    return load_agent(spec)[0]
 
 
 def _component_args(config: UpConfig) -> list[str]:

@@ -65,7 +65,7 @@ class SessionServicer(SessionServiceServicer):
     ) -> Owner | None:
         """None when this server handles the call; the owner otherwise."""
         metadata = context.invocation_metadata() or ()
-        if any(key == FORWARDED_METADATA for key, _ in metadata):
+        if _forwarded(context):
             # Only a mesh member may say "handle this here" (Envoy also strips
             # the header from clients).
             if self._mesh_key is None or has_mesh_key(metadata, self._mesh_key.encode()):
