@@ -11,6 +11,7 @@ import grpc
 from google.protobuf import json_format
 
 from turnmesh.client.errors import TurnFailedError, map_rpc_errors
+from turnmesh.runtime.events import Answer
 from turnmesh.runtime.serving import CLIENT_CHANNEL_OPTIONS
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -31,6 +32,8 @@ class TurnResult:
     turn_id: str
     text: str
     events: list[event_pb2.Event] = field(default_factory=list)
+    # Token usage of the whole turn (every model call the agent made).
+    usage: event_pb2.TokenUsage = field(default_factory=event_pb2.TokenUsage)
 
     @property
     def tool_calls(self) -> list[event_pb2.Event]:
@@ -68,13 +71,10 @@ def collect_result(events: list[event_pb2.Event]) -> TurnResult:
     last = events[-1] if events else None
     if last is None or last.type != event_pb2.RUN_FINISHED:
         raise TurnFailedError(last or event_pb2.Event(message="the turn ended without an event"))
-    text: list[str] = []
+    answer = Answer()
     for event in events:
-        if event.type == event_pb2.TOOL_CALL_RESULT:
-            text.clear()
-        elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
-            text.append(event.delta)
-    return TurnResult(turn_id=turn_id, text="".join(text), events=events)
+        answer.feed(event)
+    return TurnResult(turn_id=turn_id, text=answer.text, events=events, usage=answer.usage)
 
 
 class EventStream:

@@ -1,15 +1,25 @@
 """Errors a client sees, built from the server's gRPC status and details.
 
-::
+One class per row of the server's error table (``turnmesh.runtime.errors``),
+found by the status's ``ErrorInfo.reason`` first, then by its code::
 
-    TurnmeshClientError
-    ├── InvalidArgumentError   INVALID_ARGUMENT  (.violations: field -> description)
-    ├── NotFoundError          NOT_FOUND
-    ├── AlreadyExistsError     ALREADY_EXISTS
-    ├── SessionBusyError       ABORTED (REJECT policy while a turn runs)
-    ├── UnauthenticatedError   UNAUTHENTICATED
-    ├── UnavailableError       UNAVAILABLE
-    └── TurnFailedError        a turn that ended with RUN_ERROR (.event)
+    TurnmeshClientError            (any other status; .code, .reason, .retry_after)
+    ├── CancelledError             CANCELLED
+    ├── InvalidArgumentError       INVALID_ARGUMENT (.violations: field -> description)
+    ├── DeadlineExceededError      DEADLINE_EXCEEDED
+    ├── NotFoundError              NOT_FOUND
+    ├── AlreadyExistsError         ALREADY_EXISTS
+    ├── PermissionDeniedError      PERMISSION_DENIED
+    ├── ResourceExhaustedError     RESOURCE_EXHAUSTED (a server's limits; .retry_after)
+    │   └── RateLimitedError       RATE_LIMITED (this API key's request rate)
+    ├── FailedPreconditionError    FAILED_PRECONDITION
+    ├── AbortedError               ABORTED
+    │   └── SessionBusyError       SESSION_BUSY (REJECT policy while a turn runs)
+    ├── OutOfRangeError            OUT_OF_RANGE (resuming before the events kept)
+    ├── UnimplementedError         UNIMPLEMENTED
+    ├── UnavailableError           UNAVAILABLE (retry, on any server)
+    ├── UnauthenticatedError       UNAUTHENTICATED
+    └── TurnFailedError            a turn that ended with RUN_ERROR (.event)
 """
 
 from __future__ import annotations
@@ -18,8 +28,8 @@ import contextlib
 from collections.abc import Iterator
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
+from turnmesh.runtime import errors
 from turnmesh.v1 import event_pb2
 
 
@@ -30,11 +40,24 @@ class TurnmeshClientError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+        # google.rpc.ErrorInfo.reason, e.g. "SESSION_BUSY" (empty if none).
         self.reason = ""
+        # google.rpc.ErrorInfo.metadata, e.g. {"param": "model"}.
+        self.metadata: dict[str, str] = {}
         self.violations: dict[str, str] = {}
+        # Seconds the server asks the caller to wait before retrying.
+        self.retry_after: int | None = None
+
+
+class CancelledError(TurnmeshClientError):
+    pass
 
 
 class InvalidArgumentError(TurnmeshClientError):
+    pass
+
+
+class DeadlineExceededError(TurnmeshClientError):
     pass
 
 
@@ -46,15 +69,43 @@ class AlreadyExistsError(TurnmeshClientError):
     pass
 
 
-class SessionBusyError(TurnmeshClientError):
+class PermissionDeniedError(TurnmeshClientError):
     pass
 
 
-class UnauthenticatedError(TurnmeshClientError):
+class ResourceExhaustedError(TurnmeshClientError):
+    pass
+
+
+class RateLimitedError(ResourceExhaustedError):
+    pass
+
+
+class FailedPreconditionError(TurnmeshClientError):
+    pass
+
+
+class AbortedError(TurnmeshClientError):
+    pass
+
+
+class SessionBusyError(AbortedError):
+    pass
+
+
+class OutOfRangeError(TurnmeshClientError):
+    pass
+
+
+class UnimplementedError(TurnmeshClientError):
     pass
 
 
 class UnavailableError(TurnmeshClientError):
+    pass
+
+
+class UnauthenticatedError(TurnmeshClientError):
     pass
 
 
@@ -64,33 +115,45 @@ class TurnFailedError(TurnmeshClientError):
         self.event = event
 
 
-_BY_CODE: dict[grpc.StatusCode, type[TurnmeshClientError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-    grpc.StatusCode.NOT_FOUND: NotFoundError,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
-    grpc.StatusCode.ABORTED: SessionBusyError,
-    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
-    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+# The server's row -> this client's class. Rows not listed (INTERNAL,
+# UNKNOWN, DATA_LOSS, and the worker-only HISTORY_MISS) are TurnmeshClientError
+# or the class of the row they descend from.
+CLIENT_CLASSES: dict[type, type[TurnmeshClientError]] = {
+    errors.Cancelled: CancelledError,
+    errors.InvalidArgument: InvalidArgumentError,
+    errors.DeadlineExceeded: DeadlineExceededError,
+    errors.NotFound: NotFoundError,
+    errors.AlreadyExists: AlreadyExistsError,
+    errors.PermissionDenied: PermissionDeniedError,
+    errors.ResourceExhausted: ResourceExhaustedError,
+    errors.RateLimited: RateLimitedError,
+    errors.FailedPrecondition: FailedPreconditionError,
+    errors.Aborted: AbortedError,
+    errors.SessionBusy: SessionBusyError,
+    errors.OutOfRange: OutOfRangeError,
+    errors.Unimplemented: UnimplementedError,
+    errors.Unavailable: UnavailableError,
+    errors.Unauthenticated: UnauthenticatedError,
 }
 
 
+def client_class(kind: type[errors.TurnmeshError]) -> type[TurnmeshClientError]:
+    """The client class of a row: its own, or that of the nearest row above it."""
+    for ancestor in kind.__mro__:
+        if ancestor in CLIENT_CLASSES:
+            return CLIENT_CLASSES[ancestor]
+    return TurnmeshClientError
+
+
 def from_rpc_error(exc: grpc.RpcError) -> TurnmeshClientError:
-    code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-    message: str = exc.details() or code.name  # type: ignore[attr-defined]
-    error = _BY_CODE.get(code, TurnmeshClientError)(message, code)
-    for key, value in exc.trailing_metadata() or ():  # type: ignore[attr-defined]
-        if key != "grpc-status-details-bin":
-            continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
-                error.violations.update({v.field: v.description for v in bad.field_violations})
-            elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                info = error_details_pb2.ErrorInfo()
-                detail.Unpack(info)
-                error.reason = info.reason
+    """A failed call as the client error of its row in the error table."""
+    domain = errors.from_rpc_error(exc)
+    error = client_class(type(domain))(domain.detail or domain.code.name, domain.code)
+    error.reason = domain.reason
+    error.metadata = dict(domain.metadata)
+    error.retry_after = domain.retry_after
+    if isinstance(domain, errors.InvalidArgument):
+        error.violations = {v.field: v.description for v in domain.violations}
     return error
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import turnmesh.v1
 from turnmesh.playground import INDEX as PLAYGROUND_PAGE
+from turnmesh.runtime import errors
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
@@ -42,22 +43,6 @@ PLAYGROUND = PLAYGROUND_PAGE
 
 INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-mesh-key", "x-turnmesh-internal")
 OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
-
-PROBLEM_TITLES = {
-    400: "Bad request",
-    401: "Authentication required",
-    403: "Forbidden",
-    404: "Not found",
-    405: "Method not allowed",
-    408: "Request timeout",
-    413: "Payload too large",
-    429: "Too many requests",
-    431: "Request header fields too large",
-    500: "Internal error",
-    502: "Bad gateway",
-    503: "Service unavailable",
-    504: "Gateway timeout",
-}
 
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(X-TURNMESH-ORIGINAL-METHOD?:METHOD)% '
@@ -266,7 +251,7 @@ def _problem_mappers() -> list[dict[str, Any]]:
             "filter": {"and_filter": {"filters": [rest_caller, status_filter]}},
             "body_format_override": {
                 "json_format": {
-                    "type": f"https://turnmesh.dev/problems/{slug}",
+                    "type": errors.PROBLEM_BASE + slug,
                     "title": title,
                     "status": "%RESPONSE_CODE%",
                     "detail": "%LOCAL_REPLY_BODY%",
@@ -295,18 +280,45 @@ def _problem_mappers() -> list[dict[str, Any]]:
             },
         }
 
-    # OpenAI's clients get OpenAI's error shape for Envoy's own replies too.
+    # OpenAI's clients get OpenAI's error shape for Envoy's own replies too;
+    # everyone's problem type and title come from the one error table.
+    problems = errors.edge_problems()
     mappers = [
-        openai_mapper(status("EQ", 429), "rate_limit_error"),
+        openai_mapper(status("EQ", code), error_type)
+        for code, (_, _, error_type) in problems.items()
+    ]
+    mappers += [
         openai_mapper(status("GE", 500), "server_error"),
         openai_mapper(status("GE", 400), "invalid_request_error"),
     ]
     mappers += [
-        mapper(status("EQ", code), title, title.lower().replace(" ", "-"))
-        for code, title in PROBLEM_TITLES.items()
+        mapper(status("EQ", code), title, slug) for code, (slug, title, _) in problems.items()
     ]
-    mappers.append(mapper(status("GE", 400), "Error", "error"))
+    mappers.append(mapper(status("GE", 400), errors.EDGE_FALLBACK[1], errors.EDGE_FALLBACK[0]))
     return mappers
+
+
+def lua_error_table() -> str:
+    """The error table as Lua for ``problem.lua``: rows by gRPC code, and the
+    rows of their own that some reasons have."""
+
+    def row(r: errors.Row) -> str:
+        return f'"{r.slug}", "{r.title}", "{r.openai_type}", {r.code.value[0]}'
+
+    rows = errors.rows()
+    by_code = [r for r in rows if r.reason == errors.kind_for(r.code).reason_name()]
+    by_reason = [r for r in rows if r not in by_code]
+    return "\n".join(
+        [
+            f'local BASE = "{errors.PROBLEM_BASE}"',
+            "local BY_CODE = {",
+            *(f"  [{r.code.value[0]}] = {{{row(r)}}}," for r in by_code),
+            "}",
+            "local BY_REASON = {",
+            *(f"  {r.reason} = {{{row(r)}}}," for r in by_reason),
+            "}",
+        ]
+    )
 
 
 def _openai_paths() -> dict[str, Any]:
@@ -325,6 +337,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         (HERE / "problem.lua")
         .read_text()
         .replace("__MAX_REQUEST_BYTES__", str(MAX_REQUEST_BODY_BYTES))
+        .replace("__ERROR_TABLE__", lua_error_table())
     )
     transcoder = {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"

@@ -3,21 +3,18 @@
 -- application/problem+json. LuaJIT in Envoy has no JSON library, so this scans
 -- just enough JSON to copy values through verbatim (they are already escaped).
 
-local SLUGS = {
-  [1] = "cancelled", [2] = "unknown", [3] = "invalid-argument", [4] = "deadline-exceeded",
-  [5] = "not-found", [6] = "already-exists", [7] = "permission-denied",
-  [8] = "resource-exhausted", [9] = "failed-precondition", [10] = "aborted",
-  [11] = "out-of-range", [12] = "unimplemented", [13] = "internal", [14] = "unavailable",
-  [15] = "data-loss", [16] = "unauthenticated",
-}
-local TITLES = {
-  [1] = "Request cancelled", [2] = "Unknown error", [3] = "Invalid request",
-  [4] = "Deadline exceeded", [5] = "Not found", [6] = "Already exists",
-  [7] = "Permission denied", [8] = "Too many requests", [9] = "Failed precondition",
-  [10] = "Conflict", [11] = "Out of range", [12] = "Not implemented", [13] = "Internal error",
-  [14] = "Service unavailable", [15] = "Data loss", [16] = "Authentication required",
-}
-local BASE = "https://turnmesh.dev/problems/"
+-- The error table (turnmesh.runtime.errors), rendered by envoy/config.py:
+-- BASE, BY_CODE[grpc code] = {slug, title, OpenAI type} and
+-- BY_REASON[ErrorInfo.reason] = {slug, title, OpenAI type, grpc code}.
+__ERROR_TABLE__
+
+-- The row for a status: by its reason (when that reason has a row of its own
+-- for this code), else by its code.
+local function row_for(code, reason)
+  local by_reason = reason and BY_REASON[reason]
+  if by_reason ~= nil and by_reason[4] == code then return by_reason end
+  return BY_CODE[code] or {"error", "Error", "server_error"}
+end
 
 -- The end index of the JSON value that starts at i (string, number, literal,
 -- object or array), honouring strings and escapes.
@@ -62,13 +59,6 @@ local function member(s, key)
   return s:sub(e + 1, stop)
 end
 
--- OpenAI's clients expect OpenAI's error shape on OpenAI's paths.
-local OPENAI_TYPES = {
-  [3] = "invalid_request_error", [5] = "invalid_request_error", [6] = "invalid_request_error",
-  [9] = "invalid_request_error", [10] = "invalid_request_error", [11] = "invalid_request_error",
-  [7] = "permission_error", [16] = "authentication_error", [8] = "rate_limit_error",
-}
-
 -- The transcoder rewrites every REST call into a gRPC POST; keep the method the
 -- client sent for the access log, and which error shape the caller expects.
 local MAX_REQUEST_BYTES = __MAX_REQUEST_BYTES__
@@ -92,13 +82,13 @@ function envoy_on_request(handle)
   end
 end
 
-local function openai_error(text, code)
+-- OpenAI's clients expect OpenAI's error shape on OpenAI's paths.
+local function openai_error(text, row, reason)
   local violations = member(text, "fieldViolations")
   local param = violations and member(violations, "field") or member(text, "param") or "null"
-  local reason = member(text, "reason")
-  local error_code = reason and reason:lower() or "null"
+  local error_code = reason and ('"' .. reason:lower() .. '"') or "null"
   return '{"error":{"message":' .. (member(text, "message") or '""')
-    .. ',"type":"' .. (OPENAI_TYPES[code] or "server_error") .. '"'
+    .. ',"type":"' .. row[3] .. '"'
     .. ',"param":' .. param .. ',"code":' .. error_code .. "}}"
 end
 
@@ -119,7 +109,8 @@ local function typed_value_problem(handle, text)
   local field, kind = detail:match('^"([%w_%.%[%]]+): invalid value .* for type (TYPE_[%u%d]+)"$')
   if field == nil then return end
   local description = "must be " .. (EXPECTED[kind] or "a valid value")
-  local body = '{"type":"' .. BASE .. 'invalid-argument","title":"Invalid request","status":400,'
+  local row = BY_CODE[3]
+  local body = '{"type":"' .. BASE .. row[1] .. '","title":"' .. row[2] .. '","status":400,'
     .. '"detail":"' .. field .. ' ' .. description .. '","grpc_code":3,'
     .. '"violations":[{"field":"' .. field .. '","description":"' .. description .. '"}]}'
   handle:body():setBytes(body)
@@ -141,14 +132,17 @@ function envoy_on_response(handle)
   local text = body:getBytes(0, body:length())
   local code = tonumber(text:match('^%s*{%s*"code"%s*:%s*(%d+)'))
   if code == nil then return end
+  local quoted = member(text, "reason")
+  local reason = quoted and quoted:match('^"([%w_]+)"$')
+  local row = row_for(code, reason)
   local shape = handle:streamInfo():dynamicMetadata():get("turnmesh")
   if shape ~= nil and shape["error_shape"] == "openai" then
-    handle:body():setBytes(openai_error(text, code))
+    handle:body():setBytes(openai_error(text, row, reason))
     return
   end
   local parts = {
-    '{"type":"' .. BASE .. (SLUGS[code] or "error") .. '"',
-    '"title":"' .. (TITLES[code] or "Error") .. '"',
+    '{"type":"' .. BASE .. row[1] .. '"',
+    '"title":"' .. row[2] .. '"',
     '"status":' .. status,
     '"detail":' .. (member(text, "message") or '""'),
     '"grpc_code":' .. code,
@@ -157,9 +151,8 @@ function envoy_on_response(handle)
   if violations ~= nil then
     parts[#parts + 1] = '"violations":' .. violations
   end
-  local reason = member(text, "reason")
-  if reason ~= nil then
-    parts[#parts + 1] = '"reason":' .. reason
+  if quoted ~= nil then
+    parts[#parts + 1] = '"reason":' .. quoted
   end
   handle:body():setBytes(table.concat(parts, ",") .. "}")
   handle:headers():replace("content-type", "application/problem+json")

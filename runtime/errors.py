@@ -1,36 +1,59 @@
-"""The one error tree of turnmesh, and its mapping to gRPC statuses.
+"""The one error table of turnmesh: every gRPC status a caller can get, with
+its ``google.rpc.ErrorInfo`` reason, HTTP status, problem type, title and
+OpenAI error type. Everything else reads it: the interceptor that turns these
+errors into statuses, Envoy's Lua filter and local replies (rendered from it),
+the typed client's exceptions and the compatibility surfaces.
 
 ::
 
-    TurnmeshError                      INTERNAL           500
-    ├── InvalidArgument                INVALID_ARGUMENT   400  (+ google.rpc.BadRequest)
-    ├── Unauthenticated                UNAUTHENTICATED    401
-    ├── PermissionDenied               PERMISSION_DENIED  403
-    ├── NotFound                       NOT_FOUND          404
-    ├── AlreadyExists                  ALREADY_EXISTS     409
-    ├── SessionBusy                    ABORTED            409  (+ google.rpc.ErrorInfo)
-    ├── FailedPrecondition             FAILED_PRECONDITION 400
-    ├── OutOfRange                     OUT_OF_RANGE       400
-    ├── ResourceExhausted              RESOURCE_EXHAUSTED 429
-    └── Unavailable                    UNAVAILABLE        503
+    TurnmeshError           INTERNAL             500  internal
+    ├── Cancelled           CANCELLED            499  cancelled
+    ├── Unknown             UNKNOWN              500  unknown
+    ├── InvalidArgument     INVALID_ARGUMENT     400  invalid-argument   (+ BadRequest)
+    ├── DeadlineExceeded    DEADLINE_EXCEEDED    504  deadline-exceeded
+    ├── NotFound            NOT_FOUND            404  not-found
+    ├── AlreadyExists       ALREADY_EXISTS       409  already-exists
+    ├── PermissionDenied    PERMISSION_DENIED    403  permission-denied
+    ├── ResourceExhausted   RESOURCE_EXHAUSTED   429  resource-exhausted (Retry-After)
+    │   └── RateLimited       reason RATE_LIMITED     rate-limited       (Retry-After)
+    ├── FailedPrecondition  FAILED_PRECONDITION  400  failed-precondition
+    │   └── HistoryMiss       reason HISTORY_MISS     history-miss       (worker to server)
+    ├── Aborted             ABORTED              409  aborted
+    │   └── SessionBusy       reason SESSION_BUSY     session-busy       (Retry-After)
+    ├── OutOfRange          OUT_OF_RANGE         400  out-of-range
+    ├── Unimplemented       UNIMPLEMENTED        501  unimplemented
+    ├── Unavailable         UNAVAILABLE          503  unavailable
+    ├── DataLoss            DATA_LOSS            500  data-loss
+    └── Unauthenticated     UNAUTHENTICATED      401  unauthenticated    (WWW-Authenticate)
 
-Handlers raise these; ``turnmesh.runtime.interceptors.ErrorMappingInterceptor``
-turns them into statuses with ``google.rpc`` details at the one boundary, and
-any other exception into a bare INTERNAL that leaks nothing.
+A row is found by its ``ErrorInfo.reason`` first (so ``RateLimited`` and
+``ResourceExhausted`` stay distinct), then by the status code. Handlers raise
+these; ``turnmesh.runtime.interceptors.ErrorMappingInterceptor`` turns them
+into statuses at the one boundary, and ``from_rpc_error`` turns a status back
+into the same error (the compatibility surfaces, the worker's history miss).
+
+``TurnError`` is the smaller table of a turn's in-band ``RUN_ERROR`` problems.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol, cast
 
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from turnmesh.v1 import event_pb2
+
 ERROR_DOMAIN = "turnmesh.dev"
 PROBLEM_BASE = "https://turnmesh.dev/problems/"
+STATUS_DETAILS_KEY = "grpc-status-details-bin"
+RETRY_AFTER_KEY = "retry-after"
 
 
 @dataclass(frozen=True)
@@ -39,27 +62,83 @@ class FieldViolation:
     description: str
 
 
+@dataclass(frozen=True)
+class Row:
+    """One row of the table, as the edge and the tests read it."""
+
+    code: grpc.StatusCode
+    reason: str
+    http_status: int
+    slug: str
+    title: str
+    openai_type: str
+    name: str
+
+    @property
+    def problem_type(self) -> str:
+        return PROBLEM_BASE + self.slug
+
+
+_BY_CODE: dict[grpc.StatusCode, type[TurnmeshError]] = {}
+_BY_REASON: dict[str, type[TurnmeshError]] = {}
+
+
 class TurnmeshError(Exception):
-    """Base of every error turnmesh reports to a caller."""
+    """Base of every error turnmesh reports to a caller (and the INTERNAL row)."""
 
     code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
     http_status: ClassVar[int] = 500
-    # Seconds; sent as `retry-after` metadata, which Envoy passes on as the
-    # HTTP Retry-After header.
-    retry_after: ClassVar[int | None] = None
-    # More trailing metadata (Envoy passes it on as HTTP headers).
-    trailers: ClassVar[tuple[tuple[str, str], ...]] = ()
     slug: ClassVar[str] = "internal"
     title: ClassVar[str] = "Internal error"
+    openai_type: ClassVar[str] = "server_error"
+    # Seconds; sent as `retry-after` metadata, which Envoy passes on as the
+    # HTTP Retry-After header.
+    default_retry_after: ClassVar[int | None] = None
+    # More trailing metadata (Envoy passes it on as HTTP headers).
+    trailers: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "slug" not in cls.__dict__:
+            return  # an alias, not a row of its own
+        if "code" in cls.__dict__:
+            if cls.code in _BY_CODE:
+                raise TypeError(f"two rows for {cls.code.name}: {cls.__name__}")
+            _BY_CODE[cls.code] = cls
+        else:
+            _BY_REASON[cls.reason_name()] = cls
 
     def __init__(
-        self, detail: str, *, reason: str | None = None, metadata: dict[str, str] | None = None
+        self,
+        detail: str,
+        *,
+        reason: str | None = None,
+        metadata: dict[str, str] | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(detail)
         self.detail = detail
-        self.reason = reason
+        self.reason = reason or self.reason_name()
         # Goes into google.rpc.ErrorInfo.metadata (e.g. {"param": "model"}).
         self.metadata = metadata or {}
+        self.retry_after = retry_after if retry_after is not None else self.default_retry_after
+
+    @classmethod
+    def reason_name(cls) -> str:
+        """The ErrorInfo reason of this row (e.g. ``SESSION_BUSY``)."""
+        return cls.slug.upper().replace("-", "_")
+
+    @classmethod
+    def row(cls) -> Row:
+        return Row(
+            cls.code,
+            cls.reason_name(),
+            cls.http_status,
+            cls.slug,
+            cls.title,
+            cls.openai_type,
+            cls.__name__,
+        )
 
     @property
     def problem_type(self) -> str:
@@ -68,9 +147,7 @@ class TurnmeshError(Exception):
     def details(self) -> list[any_pb2.Any]:
         """google.rpc detail messages for this error."""
         info = error_details_pb2.ErrorInfo(
-            reason=self.reason or self.slug.upper().replace("-", "_"),
-            domain=ERROR_DOMAIN,
-            metadata=self.metadata,
+            reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
         )
         packed = any_pb2.Any()
         packed.Pack(info)
@@ -82,10 +159,27 @@ class TurnmeshError(Exception):
         converted = rpc_status.to_status(status)
         extra = list(self.trailers)
         if self.retry_after is not None:
-            extra.append(("retry-after", str(self.retry_after)))
+            extra.append((RETRY_AFTER_KEY, str(self.retry_after)))
         if not extra:
             return converted
         return _Status(converted.code, converted.details, (*converted.trailing_metadata, *extra))
+
+
+class Cancelled(TurnmeshError):
+    code = grpc.StatusCode.CANCELLED
+    # 499: the de facto status for a request the client cancelled.
+    http_status = 499
+    slug = "cancelled"
+    title = "Request cancelled"
+    openai_type = "server_error"
+
+
+class Unknown(TurnmeshError):
+    code = grpc.StatusCode.UNKNOWN
+    http_status = 500
+    slug = "unknown"
+    title = "Unknown error"
+    openai_type = "server_error"
 
 
 class InvalidArgument(TurnmeshError):
@@ -93,13 +187,14 @@ class InvalidArgument(TurnmeshError):
     http_status = 400
     slug = "invalid-argument"
     title = "Invalid request"
+    openai_type = "invalid_request_error"
 
-    def __init__(self, violations: list[FieldViolation]) -> None:
+    def __init__(self, violations: Sequence[FieldViolation]) -> None:
         if not violations:
             raise ValueError("InvalidArgument needs at least one violation")
         summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
         super().__init__(summary)
-        self.violations = violations
+        self.violations = list(violations)
 
     def details(self) -> list[any_pb2.Any]:
         bad = error_details_pb2.BadRequest(
@@ -115,19 +210,12 @@ class InvalidArgument(TurnmeshError):
         return [packed]
 
 
-class Unauthenticated(TurnmeshError):
-    code = grpc.StatusCode.UNAUTHENTICATED
-    http_status = 401
-    slug = "unauthenticated"
-    title = "Authentication required"
-    trailers = (("www-authenticate", 'Bearer realm="turnmesh"'),)
-
-
-class PermissionDenied(TurnmeshError):
-    code = grpc.StatusCode.PERMISSION_DENIED
-    http_status = 403
-    slug = "permission-denied"
-    title = "Permission denied"
+class DeadlineExceeded(TurnmeshError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    http_status = 504
+    slug = "deadline-exceeded"
+    title = "Deadline exceeded"
+    openai_type = "server_error"
 
 
 class NotFound(TurnmeshError):
@@ -135,6 +223,7 @@ class NotFound(TurnmeshError):
     http_status = 404
     slug = "not-found"
     title = "Not found"
+    openai_type = "invalid_request_error"
 
 
 class AlreadyExists(TurnmeshError):
@@ -142,28 +231,15 @@ class AlreadyExists(TurnmeshError):
     http_status = 409
     slug = "already-exists"
     title = "Already exists"
+    openai_type = "invalid_request_error"
 
 
-class SessionBusy(TurnmeshError):
-    code = grpc.StatusCode.ABORTED
-    http_status = 409
-    slug = "session-busy"
-    title = "Session busy"
-    retry_after = 1
-
-
-class FailedPrecondition(TurnmeshError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
-    http_status = 400
-    slug = "failed-precondition"
-    title = "Failed precondition"
-
-
-class OutOfRange(TurnmeshError):
-    code = grpc.StatusCode.OUT_OF_RANGE
-    http_status = 400
-    slug = "out-of-range"
-    title = "Out of range"
+class PermissionDenied(TurnmeshError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = 403
+    slug = "permission-denied"
+    title = "Permission denied"
+    openai_type = "permission_error"
 
 
 class ResourceExhausted(TurnmeshError):
@@ -171,7 +247,8 @@ class ResourceExhausted(TurnmeshError):
     http_status = 429
     slug = "resource-exhausted"
     title = "Too many requests"
-    retry_after = 1
+    openai_type = "rate_limit_error"
+    default_retry_after = 1
 
 
 class RateLimited(ResourceExhausted):
@@ -179,11 +256,242 @@ class RateLimited(ResourceExhausted):
     title = "Rate limit exceeded"
 
 
+class FailedPrecondition(TurnmeshError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    http_status = 400
+    slug = "failed-precondition"
+    title = "Failed precondition"
+    openai_type = "invalid_request_error"
+
+
+class HistoryMiss(FailedPrecondition):
+    """A worker does not hold the history the server assumed it does (the
+    server then sends all of it); never reaches a public caller."""
+
+    slug = "history-miss"
+    title = "History not held"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"this worker does not hold the history of session {session_id!r}; send all of it"
+        )
+
+
+class Aborted(TurnmeshError):
+    code = grpc.StatusCode.ABORTED
+    http_status = 409
+    slug = "aborted"
+    title = "Conflict"
+    openai_type = "invalid_request_error"
+
+
+class SessionBusy(Aborted):
+    slug = "session-busy"
+    title = "Session busy"
+    default_retry_after = 1
+
+
+class OutOfRange(TurnmeshError):
+    code = grpc.StatusCode.OUT_OF_RANGE
+    http_status = 400
+    slug = "out-of-range"
+    title = "Out of range"
+    openai_type = "invalid_request_error"
+
+
+class Unimplemented(TurnmeshError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+    http_status = 501
+    slug = "unimplemented"
+    title = "Not implemented"
+    openai_type = "invalid_request_error"
+
+
 class Unavailable(TurnmeshError):
     code = grpc.StatusCode.UNAVAILABLE
     http_status = 503
     slug = "unavailable"
     title = "Service unavailable"
+    openai_type = "server_error"
+
+
+class DataLoss(TurnmeshError):
+    code = grpc.StatusCode.DATA_LOSS
+    http_status = 500
+    slug = "data-loss"
+    title = "Data loss"
+    openai_type = "server_error"
+
+
+class Unauthenticated(TurnmeshError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    http_status = 401
+    slug = "unauthenticated"
+    title = "Authentication required"
+    openai_type = "authentication_error"
+    trailers = (("www-authenticate", 'Bearer realm="turnmesh"'),)
+
+
+_BY_CODE[grpc.StatusCode.INTERNAL] = TurnmeshError
+_BY_REASON[TurnmeshError.reason_name()] = TurnmeshError
+
+
+def kind_for(code: grpc.StatusCode, reason: str | None = None) -> type[TurnmeshError]:
+    """The row for a status: by its ErrorInfo reason, else by its code."""
+    kind = _BY_REASON.get(reason or "")
+    if kind is not None and kind.code == code:
+        return kind
+    return _BY_CODE.get(code, TurnmeshError)
+
+
+def rows() -> list[Row]:
+    """Every row: one per status code, then one per reason of its own."""
+    by_code = [_BY_CODE[code].row() for code in grpc.StatusCode if code in _BY_CODE]
+    by_reason = [k.row() for k in _BY_REASON.values()]
+    seen = {(r.code, r.reason) for r in by_code}
+    return by_code + [r for r in by_reason if (r.code, r.reason) not in seen]
+
+
+# Envoy's own replies (it never asked a server): the row each HTTP status
+# takes, or one only the edge has.
+_EDGE_KINDS: dict[int, type[TurnmeshError]] = {
+    400: InvalidArgument,
+    401: Unauthenticated,
+    403: PermissionDenied,
+    404: NotFound,
+    429: ResourceExhausted,
+    499: Cancelled,
+    500: TurnmeshError,
+    501: Unimplemented,
+    503: Unavailable,
+    504: DeadlineExceeded,
+}
+_EDGE_ONLY: dict[int, tuple[str, str, str]] = {
+    405: ("method-not-allowed", "Method not allowed", "invalid_request_error"),
+    408: ("request-timeout", "Request timeout", "invalid_request_error"),
+    413: ("payload-too-large", "Payload too large", "invalid_request_error"),
+    431: (
+        "request-header-fields-too-large",
+        "Request header fields too large",
+        "invalid_request_error",
+    ),
+    502: ("bad-gateway", "Bad gateway", "server_error"),
+}
+# Any other status Envoy answers with.
+EDGE_FALLBACK = ("error", "Error")
+
+
+def edge_problems() -> dict[int, tuple[str, str, str]]:
+    """(slug, title, OpenAI type) per HTTP status that Envoy answers by itself."""
+    problems = {s: (k.slug, k.title, k.openai_type) for s, k in _EDGE_KINDS.items()}
+    return dict(sorted({**problems, **_EDGE_ONLY}.items()))
+
+
+def from_status(
+    code: grpc.StatusCode,
+    message: str,
+    trailing_metadata: Sequence[tuple[str, str | bytes]] = (),
+) -> TurnmeshError:
+    """A status (code, message, trailers with google.rpc details) as the error
+    it was raised as: the inverse of ``TurnmeshError.to_status``."""
+    reason = ""
+    metadata: dict[str, str] = {}
+    violations: list[FieldViolation] = []
+    retry_after: int | None = None
+    for key, value in trailing_metadata:
+        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
+            with contextlib.suppress(Exception):  # unreadable details: the code still stands
+                for detail in status_pb2.Status.FromString(value).details:
+                    if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                        bad = error_details_pb2.BadRequest()
+                        detail.Unpack(bad)
+                        violations += [
+                            FieldViolation(v.field, v.description) for v in bad.field_violations
+                        ]
+                    elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                        info = error_details_pb2.ErrorInfo()
+                        detail.Unpack(info)
+                        reason, metadata = info.reason, dict(info.metadata)
+        elif key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
+            retry_after = int(value)
+    kind = kind_for(code, reason)
+    # Built without the rows' own constructors (InvalidArgument's, HistoryMiss's):
+    # the error is rebuilt exactly as it was sent.
+    error = TurnmeshError.__new__(kind)
+    TurnmeshError.__init__(error, message, reason=reason or None, metadata=metadata)
+    if isinstance(error, InvalidArgument):
+        error.violations = violations
+    if retry_after is not None:
+        error.retry_after = retry_after
+    return error
+
+
+class _FailedCall(Protocol):
+    def code(self) -> grpc.StatusCode: ...
+    def details(self) -> str | None: ...
+    def trailing_metadata(self) -> Iterable[tuple[str, str | bytes]] | None: ...
+
+
+def from_rpc_error(exc: grpc.RpcError) -> TurnmeshError:
+    """A failed call's status as the error the other side raised."""
+    if not callable(getattr(exc, "code", None)):
+        return Unknown("the call failed without a status")
+    # Every RpcError grpc raises (sync and aio) carries its status like this.
+    call = cast(_FailedCall, exc)
+    return from_status(call.code(), call.details() or "", tuple(call.trailing_metadata() or ()))
+
+
+@contextlib.contextmanager
+def mapped_rpc_errors() -> Iterator[None]:
+    """Re-raise a failed call's status as a TurnmeshError (``raise … from``)."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc) from exc
+
+
+class TurnError(enum.Enum):
+    """Why a turn ended with RUN_ERROR: its ``code``, problem title and status.
+
+    Agents add their own codes (``AgentError``); these are the mesh's.
+    """
+
+    CANCELLED = ("cancelled", "Turn cancelled", 499)
+    INTERRUPTED = ("interrupted", "Turn interrupted by a newer turn", 499)
+    DISCONNECTED = ("disconnected", "Client disconnected", 499)
+    SESSION_DELETED = ("session_deleted", "Session deleted", 499)
+    SHUTDOWN = ("shutdown", "Server shutting down", 499)
+    WORKER_FAILED = ("worker_failed", "Worker failed", 502)
+    WORKER_UNAVAILABLE = ("worker_unavailable", "No worker available", 503)
+    OWNER_LOST = ("owner_lost", "Server lost", 503)
+    AGENT_ERROR = ("agent_error", "Agent error", 500)
+    INTERNAL = ("internal", "Internal error", 500)
+
+    def __init__(self, code: str, title: str, status: int) -> None:
+        self.code = code
+        self.title = title
+        self.status = status
+
+    def event(self, detail: str) -> event_pb2.Event:
+        """A RUN_ERROR event with this error's RFC 7807 problem."""
+        return error_event(self.code, self.title, self.status, detail)
+
+
+def problem(code: str, title: str, status: int, detail: str) -> event_pb2.Problem:
+    """An in-band RFC 7807 problem; its type is named after the code."""
+    return event_pb2.Problem(
+        type=PROBLEM_BASE + code.replace("_", "-"), title=title, status=status, detail=detail
+    )
+
+
+def error_event(code: str, title: str, status: int, detail: str) -> event_pb2.Event:
+    """A RUN_ERROR with an RFC 7807 problem."""
+    return event_pb2.Event(
+        type=event_pb2.RUN_ERROR,
+        message=detail,
+        code=code,
+        problem=problem(code, title, status, detail),
+    )
 
 
 @dataclass(frozen=True)

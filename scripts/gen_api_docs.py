@@ -11,6 +11,8 @@ from pathlib import Path
 from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor_pb2
 
+from turnmesh.runtime import errors
+
 ROOT = Path(__file__).resolve().parent.parent
 # Paths into FileDescriptorProto for comments (descriptor.proto field numbers).
 MESSAGE, ENUM, SERVICE, FIELD, VALUE, METHOD = 4, 5, 6, 2, 2, 2
@@ -83,7 +85,85 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
                 desc = _one_line(notes.get((MESSAGE, mi, FIELD, fi), ""))
                 out.append(f"| `{f.name}` | `{f.json_name}` | {label}`{ftype}` | {desc} |")
             out.append("")
+    out += _errors()
     return "\n".join(out).rstrip() + "\n"
+
+
+# Problem types and titles that changed when the error table became the one
+# source (issue 15): (what a caller got before, what it gets now).
+CHANGED_TYPES = [
+    ("`aborted` (\"Conflict\") for a busy session", "`session-busy` (\"Session busy\")"),
+    (
+        "`resource-exhausted` (\"Too many requests\") for an API key's rate limit",
+        "`rate-limited` (\"Rate limit exceeded\")",
+    ),
+    ("`service-unavailable` (Envoy: no healthy server)", "`unavailable` (\"Service unavailable\")"),
+    ("`bad-request` (Envoy's own 400)", "`invalid-argument` (\"Invalid request\")"),
+    ("`authentication-required` (Envoy's own 401)", "`unauthenticated`"),
+    ("`forbidden` (Envoy's own 403)", "`permission-denied` (\"Permission denied\")"),
+    ("`too-many-requests` (Envoy's own 429)", "`resource-exhausted`"),
+    ("`internal-error` (Envoy's own 500)", "`internal`"),
+    ("`gateway-timeout` (Envoy's own 504)", "`deadline-exceeded` (\"Deadline exceeded\")"),
+    (
+        "HTTP 500 `server_error` on the OpenAI, AG-UI and chat surfaces for a full server "
+        "(the session and turn limits) and for the other codes their client did not know",
+        "HTTP 429 with `Retry-After` (`rate_limit_error`), like the native API",
+    ),
+]
+
+
+def _errors() -> list[str]:
+    """The error table of turnmesh.runtime.errors, as callers see it."""
+    out = [
+        "## Errors",
+        "",
+        "Every error has a gRPC status with `google.rpc` details (`ErrorInfo` with the reason "
+        "below, `BadRequest` for invalid arguments). Over REST it is "
+        "`application/problem+json` with `type` = "
+        f"`{errors.PROBLEM_BASE}<slug>`, `title`, `status`, `detail`, `grpc_code`, `reason` and "
+        "`violations`; on OpenAI's paths it is OpenAI's "
+        "`{\"error\": {message, type, param, code}}` with `code` the reason in lower case. "
+        "Rows with `Retry-After` send it as trailing metadata and as the HTTP header. "
+        "Generated from `runtime/errors.py`.",
+        "",
+        "| gRPC code | reason | HTTP | problem type (slug) | title | OpenAI type |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in errors.rows():
+        kind = errors.kind_for(row.code, row.reason)
+        retry = " (Retry-After)" if kind.default_retry_after is not None else ""
+        out.append(
+            f"| `{row.code.name}` | `{row.reason}` | {row.http_status}{retry} | `{row.slug}` "
+            f"| {row.title} | `{row.openai_type}` |"
+        )
+    out += [
+        "",
+        "Envoy's own replies (it never asked a server) use the same types: "
+        + ", ".join(
+            f"{status} `{slug}`" for status, (slug, _, _) in errors.edge_problems().items()
+        )
+        + f"; any other status `{errors.EDGE_FALLBACK[0]}`.",
+        "",
+        "A turn that fails after its first event ends with `RUN_ERROR`, whose `code` and "
+        "`problem` say why:",
+        "",
+        "| code | problem type (slug) | title | status |",
+        "|---|---|---|---|",
+    ]
+    for error in errors.TurnError:
+        slug = error.code.replace("_", "-")
+        out.append(f"| `{error.code}` | `{slug}` | {error.title} | {error.status} |")
+    out += [
+        "",
+        "Agents add codes of their own (`AgentError`, e.g. `model_error`).",
+        "",
+        "### Problem types that changed",
+        "",
+        "| before | now |",
+        "|---|---|",
+        *(f"| {before} | {now} |" for before, now in CHANGED_TYPES),
+    ]
+    return out
 
 
 def _scalar(type_number: int) -> str:

@@ -15,35 +15,15 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
-from turnmesh.runtime.errors import NotFound, OutOfRange
+from turnmesh.runtime.errors import NotFound, OutOfRange, TurnError
+from turnmesh.runtime.events import TERMINAL_TYPES, now_ms
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
-
-
-def now_ms() -> float:
-    """Whole milliseconds: AG-UI clients reject a timestamp with a fraction."""
-    return float(time.time_ns() // 1_000_000)
-
-
-TERMINAL_TYPES = frozenset({event_pb2.RUN_FINISHED, event_pb2.RUN_ERROR})
-PROBLEM_BASE = "https://turnmesh.dev/problems/"
 
 log = logging.getLogger(__name__)
 
 # Writes a turn's events to a durable store: (session_id, turn_id, events).
 EventSink = Callable[[str, str, list[event_pb2.Event]], Awaitable[None]]
-
-
-def error_event(code: str, title: str, status: int, detail: str) -> event_pb2.Event:
-    """A RUN_ERROR with an RFC 7807 problem."""
-    return event_pb2.Event(
-        type=event_pb2.RUN_ERROR,
-        message=detail,
-        code=code,
-        problem=event_pb2.Problem(
-            type=PROBLEM_BASE + code.replace("_", "-"), title=title, status=status, detail=detail
-        ),
-    )
 
 
 class TurnLog:
@@ -265,11 +245,8 @@ class EventLogs:
         if not restored.done:
             # Fenced above: the owner, if it is only cut off, can no longer commit.
             restored.append(
-                error_event(
-                    "owner_lost",
-                    "Server lost",
-                    503,
-                    "the server running this turn stopped; history is unchanged",
+                TurnError.OWNER_LOST.event(
+                    "the server running this turn stopped; history is unchanged"
                 )
             )
             restored.set_state(spb.TURN_STATE_FAILED)

@@ -22,9 +22,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from turnmesh.runtime import metrics, tracing
-from turnmesh.runtime.errors import NotFound, SessionBusy
+from turnmesh.runtime.errors import HistoryMiss, NotFound, SessionBusy, error_event, from_rpc_error
 from turnmesh.runtime.ids import new_id
-from turnmesh.server.eventlog import EventLogs, TurnLog, error_event
+from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.history import HistoryBuilder
 from turnmesh.server.store import SessionStore, TurnAbandoned, now
 from turnmesh.server.workers import WorkerPool, WorkerRef
@@ -75,10 +75,6 @@ class TurnOutcome:
     usage: list[event_pb2.TokenUsage] = field(default_factory=list)
     result: struct_pb2.Struct | None = None
     error: event_pb2.Event | None = None
-
-
-class HistoryMiss(Exception):
-    """The worker does not hold the history we assumed it does."""
 
 
 class WorkerFailed(Exception):
@@ -133,9 +129,7 @@ class SessionTurns:
     ) -> PendingTurn:
         """Place a new message under the policy. Never awaits: decisions are atomic."""
         if policy == spb.TURN_POLICY_REJECT and self.busy:
-            raise SessionBusy(
-                f"session {self.session_id!r} has a turn running", reason="SESSION_BUSY"
-            )
+            raise SessionBusy(f"session {self.session_id!r} has a turn running")
         if policy in (spb.TURN_POLICY_COLLECT, spb.TURN_POLICY_UNSPECIFIED):
             # The head of the queue of an idle session is as good as running
             # (the drain task just has not picked it up yet): never join it.
@@ -519,8 +513,8 @@ class TurnRunner:
                     builder.feed(event)
                     tlog.append(event)  # the log stamps its own seq and ids
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and not streamed:
-                raise HistoryMiss from exc
+            if not streamed and isinstance(from_rpc_error(exc), HistoryMiss):
+                raise HistoryMiss(session_id) from exc
             log.debug("worker %s stream error: %s", worker.member_id, exc.code())
             raise WorkerFailed(streamed) from exc
         except asyncio.CancelledError:

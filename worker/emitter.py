@@ -9,23 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from turnmesh.runtime.events import now_ms
 from turnmesh.runtime.ids import new_id
 from turnmesh.v1 import event_pb2
 
-__all__ = ["QueueEmitter", "make_event", "now_ms"]
+__all__ = ["QueueEmitter", "make_event"]
 
 ET = event_pb2.EventType
-
-
-def now_ms() -> float:
-    """Whole milliseconds since the epoch. A double in the proto (an int64
-    prints as a JSON string), but integral: the AG-UI client rejects a
-    timestamp with a fraction (it checks for a safe integer)."""
-    return float(time.time_ns() // 1_000_000)
 
 
 def make_event(type_: event_pb2.EventType.ValueType, **fields: Any) -> event_pb2.Event:

@@ -7,19 +7,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from turnmesh.runtime.errors import FailedPrecondition
+from turnmesh.runtime.errors import HistoryMiss
 
 History = list[dict[str, Any]]
-
-
-class HistoryMiss(FailedPrecondition):
-    """The worker does not hold the history the server assumed."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(
-            f"this worker does not hold the history of session {session_id!r}; send all of it",
-            reason="HISTORY_MISS",
-        )
 
 
 class HistoryCache:

@@ -19,7 +19,7 @@ from opentelemetry import trace
 from turnmesh.agent import AgentError, AgentResponse, AgentRunnable
 from turnmesh.files import Sandbox
 from turnmesh.runtime import metrics
-from turnmesh.runtime.errors import PROBLEM_BASE
+from turnmesh.runtime.errors import TurnError, problem
 from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker._convert import history_message, to_agent_request
 from turnmesh.worker.attachments import file_events, read_files
@@ -31,11 +31,11 @@ __all__ = ["WorkerServicer"]
 log = logging.getLogger(__name__)
 
 # Sent instead of the exception: agent errors may carry secrets or internals.
-AGENT_ERROR_PROBLEM = event_pb2.Problem(
-    type=PROBLEM_BASE + "agent-error",
-    title="Agent error",
-    status=500,
-    detail="the agent raised an error while running this turn",
+AGENT_ERROR_PROBLEM = problem(
+    TurnError.AGENT_ERROR.code,
+    TurnError.AGENT_ERROR.title,
+    TurnError.AGENT_ERROR.status,
+    "the agent raised an error while running this turn",
 )
 
 
@@ -170,14 +170,11 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
 
 def _agent_error_event(error: AgentError) -> event_pb2.Event:
     """The agent's own account of its failure, as RUN_ERROR."""
-    slug = error.code.replace("_", "-")
     return make_event(
         ET.RUN_ERROR,
         message=error.title,
         code=error.code,
-        problem=event_pb2.Problem(
-            type=PROBLEM_BASE + slug, title=error.title, status=error.status, detail=error.detail
-        ),
+        problem=problem(error.code, error.title, error.status, error.detail),
     )
 
 

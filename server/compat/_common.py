@@ -4,61 +4,50 @@ native API has), error translation, and HTTP body framing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
 from google.api import httpbody_pb2
+from google.protobuf import json_format
 from pydantic import ValidationError
 
-from turnmesh.client import (
-    AlreadyExistsError,
-    AsyncClient,
-    InvalidArgumentError,
-    NotFoundError,
-    SessionBusyError,
-    TurnmeshClientError,
-    UnavailableError,
-)
 from turnmesh.runtime import tracing
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
-    AlreadyExists,
     FieldViolation,
     InvalidArgument,
     NotFound,
-    SessionBusy,
     TurnmeshError,
     Unavailable,
+    mapped_rpc_errors,
 )
 from turnmesh.runtime.interceptors import INTERNAL_METADATA
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+# A surface's calls to its own server are quick, but a session's owner may be
+# another server: the same bound as the typed client's default.
+CALL_TIMEOUT_SECONDS = 60.0
 
 
 class Mesh:
     """The public API as the compatibility surfaces see it: calls to this
-    server's own SessionService, made with the caller's API key."""
+    server's own SessionService, made with the caller's API key. A failed call
+    raises the error the service raised (``turnmesh.runtime.errors``), so the
+    surface reports it exactly as the native API would."""
 
     def __init__(
-        self,
-        channel: grpc.aio.Channel | None = None,
-        api_key: str = "",
-        internal_token: str | None = None,
-        trace: tuple[tuple[str, str], ...] = (),
+        self, channel: grpc.aio.Channel | None = None, metadata: Sequence[tuple[str, str]] = ()
     ) -> None:
         self._channel = channel
-        self._internal_token = internal_token
-        # The internal token marks calls the server makes to itself: the
-        # caller's request was authenticated and counted once already.
-        extra = ((INTERNAL_METADATA, internal_token),) if internal_token else ()
-        extra += trace  # the calls belong to the caller's trace
-        self._client = (
-            AsyncClient("", channel=channel, api_key=api_key or None, timeout=60, metadata=extra)
-            if channel
-            else None
-        )
+        self._internal_token: str | None = None
+        self._metadata = tuple(metadata)
 
     def connect(
         self, address: str, internal_token: str | None = None, transport: Transport = PLAINTEXT
@@ -66,73 +55,118 @@ class Mesh:
         self._channel = mesh_channel(address, transport)
         self._internal_token = internal_token
 
-    def for_caller(self, metadata: object) -> Mesh:
-        """A view whose calls carry this caller's `Authorization` and trace."""
+    def for_caller(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Mesh:
+        """A view whose calls carry this caller's `Authorization` and trace.
+
+        The internal token marks calls the server makes to itself: the
+        caller's request was authenticated and counted once already."""
         if self._channel is None:
             raise Unavailable("this server is still starting")
-        return Mesh(
-            self._channel,
-            bearer(metadata),  # type: ignore[arg-type]
-            self._internal_token,
-            tracing.inject(),
-        )
+        key = bearer(metadata)
+        extra = [("authorization", f"Bearer {key}")] if key else []
+        if self._internal_token:
+            extra.append((INTERNAL_METADATA, self._internal_token))
+        return Mesh(self._channel, (*extra, *tracing.inject()))
 
     @property
-    def client(self) -> AsyncClient:
-        if self._client is None:
+    def _stub(self) -> SessionServiceStub:
+        if self._channel is None:
             raise Unavailable("this server is still starting")
-        return self._client
+        return SessionServiceStub(self._channel)
 
     async def close(self) -> None:
         if self._channel is not None:
             await self._channel.close()
 
+    async def get_session(self, session_id: str) -> spb.Session:
+        with mapped_rpc_errors():
+            response = await self._stub.GetSession(
+                spb.GetSessionRequest(session_id=session_id),
+                metadata=self._metadata,
+                timeout=CALL_TIMEOUT_SECONDS,
+            )
+        return response.session
+
     async def session_exists(self, session_id: str) -> bool:
         try:
-            await self.client.get_session(session_id)
-        except NotFoundError:
-            return False
-        except InvalidArgumentError:
-            return False  # not even a valid id: it cannot exist
-        except TurnmeshClientError as exc:
-            raise to_domain(exc) from exc
+            await self.get_session(session_id)
+        except (NotFound, InvalidArgument):
+            return False  # an invalid id cannot exist either
         return True
 
     async def create_session(
         self,
         session_id: str | None,
         agent: str | None,
-        history: list[message_pb2.Message] | None = None,
+        history: Sequence[message_pb2.Message] = (),
         *,
         param: str = "agent_name",
     ) -> str:
+        """A new session; an unknown agent is NotFound naming ``param``."""
+        request = spb.CreateSessionRequest(
+            session_id=session_id or "", agent_name=agent or "", messages=history
+        )
         try:
-            session = await self.client.create_session(
-                session_id, agent=agent, messages=history or ()
+            with mapped_rpc_errors():
+                response = await self._stub.CreateSession(
+                    request, metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS
+                )
+        except NotFound as exc:
+            raise NotFound(exc.detail, reason="MODEL_NOT_FOUND", metadata={"param": param}) from exc
+        return response.session.session_id
+
+    async def delete_session(self, session_id: str) -> None:
+        with mapped_rpc_errors():
+            await self._stub.DeleteSession(
+                spb.DeleteSessionRequest(session_id=session_id),
+                metadata=self._metadata,
+                timeout=CALL_TIMEOUT_SECONDS,
             )
-        except NotFoundError as exc:
-            raise NotFound(
-                exc.message, reason="MODEL_NOT_FOUND", metadata={"param": param}
-            ) from exc
-        except TurnmeshClientError as exc:
-            raise to_domain(exc) from exc
-        return session.session_id
+
+    async def history(self, session_id: str) -> list[message_pb2.Message]:
+        with mapped_rpc_errors():
+            response = await self._stub.GetHistory(
+                spb.GetHistoryRequest(session_id=session_id),
+                metadata=self._metadata,
+                timeout=CALL_TIMEOUT_SECONDS,
+            )
+        return list(response.messages)
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        files: Sequence[message_pb2.File] = (),
+        metadata: Mapping[str, Any] | None = None,
+        policy: spb.TurnPolicy.ValueType = spb.TURN_POLICY_COLLECT,
+    ) -> AsyncIterator[AsyncIterator[event_pb2.Event]]:
+        """A turn's events; leaving the block closes the stream (a disconnect:
+        the turn goes on, as it does for any caller)."""
+        request = spb.TurnRequest(
+            session_id=session_id, message=message, files=files, policy=policy
+        )
+        if metadata:
+            json_format.ParseDict(dict(metadata), request.metadata)
+        call = self._stub.Turn(request, metadata=self._metadata)
+
+        async def events() -> AsyncIterator[event_pb2.Event]:
+            with mapped_rpc_errors():
+                async for event in call:
+                    yield event
+
+        try:
+            yield events()
+        finally:
+            call.cancel()
 
 
-def to_domain(exc: TurnmeshClientError) -> TurnmeshError:
-    """A client error of the self-call, as the error this surface reports."""
-    if isinstance(exc, InvalidArgumentError) and exc.violations:
-        return InvalidArgument([FieldViolation(f, d) for f, d in exc.violations.items()])
-    mapped: dict[type[TurnmeshClientError], type[TurnmeshError]] = {
-        NotFoundError: NotFound,
-        AlreadyExistsError: AlreadyExists,
-        SessionBusyError: SessionBusy,
-        UnavailableError: Unavailable,
-    }
-    kind = mapped.get(type(exc), TurnmeshError)
-    return kind(
-        exc.message if kind is not TurnmeshError else "internal error", reason=exc.reason or None
-    )
+# The turn policies by the short names the other APIs' requests use.
+POLICIES: dict[str, spb.TurnPolicy.ValueType] = {
+    name: spb.TurnPolicy.Value(f"TURN_POLICY_{name.upper()}")
+    for name in ("collect", "enqueue", "interrupt", "reject")
+}
 
 
 def invalid(field: str, description: str) -> InvalidArgument:
@@ -177,6 +211,6 @@ def from_pydantic(exc: ValidationError) -> InvalidArgument:
 
 def turn_error(event: event_pb2.Event) -> TurnmeshError:
     """A turn that ended with RUN_ERROR, for a surface that answers in one piece."""
-    if event.problem.status in (502, 503):
+    if event.problem.status in (502, 503):  # worker_failed, worker_unavailable, owner_lost
         return Unavailable(event.message or "the turn failed")
     return TurnmeshError(event.message or "the turn failed", reason=event.code.upper() or None)

@@ -14,16 +14,14 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from turnmesh.client import TurnmeshClientError
-from turnmesh.client._async import POLICIES
 from turnmesh.runtime.errors import AlreadyExists
 from turnmesh.server.compat._common import (
+    POLICIES,
     Mesh,
     from_pydantic,
     invalid,
     parse_json_body,
     sse_body,
-    to_domain,
 )
 from turnmesh.server.compat._files import decode_base64, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
@@ -195,14 +193,10 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
                 thread, agent if isinstance(agent, str) else None, _history(request.messages[:-1])
             )
     run_id = request.run_id
-    try:
-        async with mesh.client.stream_turn(
-            thread, message, policy=request.forwarded_props.get("policy", "collect"), files=files
-        ) as stream:
-            async for event in stream:
-                run_id = run_id or event.run_id
-                payload = to_agui(event, thread, run_id)
-                if payload is not None:
-                    yield sse_body(payload)
-    except TurnmeshClientError as exc:
-        raise to_domain(exc) from exc
+    policy = POLICIES[request.forwarded_props.get("policy", "collect")]
+    async with mesh.turn(thread, message, policy=policy, files=files) as stream:
+        async for event in stream:
+            run_id = run_id or event.run_id
+            payload = to_agui(event, thread, run_id)
+            if payload is not None:
+                yield sse_body(payload)

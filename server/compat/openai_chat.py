@@ -11,7 +11,8 @@ from typing import Any, Literal
 from google.api import httpbody_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from turnmesh.client import TurnmeshClientError
+from turnmesh.runtime.errors import TurnmeshError
+from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
     Mesh,
     from_pydantic,
@@ -19,7 +20,6 @@ from turnmesh.server.compat._common import (
     json_body,
     parse_json_body,
     sse_body,
-    to_domain,
     turn_error,
 )
 from turnmesh.server.compat._files import from_data_url, from_inline, unsupported
@@ -106,14 +106,17 @@ class Turn:
         self.throwaway = throwaway
         self.id = ""
         self.created = int(time.time())
-        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        self.answer = Answer()
         self.files: list[message_pb2.File] = []
 
-    def finish(self, event: event_pb2.Event) -> None:
-        for u in event.usage:
-            self.usage["prompt_tokens"] += u.input_tokens
-            self.usage["completion_tokens"] += u.output_tokens
-            self.usage["total_tokens"] += u.total_tokens
+    @property
+    def usage(self) -> dict[str, int]:
+        usage = self.answer.usage
+        return {
+            "prompt_tokens": usage.input_tokens,
+            "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens,
+        }
 
 
 async def open_turn(
@@ -155,18 +158,18 @@ def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
 
 
 async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb2.Event]:
+    """The turn's events, each folded into ``turn.answer`` first."""
     try:
-        async with mesh.client.stream_turn(turn.session_id, message, files=turn.files) as stream:
+        async with mesh.turn(turn.session_id, message, files=turn.files) as stream:
             async for event in stream:
                 if not turn.id:
                     turn.id = f"chatcmpl-{event.run_id}"
+                turn.answer.feed(event)
                 yield event
-    except TurnmeshClientError as exc:
-        raise to_domain(exc) from exc
     finally:
         if turn.throwaway:
-            with contextlib.suppress(TurnmeshClientError):  # it would expire anyway
-                await mesh.client.delete_session(turn.session_id)
+            with contextlib.suppress(TurnmeshError):  # it would expire anyway
+                await mesh.delete_session(turn.session_id)
 
 
 def error_payload(event: event_pb2.Event) -> dict[str, Any]:
@@ -183,15 +186,8 @@ def error_payload(event: event_pb2.Event) -> dict[str, Any]:
 async def complete(
     mesh: Mesh, request: ChatCompletionRequest, turn: Turn, message: str
 ) -> httpbody_pb2.HttpBody:
-    text: list[str] = []
     async for event in events(mesh, turn, message):
-        if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
-            text.append(event.delta)
-        elif event.type == event_pb2.TOOL_CALL_RESULT:
-            text.clear()
-        elif event.type == event_pb2.RUN_FINISHED:
-            turn.finish(event)
-        elif event.type == event_pb2.RUN_ERROR:
+        if event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
     return json_body(
         {
@@ -202,7 +198,7 @@ async def complete(
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": "".join(text), "refusal": None},
+                    "message": {"role": "assistant", "content": turn.answer.text, "refusal": None},
                     "logprobs": None,
                     "finish_reason": "stop",
                 }
@@ -237,7 +233,6 @@ async def stream(
         elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
             yield chunk({"content": event.delta})
         elif event.type == event_pb2.RUN_FINISHED:
-            turn.finish(event)
             yield chunk({}, "stop")
             if include_usage:
                 usage_chunk = {

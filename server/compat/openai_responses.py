@@ -15,8 +15,8 @@ from typing import Any, Literal
 from google.api import httpbody_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from turnmesh.client import NotFoundError, TurnmeshClientError
 from turnmesh.runtime.errors import NotFound
+from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
     Mesh,
     from_pydantic,
@@ -24,7 +24,6 @@ from turnmesh.server.compat._common import (
     json_body,
     parse_json_body,
     sse_body,
-    to_domain,
     turn_error,
 )
 from turnmesh.server.compat._files import from_data_url, from_inline, unsupported
@@ -126,15 +125,27 @@ class Response:
         self.id = ""
         self.item_id = ""
         self.created_at = int(time.time())
-        self.text = ""
+        self.answer = Answer()
         self.status = "in_progress"
-        self.usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         self.error: dict[str, str] | None = None
         self.files: list[message_pb2.File] = []
 
     def started(self, turn_id: str) -> None:
         self.id = response_id(self.session_id, turn_id)
         self.item_id = f"msg_{turn_id}"
+
+    @property
+    def text(self) -> str:
+        return self.answer.text
+
+    @property
+    def usage(self) -> dict[str, int]:
+        usage = self.answer.usage
+        return {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens,
+        }
 
     def part(self) -> dict[str, Any]:
         return {"type": "output_text", "text": self.text, "annotations": []}
@@ -177,12 +188,12 @@ class Response:
             "store": True,
         }
 
-    def finish(self, event: event_pb2.Event) -> None:
-        for u in event.usage:
-            self.usage["input_tokens"] += u.input_tokens
-            self.usage["output_tokens"] += u.output_tokens
-            self.usage["total_tokens"] += u.total_tokens
-        self.status = "completed"
+    def feed(self, event: event_pb2.Event) -> None:
+        self.answer.feed(event)
+        if event.type == event_pb2.RUN_STARTED:
+            self.started(event.run_id)
+        elif event.type == event_pb2.RUN_FINISHED:
+            self.status = "completed"
 
 
 async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response, str]:
@@ -228,30 +239,18 @@ async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator
     metadata: dict[str, Any] = dict(response.request.metadata or {})
     if response.request.instructions and response.request.previous_response_id:
         metadata["instructions"] = response.request.instructions
-    try:
-        async with mesh.client.stream_turn(
-            response.session_id, message, metadata=metadata, files=response.files
-        ) as stream:
-            async for event in stream:
-                if event.type == event_pb2.RUN_STARTED:
-                    response.started(event.run_id)
-                yield event
-    except TurnmeshClientError as exc:
-        raise to_domain(exc) from exc
+    async with mesh.turn(
+        response.session_id, message, metadata=metadata, files=response.files
+    ) as stream:
+        async for event in stream:
+            response.feed(event)
+            yield event
 
 
 async def create(mesh: Mesh, request: ResponseRequest) -> httpbody_pb2.HttpBody:
     response, message = await open_response(mesh, request)
-    text: list[str] = []
     async for event in _events(mesh, response, message):
-        if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
-            text.append(event.delta)
-        elif event.type == event_pb2.TOOL_CALL_RESULT:
-            text.clear()
-        elif event.type == event_pb2.RUN_FINISHED:
-            response.text = "".join(text)
-            response.finish(event)
-        elif event.type == event_pb2.RUN_ERROR:
+        if event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
     return json_body(response.body())
 
@@ -281,7 +280,6 @@ async def stream(mesh: Mesh, request: ResponseRequest) -> AsyncIterator[httpbody
                 **where,
             )
         elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
-            response.text += event.delta
             yield emit(
                 "response.output_text.delta",
                 item_id=response.item_id,
@@ -290,7 +288,6 @@ async def stream(mesh: Mesh, request: ResponseRequest) -> AsyncIterator[httpbody
                 **where,
             )
         elif event.type == event_pb2.RUN_FINISHED:
-            response.finish(event)
             yield emit(
                 "response.output_text.done",
                 item_id=response.item_id,
@@ -315,12 +312,10 @@ async def stream(mesh: Mesh, request: ResponseRequest) -> AsyncIterator[httpbody
 async def get(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
     session_id, turn_id = parse_response_id(response_id_value, "response_id")
     try:
-        session = await mesh.client.get_session(session_id)
-        history = await mesh.client.history(session_id)
-    except NotFoundError as exc:
+        session = await mesh.get_session(session_id)
+        history = await mesh.history(session_id)
+    except NotFound as exc:
         raise NotFound(f"response {response_id_value!r} not found") from exc
-    except TurnmeshClientError as exc:
-        raise to_domain(exc) from exc
     messages = [m for m in history if m.turn_id == turn_id]
     if not messages or messages[-1].role != "assistant":
         raise NotFound(f"response {response_id_value!r} not found")
@@ -330,11 +325,7 @@ async def get(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
     response = Response(request, session_id)
     response.started(turn_id)
     response.created_at = final.created_at.seconds
-    response.text = final.content
-    response.status = "completed"
-    response.usage = {
-        "input_tokens": final.usage.input_tokens,
-        "output_tokens": final.usage.output_tokens,
-        "total_tokens": final.usage.total_tokens,
-    }
+    # The stored answer, folded as the live one was.
+    response.feed(event_pb2.Event(type=event_pb2.TEXT_MESSAGE_CONTENT, delta=final.content))
+    response.feed(event_pb2.Event(type=event_pb2.RUN_FINISHED, usage=[final.usage]))
     return json_body(response.body())

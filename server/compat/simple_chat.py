@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from turnmesh.client import TurnmeshClientError
-from turnmesh.server.compat._common import Mesh, to_domain, turn_error
+from turnmesh.runtime.events import Answer
+from turnmesh.server.compat._common import Mesh, turn_error
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
 
@@ -19,26 +19,20 @@ async def _session_for(mesh: Mesh, request: cpb.ChatRequest) -> str:
 
 async def stream(mesh: Mesh, request: cpb.ChatRequest) -> AsyncIterator[event_pb2.Event]:
     session_id = await _session_for(mesh, request)
-    try:
-        async with mesh.client.stream_turn(
-            session_id, request.message, files=list(request.files)
-        ) as events:
-            async for event in events:
-                yield event
-    except TurnmeshClientError as exc:
-        raise to_domain(exc) from exc
+    async with mesh.turn(session_id, request.message, files=request.files) as events:
+        async for event in events:
+            yield event
 
 
 async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
     response = cpb.ChatResponse()
     calls: dict[str, cpb.ChatToolCall] = {}
-    text: list[str] = []
+    answer = Answer()
     async for event in stream(mesh, request):
+        answer.feed(event)
         response.session_id = event.thread_id
         if event.type == event_pb2.TEXT_MESSAGE_START:
             response.message_id = event.message_id
-        elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
-            text.append(event.delta)
         elif event.type == event_pb2.TOOL_CALL_START:
             calls[event.tool_call_id] = response.tool_calls.add(
                 name=event.tool_call_name, status="pending"
@@ -47,14 +41,12 @@ async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
             calls[event.tool_call_id].arguments += event.delta
         elif event.type == event_pb2.TOOL_CALL_RESULT:
             calls[event.tool_call_id].status = "completed"
-            text.clear()  # the answer is what follows the last tool result
         elif event.type == event_pb2.RUN_FINISHED:
-            for usage in event.usage:
-                response.tokens_used.prompt_tokens += usage.input_tokens
-                response.tokens_used.completion_tokens += usage.output_tokens
-                response.tokens_used.total_tokens += usage.total_tokens
             response.execution_time_ms = event.execution_time_ms
         elif event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
-    response.content = "".join(text)
+    response.content = answer.text
+    response.tokens_used.prompt_tokens = answer.usage.input_tokens
+    response.tokens_used.completion_tokens = answer.usage.output_tokens
+    response.tokens_used.total_tokens = answer.usage.total_tokens
     return response

@@ -146,7 +146,10 @@ async def test_each_key_is_held_to_its_rate(mesh_factory: Mesh, tmp_path: Path) 
         limited = responses[1]
         assert limited.headers["retry-after"] == "1"
         assert limited.headers["content-type"] == "application/problem+json"
-        assert limited.json()["title"] == "Too many requests"
+        # The reason keeps a rate limit apart from a server's own limits.
+        assert limited.json()["title"] == "Rate limit exceeded"
+        assert limited.json()["type"] == "https://turnmesh.dev/problems/rate-limited"
+        assert limited.json()["reason"] == "RATE_LIMITED"
         assert KEY not in limited.text
         # Another key has its own budget; health is never limited.
         other = await rest.get("/v1/sessions/x", headers={"Authorization": "Bearer other-key"})

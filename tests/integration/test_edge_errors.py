@@ -161,7 +161,8 @@ async def test_upstream_down_is_503_and_plain_unavailable_for_grpc(
 ) -> None:
     async with httpx.AsyncClient(base_url=f"http://{dead_edge.listener_address}") as rest:
         body = _problem(await rest.post("/v1/sessions", json={}), 503)
-        assert body["type"] == "https://turnmesh.dev/problems/service-unavailable"
+        assert body["type"] == "https://turnmesh.dev/problems/unavailable"
+        assert body["title"] == "Service unavailable"
     async with AsyncClient(dead_edge.listener_address, timeout=10) as client:
         with pytest.raises(UnavailableError) as info:
             await client.create_session()

@@ -52,3 +52,36 @@ async def test_turns_and_sessions_over_the_limits_are_refused(mesh_factory: Mesh
             await client.create_session(agent="probe")
         assert info.value.code is not None
         assert info.value.code.name == "RESOURCE_EXHAUSTED"
+
+
+async def test_the_compatibility_surfaces_answer_a_full_server_with_429(
+    mesh_factory: Mesh,
+) -> None:
+    """The limits reach every surface as 429 with Retry-After (they were 500)."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("echo", "echo")
+    server = mesh.spawn_server("server", "--agent", "echo", "--max-sessions", "1")
+    mesh.wait_ready(worker, server)
+    envoy = mesh.start_envoy([server])
+    async with AsyncClient(server.address) as client:
+        await client.create_session()
+    user = [{"role": "user", "content": "hi"}]
+    async with httpx.AsyncClient(base_url=f"http://{envoy.listener_address}") as rest:
+        chat = await rest.post("/v1/chat/completions", json={"model": "echo", "messages": user})
+        responses = await rest.post("/v1/responses", json={"model": "echo", "input": "hi"})
+        for response in (chat, responses):
+            assert response.status_code == 429, response.text
+            assert response.headers["retry-after"] == "1"
+            error = response.json()["error"]
+            assert error["type"] == "rate_limit_error"
+            assert error["code"] == "resource_exhausted"
+        agui = await rest.post(
+            "/v1/agui",
+            json={"threadId": "t", "messages": [{"id": "1", "role": "user", "content": "hi"}]},
+        )
+        simple = await rest.post("/v1/chat", json={"message": "hi"})
+        for response in (agui, simple):
+            assert response.status_code == 429, response.text
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["type"] == "https://turnmesh.dev/problems/resource-exhausted"

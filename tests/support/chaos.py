@@ -74,6 +74,8 @@ class ChaosRun:
         self.mesh = Mesh(workdir / "mesh")
         self.redis: RedisServer | None = None
         self.rng = random.Random(7)
+        # Set once every fault of the plan happened (or the fault loop ended).
+        self.plan_done = asyncio.Event()
 
     # The mesh ----------------------------------------------------------------
 
@@ -96,28 +98,35 @@ class ChaosRun:
             self.redis.stop()
 
     async def faults(self, deadline: float) -> None:
-        """SIGKILL a random worker every few seconds (and start a new one);
-        SIGKILL and restart one server once; restart the router once."""
+        """Every fault of the plan, in order, a couple of seconds apart: a
+        worker SIGKILLed (and a new one started), a server SIGKILLed and
+        restarted, another worker, the router restarted; then more workers
+        while time remains. Conversations go on until the plan is done, so a
+        slow machine stretches the run instead of skipping a fault."""
         start = time.monotonic()
-        server_done = router_done = False
-        generation = 0
-        while time.monotonic() < deadline - 2:
+        plan = ["worker", "server", "worker", "router"]
+        step = 0
+        while step < len(plan) or time.monotonic() < deadline - 2:
             await asyncio.sleep(2.0)
-            elapsed = (time.monotonic() - start) / self.seconds
-            generation += 1
-            victim = self.rng.choice(self.workers)
-            self.mesh.kill(victim, signal.SIGKILL)
-            replacement = self.mesh.spawn_worker(f"worker-g{generation}", "echo")
-            self.workers[self.workers.index(victim)] = replacement
-            self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGKILL {victim.name}")
-            await asyncio.to_thread(self.mesh.wait_ready, replacement)
-            if not server_done and elapsed > 0.3:
-                server_done = True
+            fault = plan[step] if step < len(plan) else "worker"
+            step += 1
+            if fault == "worker":
+                await self._replace_worker(step, start)
+            elif fault == "server":
                 await self._restart_server(self.servers[0], start)
-            if not router_done and elapsed > 0.6:
-                router_done = True
+            else:
                 await asyncio.to_thread(self.mesh.restart_router)
                 self.counts.faults.append(f"{time.monotonic() - start:.1f}s restart router")
+            if step == len(plan):
+                self.plan_done.set()
+
+    async def _replace_worker(self, generation: int, start: float) -> None:
+        victim = self.rng.choice(self.workers)
+        self.mesh.kill(victim, signal.SIGKILL)
+        replacement = self.mesh.spawn_worker(f"worker-g{generation}", "echo")
+        self.workers[self.workers.index(victim)] = replacement
+        self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGKILL {victim.name}")
+        await asyncio.to_thread(self.mesh.wait_ready, replacement)
 
     async def _restart_server(self, server: Component, start: float) -> None:
         port = int(server.address.rsplit(":", 1)[1])
@@ -156,6 +165,7 @@ class ChaosRun:
             for c in conversations:
                 await self._retry(lambda c=c: self.grpc.create_session(c.session_id, agent="echo"))
             faults = asyncio.create_task(self.faults(deadline))
+            faults.add_done_callback(lambda _: self.plan_done.set())
             await asyncio.gather(*(self._converse(c, deadline) for c in conversations))
             faults.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -176,7 +186,7 @@ class ChaosRun:
 
     async def _converse(self, c: Conversation, deadline: float) -> None:
         turn = 0
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or not self.plan_done.is_set():
             turn += 1
             message = f"c{c.index} t{turn} alpha beta gamma"
             key = f"{c.session_id}-{turn}"
