@@ -92,18 +92,18 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
 # Problem types and titles that changed when the error table became the one
 # source (issue 15): (what a caller got before, what it gets now).
 CHANGED_TYPES = [
-    ("`aborted` (\"Conflict\") for a busy session", "`session-busy` (\"Session busy\")"),
+    ('`aborted` ("Conflict") for a busy session', '`session-busy` ("Session busy")'),
     (
-        "`resource-exhausted` (\"Too many requests\") for an API key's rate limit",
-        "`rate-limited` (\"Rate limit exceeded\")",
+        '`resource-exhausted` ("Too many requests") for an API key\'s rate limit',
+        '`rate-limited` ("Rate limit exceeded")',
     ),
-    ("`service-unavailable` (Envoy: no healthy server)", "`unavailable` (\"Service unavailable\")"),
-    ("`bad-request` (Envoy's own 400)", "`invalid-argument` (\"Invalid request\")"),
+    ("`service-unavailable` (Envoy: no healthy server)", '`unavailable` ("Service unavailable")'),
+    ("`bad-request` (Envoy's own 400)", '`invalid-argument` ("Invalid request")'),
     ("`authentication-required` (Envoy's own 401)", "`unauthenticated`"),
-    ("`forbidden` (Envoy's own 403)", "`permission-denied` (\"Permission denied\")"),
+    ("`forbidden` (Envoy's own 403)", '`permission-denied` ("Permission denied")'),
     ("`too-many-requests` (Envoy's own 429)", "`resource-exhausted`"),
     ("`internal-error` (Envoy's own 500)", "`internal`"),
-    ("`gateway-timeout` (Envoy's own 504)", "`deadline-exceeded` (\"Deadline exceeded\")"),
+    ("`gateway-timeout` (Envoy's own 504)", '`deadline-exceeded` ("Deadline exceeded")'),
     (
         "HTTP 500 `server_error` on the OpenAI, AG-UI and chat surfaces for a full server "
         "(the session and turn limits) and for the other codes their client did not know",
@@ -122,7 +122,7 @@ def _errors() -> list[str]:
         "`application/problem+json` with `type` = "
         f"`{errors.PROBLEM_BASE}<slug>`, `title`, `status`, `detail`, `grpc_code`, `reason` and "
         "`violations`; on OpenAI's paths it is OpenAI's "
-        "`{\"error\": {message, type, param, code}}` with `code` the reason in lower case. "
+        '`{"error": {message, type, param, code}}` with `code` the reason in lower case. '
         "Rows with `Retry-After` send it as trailing metadata and as the HTTP header. "
         "Generated from `runtime/errors.py`.",
         "",
@@ -139,9 +139,7 @@ def _errors() -> list[str]:
     out += [
         "",
         "Envoy's own replies (it never asked a server) use the same types: "
-        + ", ".join(
-            f"{status} `{slug}`" for status, (slug, _, _) in errors.edge_problems().items()
-        )
+        + ", ".join(f"{status} `{slug}`" for status, (slug, _, _) in errors.edge_problems().items())
         + f"; any other status `{errors.EDGE_FALLBACK[0]}`.",
         "",
         "A turn that fails after its first event ends with `RUN_ERROR`, whose `code` and "

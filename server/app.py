@@ -26,7 +26,9 @@ from turnmesh.runtime.tls import TlsFiles, Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh
 from turnmesh.server.core import CoreLimits, SessionCore
-from turnmesh.server.routing import RouteTable
+from turnmesh.server.forwarding import Forwarder
+from turnmesh.server.ownership import SessionOwnership
+from turnmesh.server.routing import RouterClient
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.store import open_store
 from turnmesh.server.workers import WorkerPool
@@ -111,12 +113,15 @@ class SessionServer:
             mesh_key=c.mesh_key,
             inflight=lambda: self.core.running_turns,
             accepting=lambda: self.state != spb.LIFECYCLE_STATE_SHUTTING_DOWN,
-            owned_sessions=lambda: sorted(self.core.owned),
-            on_rejoined=self._forget_routes,
+            owned_sessions=lambda: self.ownership.owned(),
+            on_rejoined=lambda: self.ownership.forget_all(),
             transport=transport,
         )
         self.workers = WorkerPool(self._membership)
-        self.routes = RouteTable(self._membership)
+        self.router = RouterClient(self._membership)
+        self.ownership = SessionOwnership(
+            self.member_id, self.router, holds=lambda session_id: self.core.holds(session_id)
+        )
         limits = CoreLimits(
             session_ttl_seconds=c.session_ttl_seconds,
             event_log_max_events=c.event_log_max_events,
@@ -127,9 +132,13 @@ class SessionServer:
             max_sessions=c.max_sessions,
         )
         self.store = open_store(c.store, c.event_log_ttl_seconds)
-        self.core = SessionCore(self.store, self.workers, c.default_agent, limits)
+        self.core = SessionCore(self.store, self.workers, c.default_agent, limits, self.ownership)
         servicer = SessionServicer(
-            self.core, self.routes, self.member_id, self.lifecycle, mesh_key=c.mesh_key
+            self.core,
+            self.ownership,
+            Forwarder(self.ownership, self.router.stub),
+            self.lifecycle,
+            mesh_key=c.mesh_key,
         )
         # The compatibility surfaces are clients of this server's own public API.
         self._compat_mesh = Mesh()
@@ -172,10 +181,6 @@ class SessionServer:
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
         log.info("session server %s listening on %s", self.member_id, address)
 
-    def _forget_routes(self) -> None:
-        self.core.owned.clear()
-        self.routes.forget_all()
-
     async def _become_ready(self) -> None:
         assert self._membership is not None and self._process is not None
         await self._membership.registered.wait()
@@ -198,7 +203,6 @@ class SessionServer:
             await asyncio.sleep(interval)
             for session_id in await self.core.expire_idle():
                 log.info("session %s expired after being idle", session_id)
-                await self.routes.remove_session(session_id)
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING and no new sessions, finish running turns, leave."""
@@ -216,7 +220,7 @@ class SessionServer:
         if self._membership is not None:
             await self._membership.stop()
         await self.workers.stop()
-        await self.routes.close()
+        await self.router.close()
         await self._compat_mesh.close()
         await self.store.close()
         if self._process is not None:

@@ -17,6 +17,7 @@ from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import NotFound, ResourceExhausted, Unavailable
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.store import SessionRecord, SessionStore, now
 from turnmesh.server.turns import SessionTurns, TurnRunner
 from turnmesh.server.workers import WorkerPool
@@ -38,9 +39,24 @@ class CoreLimits:
     max_queued_per_session: int = 64
 
 
+@dataclass(frozen=True)
+class Health:
+    """What GetHealth reports of the core."""
+
+    default_agent: str
+    agent_ready: bool
+    sessions: int
+    running_turns: int
+
+
 class SessionCore:
     def __init__(
-        self, store: SessionStore, workers: WorkerPool, default_agent: str, limits: CoreLimits
+        self,
+        store: SessionStore,
+        workers: WorkerPool,
+        default_agent: str,
+        limits: CoreLimits,
+        ownership: SessionOwnership | None = None,
     ) -> None:
         self.store = store
         self.workers = workers
@@ -55,10 +71,8 @@ class SessionCore:
         self.runner = TurnRunner(store, workers)
         self._turns: dict[str, SessionTurns] = {}
         self.draining = False
-        # Sessions the router says this server owns (or it created): reported
-        # when it re-registers, so a restarted router keeps routing them here,
-        # and served without asking the router again.
-        self.owned: set[str] = set()
+        # Told when sessions are created here and when they go.
+        self.ownership = ownership or SessionOwnership("")
 
     # Sessions ---------------------------------------------------------------
 
@@ -92,28 +106,32 @@ class SessionCore:
             metadata=json_format.MessageToDict(metadata),
         )
         await self.store.create(record, messages)
-        self.owned.add(record.session_id)
+        self.ownership.claim(record.session_id)
         metrics.ACTIVE_SESSIONS.set(await self.store.count())
         return self._to_proto(record)
 
     async def get_record(self, session_id: str) -> SessionRecord:
         record = await self.store.get(session_id)
         if record is None:
-            self.owned.discard(session_id)
+            self.ownership.release(session_id)
             raise NotFound(f"session {session_id!r} not found")
         return record
+
+    async def holds(self, session_id: str) -> bool:
+        """Whether this server's store has the session."""
+        return await self.store.get(session_id) is not None
 
     async def get_session(self, session_id: str) -> spb.Session:
         return self._to_proto(await self.get_record(session_id))
 
     async def delete_session(self, session_id: str) -> bool:
-        self.owned.discard(session_id)
         turns = self._turns.pop(session_id, None)
         if turns is not None:
             turns.cancel_all("session_deleted")
         self.logs.drop_session(session_id)
         self.workers.forget_session(session_id)
         deleted = await self.store.delete(session_id)
+        await self.ownership.drop(session_id)
         metrics.ACTIVE_SESSIONS.set(await self.store.count())
         return deleted
 
@@ -198,6 +216,13 @@ class SessionCore:
             raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found")
         return turns.cancel(turn_id, reason)
 
+    async def subscribe(
+        self, session_id: str, turn_id: str, after_seq: int
+    ) -> AsyncIterator[event_pb2.Event]:
+        """A turn's events after ``after_seq``, replayed then live (from the
+        store if another server ran it)."""
+        return self.follow(await self.logs.find(session_id, turn_id), after_seq, False)
+
     def follow(
         self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
     ) -> AsyncIterator[event_pb2.Event]:
@@ -217,6 +242,14 @@ class SessionCore:
     @property
     def running_turns(self) -> int:
         return self.runner.inflight
+
+    async def health(self) -> Health:
+        return Health(
+            default_agent=self.default_agent,
+            agent_ready=self.workers.has_agent(self.default_agent),
+            sessions=await self.store.count(),
+            running_turns=self.runner.inflight,
+        )
 
     async def drain(self, timeout: float) -> None:
         """Refuse new turns, then wait for running and queued ones to end."""

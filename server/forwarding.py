@@ -1,0 +1,152 @@
+"""Running a call on the server that owns its session: forward it, wait for
+the owner to take it, and follow the session when its owner is unreachable
+(rerouted at once) or silent (asked about until the session moves).
+
+An owner sends its response headers as soon as it takes a forwarded call, so
+a forwarding server can tell "took it and is working" from "frozen or cut
+off" long before TCP or gRPC keepalives would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from turnmesh.runtime.errors import Unavailable
+from turnmesh.server.ownership import Forward, Owner, Placement, SessionOwnership
+from turnmesh.v1 import event_pb2
+from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+Response = TypeVar("Response")
+Event = event_pb2.Event
+
+# Set on calls one server forwards to another: the receiver handles them
+# locally, so a stale route can never bounce a call around.
+FORWARDED_METADATA = "x-turnmesh-forwarded"
+
+# How long a forwarding server waits for the owner's response headers before
+# it asks the router whether the session moved, and for how long in all.
+OWNER_ANSWER_SECONDS = 2.0
+OWNER_SILENT_LIMIT_SECONDS = 60.0
+
+
+class OwnerFailed(Exception):
+    """The owner answered with an error status: the caller gets it exactly
+    (details and Retry-After included)."""
+
+    def __init__(self, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(error.code().name)
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The owner took the call (or failed it, which the call then raises)."""
+
+
+@dataclass(frozen=True)
+class Moved:
+    """The owner stayed silent and the session moved; the call was cancelled."""
+
+    placement: Placement
+
+
+class Forwarder:
+    def __init__(
+        self,
+        ownership: SessionOwnership,
+        stub: Callable[[Owner], SessionServiceStub],
+        *,
+        answer_seconds: float = OWNER_ANSWER_SECONDS,
+        silent_limit_seconds: float = OWNER_SILENT_LIMIT_SECONDS,
+    ) -> None:
+        self._ownership = ownership
+        self._stub = stub
+        self._answer_seconds = answer_seconds
+        self._silent_limit = silent_limit_seconds
+
+    async def unary(
+        self,
+        session_id: str,
+        placement: Placement,
+        forward: Callable[[SessionServiceStub], grpc.aio.UnaryUnaryCall],
+        local: Callable[[], Awaitable[Response]],
+    ) -> Response:
+        """The call's response from the owner, or from ``local`` once the
+        session turns out to be this server's. An unreachable owner is
+        reported and the call placed again, once; a silent one is waited on
+        until the session moves. Raises OwnerFailed with the owner's error."""
+        retried = False
+        while isinstance(placement, Forward):
+            call = forward(self._stub(placement.owner))
+            answer = await self._answer(session_id, placement.owner, call)
+            if isinstance(answer, Moved):
+                placement = answer.placement
+                continue
+            try:
+                response: Response = await call
+                return response
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or retried:
+                    raise OwnerFailed(exc) from exc
+                retried = True
+                placement = await self._ownership.after_unreachable(session_id, placement.owner)
+        return await local()
+
+    async def stream(
+        self,
+        session_id: str,
+        placement: Placement,
+        forward: Callable[[SessionServiceStub], grpc.aio.UnaryStreamCall],
+        local: Callable[[], Awaitable[AsyncIterator[Event]]],
+    ) -> AsyncIterator[Event]:
+        """The call's events, relayed from the owner (or this server's own
+        once the session turns out to be here). Only a stream that failed
+        before its first event is placed again: after one, the caller resumes
+        the turn itself."""
+        retried = False
+        while isinstance(placement, Forward):
+            call = forward(self._stub(placement.owner))
+            answer = await self._answer(session_id, placement.owner, call)
+            if isinstance(answer, Moved):
+                placement = answer.placement
+                continue
+            received = False
+            try:
+                async for event in call:
+                    received = True
+                    yield event
+                return
+            except grpc.aio.AioRpcError as exc:
+                unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
+                if not unreachable or retried:
+                    raise OwnerFailed(exc) from exc
+                retried = True
+                placement = await self._ownership.after_unreachable(session_id, placement.owner)
+        async for event in await local():
+            yield event
+
+    async def _answer(self, session_id: str, owner: Owner, call: grpc.aio.Call) -> Answered | Moved:
+        """Wait for the owner's response headers; while none come, ask
+        whether the session moved (then cancel the call)."""
+        give_up = time.monotonic() + self._silent_limit
+        while True:
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(call.initial_metadata()), self._answer_seconds
+                )
+                return Answered()
+            except TimeoutError:
+                pass
+            moved = await self._ownership.after_silence(session_id, owner)
+            if moved is not None:
+                call.cancel()
+                return Moved(moved)
+            if time.monotonic() > give_up:
+                call.cancel()
+                raise Unavailable("the server that owns this session does not answer")

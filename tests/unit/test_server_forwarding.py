@@ -1,0 +1,339 @@
+"""Ownership and forwarding with fake owners and a fake router: stale
+routes, owners gone, owners silent, sessions that move mid-call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from turnmesh.runtime.errors import Unavailable
+from turnmesh.server.forwarding import Forwarder, OwnerFailed
+from turnmesh.server.ownership import LOCAL, Forward, Owner, SessionOwnership
+from turnmesh.v1 import event_pb2
+
+ME = Owner("server-me", "127.0.0.1:1")
+B = Owner("server-b", "127.0.0.1:2")
+C = Owner("server-c", "127.0.0.1:3")
+
+
+class FakeRouter:
+    """Answers Route from a table the test sets; records what it was told."""
+
+    def __init__(self, owners: dict[str, Owner | None] | None = None) -> None:
+        self.owners: dict[str, Owner | None] = owners or {}
+        self.calls: list[tuple[str, str | None, bool]] = []
+        self.down = False
+        # Reassignments the router makes when told a member is unreachable.
+        self.on_unreachable: dict[str, Owner] = {}
+        # (session, owner): the session moves there when the router is next asked.
+        self.move_on_ask: tuple[str, Owner] | None = None
+
+    async def route(
+        self, session_id: str, *, unreachable: Owner | None = None, assign: bool = False
+    ) -> Owner | None:
+        self.calls.append((session_id, unreachable.member_id if unreachable else None, assign))
+        if self.down:
+            raise Unavailable("the mesh router is unavailable")
+        if self.move_on_ask is not None and self.move_on_ask[0] == session_id:
+            self.owners[session_id] = self.move_on_ask[1]
+            self.move_on_ask = None
+        if unreachable is not None and unreachable.member_id in self.on_unreachable:
+            self.owners[session_id] = self.on_unreachable[unreachable.member_id]
+        owner = self.owners.get(session_id)
+        if owner is None and assign:
+            owner = self.owners[session_id] = ME
+        return owner
+
+
+def _unavailable() -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone"
+    )
+
+
+class FakeCall:
+    """A forwarded call on one owner: answers (headers, then a result or
+    events), fails, or stays silent until cancelled."""
+
+    def __init__(
+        self,
+        *,
+        result: Any = None,
+        events: list[event_pb2.Event] | None = None,
+        error: grpc.aio.AioRpcError | None = None,
+        fail_after: int | None = None,
+        silent: bool = False,
+    ) -> None:
+        self.result = result
+        self.events = events or []
+        self.error = error
+        self.fail_after = fail_after
+        self.silent = silent
+        self.cancelled = False
+        self._never = asyncio.Event()
+
+    async def initial_metadata(self) -> grpc.aio.Metadata:
+        if self.silent:
+            await self._never.wait()
+        return grpc.aio.Metadata()
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+    def __await__(self) -> Any:
+        async def result() -> Any:
+            if self.error is not None:
+                raise self.error
+            return self.result
+
+        return result().__await__()
+
+    async def _iterate(self) -> AsyncIterator[event_pb2.Event]:
+        for index, event in enumerate(self.events):
+            if self.fail_after is not None and index == self.fail_after:
+                assert self.error is not None
+                raise self.error
+            yield event
+        if self.error is not None and self.fail_after is None:
+            raise self.error
+
+    def __aiter__(self) -> AsyncIterator[event_pb2.Event]:
+        return self._iterate()
+
+
+class Owners:
+    """Stubs of the other servers: each owner's next call, in order."""
+
+    def __init__(self, calls: dict[str, list[FakeCall]]) -> None:
+        self.calls = calls
+        self.made: list[str] = []
+
+    def stub(self, owner: Owner) -> Any:
+        self.made.append(owner.member_id)
+        return owner.member_id
+
+    def forward(self, member_id: Any) -> FakeCall:
+        return self.calls[member_id].pop(0)
+
+
+def _forwarder(
+    router: FakeRouter, owners: Owners, **limits: float
+) -> tuple[Forwarder, SessionOwnership]:
+    ownership = SessionOwnership(ME.member_id, router)
+    return Forwarder(ownership, owners.stub, **limits), ownership
+
+
+QUICK = {"answer_seconds": 0.01, "silent_limit_seconds": 0.05}
+
+
+def _event(n: int) -> event_pb2.Event:
+    return event_pb2.Event(type=event_pb2.TEXT_MESSAGE_CONTENT, delta=str(n), seq=n)
+
+
+async def _local() -> str:
+    return "local"
+
+
+# Ownership -------------------------------------------------------------------
+
+
+async def test_owned_sessions_are_local_and_routes_are_cached() -> None:
+    router = FakeRouter({"s1": B})
+    ownership = SessionOwnership(ME.member_id, router)
+    ownership.claim("mine")
+    assert await ownership.place("mine") is LOCAL
+    assert await ownership.place("s1") == Forward(B)
+    assert await ownership.place("s1") == Forward(B)
+    assert router.calls == [("s1", None, False)]  # the second came from the cache
+    assert ownership.owned() == ["mine"]
+
+
+async def test_a_session_the_router_gives_this_server_is_claimed() -> None:
+    router = FakeRouter()
+    ownership = SessionOwnership(ME.member_id, router)
+    assert await ownership.place("new", assign=True) is LOCAL
+    assert ownership.owns("new")
+    # An unknown session is handled here (and is not found), never assigned.
+    assert await ownership.place("unknown") is LOCAL
+    assert not ownership.owns("unknown")
+
+
+async def test_without_the_router_only_what_the_store_holds_is_served() -> None:
+    router = FakeRouter({"held": B})
+    router.down = True
+
+    async def holds(session_id: str) -> bool:
+        return session_id == "held"
+
+    ownership = SessionOwnership(ME.member_id, router, holds)
+    assert await ownership.place("held") is LOCAL
+    with pytest.raises(Unavailable):
+        await ownership.place("elsewhere")
+
+
+async def test_forget_all_and_release_drop_owned_and_cached() -> None:
+    router = FakeRouter({"s1": B})
+    ownership = SessionOwnership(ME.member_id, router)
+    ownership.claim("mine")
+    await ownership.place("s1")
+    ownership.forget_all()
+    assert ownership.owned() == []
+    await ownership.place("s1")
+    assert len(router.calls) == 2  # asked again: nothing was cached
+    ownership.claim("x")
+    ownership.release("x")
+    assert not ownership.owns("x")
+
+
+# Forwarding unary calls ------------------------------------------------------
+
+
+async def test_a_stale_route_to_a_vanished_owner_is_reported_and_rerouted() -> None:
+    router = FakeRouter({"s": B})
+    router.on_unreachable = {B.member_id: C}
+    owners = Owners(
+        {B.member_id: [FakeCall(error=_unavailable())], C.member_id: [FakeCall(result="from c")]}
+    )
+    forwarder, ownership = _forwarder(router, owners)
+    placement = await ownership.place("s")
+    result = await forwarder.unary("s", placement, owners.forward, _local)
+    assert result == "from c"
+    assert ("s", B.member_id, False) in router.calls  # the router was told B is unreachable
+    assert owners.made == [B.member_id, C.member_id]
+    # Later calls go to C without asking again.
+    assert await ownership.place("s") == Forward(C)
+
+
+async def test_an_owner_gone_for_good_makes_the_session_this_servers() -> None:
+    router = FakeRouter({"s": B})
+    router.on_unreachable = {B.member_id: ME}
+    owners = Owners({B.member_id: [FakeCall(error=_unavailable())]})
+    forwarder, ownership = _forwarder(router, owners)
+    result = await forwarder.unary("s", Forward(B), owners.forward, _local)
+    assert result == "local"
+    assert ownership.owns("s")
+
+
+async def test_an_owner_that_stays_unreachable_fails_after_one_retry() -> None:
+    router = FakeRouter({"s": B})
+    owners = Owners({B.member_id: [FakeCall(error=_unavailable()) for _ in range(2)]})
+    forwarder, _ = _forwarder(router, owners)
+    with pytest.raises(OwnerFailed) as failed:
+        await forwarder.unary("s", Forward(B), owners.forward, _local)
+    assert failed.value.error.code() == grpc.StatusCode.UNAVAILABLE
+    assert owners.made == [B.member_id, B.member_id]
+
+
+async def test_an_owners_error_is_passed_on_without_retry() -> None:
+    router = FakeRouter({"s": B})
+    not_found = grpc.aio.AioRpcError(
+        grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(), "no such session"
+    )
+    owners = Owners({B.member_id: [FakeCall(error=not_found)]})
+    forwarder, _ = _forwarder(router, owners)
+    with pytest.raises(OwnerFailed) as failed:
+        await forwarder.unary("s", Forward(B), owners.forward, _local)
+    assert failed.value.error.code() == grpc.StatusCode.NOT_FOUND
+    assert router.calls == []
+
+
+async def test_a_silent_owner_is_left_once_the_session_moves() -> None:
+    router = FakeRouter({"s": B})
+    silent = FakeCall(silent=True)
+    owners = Owners({B.member_id: [silent], C.member_id: [FakeCall(result="from c")]})
+    forwarder, _ = _forwarder(router, owners, answer_seconds=0.01)
+
+    # The router moves the session when it is first asked while B is silent.
+    router.move_on_ask = ("s", C)
+    result = await forwarder.unary("s", Forward(B), owners.forward, _local)
+    assert result == "from c"
+    assert silent.cancelled
+    # Asked without an "unreachable" hint: a slow owner is never evicted.
+    assert all(unreachable is None for _, unreachable, _ in router.calls)
+
+
+async def test_a_silent_owner_that_keeps_the_session_is_given_up_on() -> None:
+    router = FakeRouter({"s": B})
+    silent = FakeCall(silent=True)
+    owners = Owners({B.member_id: [silent]})
+    forwarder, _ = _forwarder(router, owners, **QUICK)
+    with pytest.raises(Unavailable):
+        await forwarder.unary("s", Forward(B), owners.forward, _local)
+    assert silent.cancelled
+
+
+async def test_a_silent_owner_while_the_router_is_down_is_waited_on() -> None:
+    router = FakeRouter({"s": B})
+    router.down = True
+    silent = FakeCall(silent=True)
+    owners = Owners({B.member_id: [silent]})
+    forwarder, _ = _forwarder(router, owners, **QUICK)
+    with pytest.raises(Unavailable):
+        await forwarder.unary("s", Forward(B), owners.forward, _local)
+    assert len(router.calls) >= 2  # kept asking
+
+
+# Forwarding streams ----------------------------------------------------------
+
+
+async def _collect(stream: AsyncIterator[event_pb2.Event]) -> list[int]:
+    return [event.seq async for event in stream]
+
+
+async def _local_events() -> AsyncIterator[event_pb2.Event]:
+    async def events() -> AsyncIterator[event_pb2.Event]:
+        yield _event(100)
+
+    return events()
+
+
+async def test_a_stream_relays_the_owners_events() -> None:
+    router = FakeRouter({"s": B})
+    owners = Owners({B.member_id: [FakeCall(events=[_event(1), _event(2)])]})
+    forwarder, _ = _forwarder(router, owners)
+    stream = forwarder.stream("s", Forward(B), owners.forward, _local_events)
+    assert await _collect(stream) == [1, 2]
+
+
+async def test_a_stream_whose_owner_moved_before_any_event_is_placed_again() -> None:
+    router = FakeRouter({"s": B})
+    router.on_unreachable = {B.member_id: ME}
+    owners = Owners({B.member_id: [FakeCall(error=_unavailable())]})
+    forwarder, ownership = _forwarder(router, owners)
+    stream = forwarder.stream("s", Forward(B), owners.forward, _local_events)
+    assert await _collect(stream) == [100]  # this server's own events
+    assert ownership.owns("s")
+
+
+async def test_a_stream_broken_mid_way_is_not_retried() -> None:
+    router = FakeRouter({"s": B})
+    broken = FakeCall(events=[_event(1), _event(2)], error=_unavailable(), fail_after=1)
+    owners = Owners({B.member_id: [broken]})
+    forwarder, _ = _forwarder(router, owners)
+    seen: list[int] = []
+
+    async def relay() -> None:
+        async for event in forwarder.stream("s", Forward(B), owners.forward, _local_events):
+            seen.append(event.seq)
+
+    with pytest.raises(OwnerFailed):
+        await relay()
+    # The caller saw event 1 and resumes the turn itself; nothing ran twice.
+    assert seen == [1]
+    assert router.calls == []
+
+
+async def test_a_stream_on_a_silent_owner_follows_the_session() -> None:
+    router = FakeRouter({"s": B})
+    silent = FakeCall(silent=True)
+    owners = Owners({B.member_id: [silent], C.member_id: [FakeCall(events=[_event(7)])]})
+    forwarder, _ = _forwarder(router, owners, answer_seconds=0.01)
+    router.owners["s"] = C  # the router already moved it; the cache still says B
+    stream = forwarder.stream("s", Forward(B), owners.forward, _local_events)
+    assert await _collect(stream) == [7]
+    assert silent.cancelled
