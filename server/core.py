@@ -18,8 +18,9 @@ from turnmesh.runtime.errors import NotFound, ResourceExhausted, Unavailable
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.ownership import SessionOwnership
+from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now
-from turnmesh.server.turns import SessionTurns, TurnRunner
+from turnmesh.server.turns import CancelReason, SessionTurns
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -127,7 +128,7 @@ class SessionCore:
     async def delete_session(self, session_id: str) -> bool:
         turns = self._turns.pop(session_id, None)
         if turns is not None:
-            turns.cancel_all("session_deleted")
+            turns.cancel_all(CancelReason.SESSION_DELETED)
         self.logs.drop_session(session_id)
         self.workers.forget_session(session_id)
         deleted = await self.store.delete(session_id)
@@ -206,7 +207,7 @@ class SessionCore:
         return turns
 
     async def cancel_turn(
-        self, session_id: str, turn_id: str, reason: str = "cancelled"
+        self, session_id: str, turn_id: str, reason: CancelReason = CancelReason.CANCELLED
     ) -> spb.TurnState.ValueType:
         tlog = await self.logs.find(session_id, turn_id)
         if tlog.done:
@@ -261,7 +262,7 @@ class SessionCore:
                 [asyncio.ensure_future(w) for w in waits], timeout=timeout
             )
             for turns in self._turns.values():
-                turns.cancel_all("shutdown")
+                turns.cancel_all(CancelReason.SHUTDOWN)
             if pending:
                 await asyncio.wait(pending, timeout=2)
 

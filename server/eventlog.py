@@ -87,11 +87,15 @@ class TurnLog:
         return event
 
     def append(self, event: event_pb2.Event, *, persisted: bool = False) -> event_pb2.Event:
-        """Stamp the event, wake every reader, and queue it for the store
-        (unless the caller already ``persisted`` it, as a turn's commit does)."""
+        """Stamp the event, wake every reader, and queue it for the store.
+        A ``persisted`` event was stamped (``stamp``) and stored by its caller
+        already, as a turn's commit does with RUN_FINISHED."""
         if self.done:
             raise RuntimeError("append to an ended turn")
-        self.stamp(event)
+        if not persisted:
+            self.stamp(event)
+        elif event.seq != self._next_seq:
+            raise RuntimeError("a persisted event must be the next one stamped")
         self._next_seq += 1
         if self._sink is not None and not persisted:
             self._unwritten.append(event)

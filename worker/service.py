@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
 import time
@@ -88,33 +87,17 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         span = trace.get_current_span()
         span.set_attribute("turnmesh.session_id", request.session_id)
         span.set_attribute("turnmesh.turn_id", request.turn_id)
-        seq = itertools.count(1)
-
-        def stamped(event: event_pb2.Event) -> event_pb2.Event:
-            event.seq = next(seq)
-            event.thread_id = request.session_id
-            event.run_id = request.turn_id
-            return event
-
         started = time.monotonic()
         outcome = "failed"  # until it is known
         self._inflight += 1
         try:
-            collected = len(agent_request.messages)
-            pending = [
-                stamped(
-                    make_event(ET.RUN_STARTED, collected_messages=collected if collected > 1 else 0)
-                )
-            ]
+            # The server started the turn (RUN_STARTED) and numbers its events:
+            # this stream carries only what the agent does, then how it ended.
+            pending: list[event_pb2.Event] = []
             if request.files:
-                # The caller sees the turn start while the files are read.
-                yield worker_service_pb2.RunResponse(events=pending)
                 files, refs = await read_files(self.sandbox, list(request.files))
                 agent_request = dataclasses.replace(agent_request, files=files)
-                yield worker_service_pb2.RunResponse(
-                    events=[stamped(e) for e in file_events(refs)], files=refs
-                )
-                pending = []
+                yield worker_service_pb2.RunResponse(events=file_events(refs), files=refs)
             emitter = QueueEmitter()
             task = asyncio.create_task(
                 self.agent.run(agent_request, emitter=emitter), name=f"turn-{request.turn_id}"
@@ -122,7 +105,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             task.add_done_callback(lambda _: emitter.finish())
             try:
                 async for batch, ended in emitter.batches():
-                    pending.extend(stamped(event) for event in batch)
+                    pending.extend(batch)
                     if ended:
                         break  # the last response also carries the run's end
                     yield worker_service_pb2.RunResponse(events=pending)
@@ -142,21 +125,19 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                 else None
             )
             if isinstance(response, AgentError):
-                pending.append(stamped(_agent_error_event(response)))
+                pending.append(_agent_error_event(response))
             elif response is None or finished is None:
                 pending.append(
-                    stamped(
-                        make_event(
-                            ET.RUN_ERROR,
-                            message="the agent failed",
-                            code="agent_error",
-                            problem=AGENT_ERROR_PROBLEM,
-                        )
+                    make_event(
+                        ET.RUN_ERROR,
+                        message="the agent failed",
+                        code="agent_error",
+                        problem=AGENT_ERROR_PROBLEM,
                     )
                 )
             else:
-                pending.extend(stamped(e) for e in emitter.closing_events(response.text))
-                pending.append(stamped(finished))
+                pending.extend(emitter.closing_events(response.text))
+                pending.append(finished)
             yield worker_service_pb2.RunResponse(events=pending)
             outcome = "finished" if finished is not None else "failed"
         except asyncio.CancelledError:

@@ -10,8 +10,7 @@ from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any
 
-from turnmesh.server import turns as turns_module
-from turnmesh.server.turns import PendingTurn
+from turnmesh.server.turns import CancelReason, PendingTurn
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -58,8 +57,7 @@ class FakeRunner:
     """Mirrors TurnRunner's contract with the turn log (the only part
     SessionTurns relies on): RUN_STARTED first, then, once the test opens the
     turn's gate, RUN_FINISHED; on cancellation a RUN_ERROR coded with
-    ``turn.cancel_reason`` before re-raising. ``end_cancelled`` ends a turn
-    that never started."""
+    ``turn.cancel_reason`` before re-raising."""
 
     def __init__(self) -> None:
         self.gates: dict[str, asyncio.Event] = {}
@@ -67,7 +65,6 @@ class FakeRunner:
         self.messages: dict[str, list[str]] = {}  # what each turn ran with
         self.running = 0
         self.max_running = 0
-        self.ended_cancelled: list[str] = []
         self.on_schedule: dict[str, Any] = {}  # turn id -> callback when its task is made
 
     @property
@@ -106,13 +103,8 @@ class FakeRunner:
             tlog.set_state(spb.TURN_STATE_FINISHED)
         except asyncio.CancelledError:
             if not tlog.done:
-                tlog.append(turns_module._cancel_event(turn.cancel_reason or "cancelled"))
+                tlog.append((turn.cancel_reason or CancelReason.CANCELLED).event())
                 tlog.set_state(spb.TURN_STATE_CANCELLED)
             raise
         finally:
             self.running -= 1
-
-    def end_cancelled(self, turn: PendingTurn) -> None:
-        self.ended_cancelled.append(turn.turn_id)
-        turn.log.append(turns_module._cancel_event(turn.cancel_reason or "cancelled"))
-        turn.log.set_state(spb.TURN_STATE_CANCELLED)

@@ -15,7 +15,7 @@ from turnmesh.server import eventlog
 from turnmesh.server.core import CoreLimits, SessionCore
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import MemoryStore, SessionRecord, now
-from turnmesh.server.turns import PendingTurn
+from turnmesh.server.turns import CancelReason, PendingTurn
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -56,7 +56,7 @@ async def core(pool: FakePool, runner: FakeRunner) -> AsyncIterator[SessionCore]
     c.runner = runner  # type: ignore[assignment]
     yield c
     for turns in c._turns.values():
-        turns.cancel_all("shutdown")
+        turns.cancel_all(CancelReason.SHUTDOWN)
         await turns.wait_idle()
 
 

@@ -443,3 +443,18 @@ def test_drop_session_forgets_every_turn_of_that_session_only() -> None:
     with pytest.raises(NotFound):
         logs.get("s1", "t1")
     assert logs.get("s2", "t1").session_id == "s2"
+
+
+def test_an_event_stored_with_the_commit_is_stamped_once() -> None:
+    log = TurnLog("s1", "t1", 100)
+    log.append(event_pb2.Event(type=event_pb2.RUN_STARTED))
+    final = log.stamp(event_pb2.Event(type=event_pb2.RUN_FINISHED))
+    assert final.seq == 2
+    # Appending it does not number it again; an out-of-turn one is refused.
+    late = log.stamp(event_pb2.Event(type=event_pb2.RUN_FINISHED))
+    late.seq = 7
+    with pytest.raises(RuntimeError):
+        log.append(late, persisted=True)
+    assert log.append(final, persisted=True).seq == 2
+    assert log.last_seq == 2
+    assert log.done

@@ -18,7 +18,8 @@ from google.protobuf import struct_pb2
 from tests.unit._server_fakes import spin, spin_until
 from turnmesh.runtime.errors import NotFound
 from turnmesh.server.eventlog import TurnLog
-from turnmesh.server.turns import PendingTurn, TurnRunner
+from turnmesh.server.runner import TurnRunner
+from turnmesh.server.turns import CancelReason, PendingTurn
 from turnmesh.server.workers import WorkerRef
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -185,13 +186,14 @@ def pending(
 
 
 def worker_event(type_: int, **fields: Any) -> event_pb2.Event:
-    # Workers stamp their own seq and ids; the server's log restamps them.
+    # Workers leave seq and ids unset; whatever they send, the log numbers them.
     return event_pb2.Event(type=type_, seq=99, thread_id="w", run_id="w", **fields)
 
 
 def answer(text: str = "hi", **finished: Any) -> list[Any]:
+    # The worker's stream: the agent's events, then how it ended (the server
+    # logs RUN_STARTED itself, before it picks a worker).
     return [
-        worker_event(ET.RUN_STARTED),
         worker_event(ET.TEXT_MESSAGE_START, message_id="m1", role="assistant"),
         worker_event(ET.TEXT_MESSAGE_CONTENT, message_id="m1", delta=text),
         worker_event(ET.TEXT_MESSAGE_END, message_id="m1"),
@@ -329,7 +331,6 @@ async def test_an_agent_error_code_is_kept(runner: TurnRunner, pool: FakePool) -
     "broken",
     [
         [rpc_error()],
-        [worker_event(ET.RUN_STARTED), rpc_error()],  # RUN_STARTED is not content
         [],  # the stream ended without RUN_FINISHED or RUN_ERROR
     ],
 )
@@ -420,7 +421,7 @@ async def test_cancel_while_streaming_cancels_the_call_and_ends_with_the_reason(
     turn = pending()
     task = asyncio.create_task(runner.run("s1", "demo", turn))
     await spin_until(lambda: bool(stub.calls) and stub.calls[0].waiting)
-    turn.cancel_reason = "interrupted"
+    turn.cancel_reason = CancelReason.INTERRUPTED
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -486,17 +487,6 @@ async def test_an_unexpected_error_fails_the_turn_with_no_detail_leaked(
     assert "hunter2" not in str(error)
     assert turn.log.state == spb.TURN_STATE_FAILED
     assert runner.inflight == 0
-
-
-def test_end_cancelled_ends_a_turn_that_never_started(runner: TurnRunner) -> None:
-    turn = pending()
-    turn.cancel_reason = "shutdown"
-    runner.end_cancelled(turn)
-    assert types(turn.log) == [ET.RUN_ERROR]
-    assert last(turn.log).code == "shutdown"
-    assert last(turn.log).problem.title == "Server shutting down"
-    assert turn.log.state == spb.TURN_STATE_CANCELLED
-    assert turn.log.done
 
 
 async def test_a_cancel_during_the_history_write_still_finishes_the_turn(

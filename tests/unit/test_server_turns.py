@@ -3,7 +3,7 @@
 The runner is a fake that mirrors TurnRunner's contract with the turn log:
 RUN_STARTED first, then (when the test opens the turn's gate) RUN_FINISHED, or
 on cancellation a RUN_ERROR coded with ``turn.cancel_reason`` before
-re-raising; ``end_cancelled`` ends a turn that never started.
+re-raising. SessionTurns itself ends a turn that never started.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import FakeRunner, spin, spin_until
 from turnmesh.runtime.errors import NotFound, SessionBusy
-from turnmesh.server import turns as turns_module
 from turnmesh.server.eventlog import EventLogs, TurnLog
-from turnmesh.server.turns import MAX_IDEMPOTENCY_KEYS, PendingTurn, SessionTurns
+from turnmesh.server.turns import MAX_IDEMPOTENCY_KEYS, CancelReason, PendingTurn, SessionTurns
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -45,7 +44,7 @@ async def turns(runner: FakeRunner, logs: EventLogs) -> AsyncIterator[SessionTur
     session = SessionTurns("s1", "demo", runner, logs)  # type: ignore[arg-type]
     yield session
     # Leave no task behind: cancel whatever is left and wait for the drain loop.
-    session.cancel_all("shutdown")
+    session.cancel_all(CancelReason.SHUTDOWN)
     await session.wait_idle()
     assert not session.busy
 
@@ -316,7 +315,7 @@ async def test_interrupt_cancels_the_running_turn_and_goes_first(
     assert urgent.waiters == 1
     assert await outcome(running) == cancelled_while_running("interrupted")
     assert running.log.state == spb.TURN_STATE_CANCELLED
-    assert running.cancel_reason == "interrupted"
+    assert running.cancel_reason is CancelReason.INTERRUPTED
     await started(urgent)
     assert queued.log.state == spb.TURN_STATE_QUEUED
     runner.finish(urgent)
@@ -344,7 +343,7 @@ async def test_interrupt_event_carries_the_interrupted_problem(
     error = (await events_of(running.log))[-1]
     assert error.code == "interrupted"
     assert error.problem.status == 499
-    assert error.problem.title == turns_module.CANCEL_REASONS["interrupted"]
+    assert error.problem.title == "Turn interrupted by a newer turn"
     runner.finish(urgent)
     await turns.wait_idle()
 
@@ -355,11 +354,10 @@ async def test_interrupt_event_carries_the_interrupted_problem(
 async def test_cancel_of_the_running_turn(turns: SessionTurns, runner: FakeRunner) -> None:
     running = submit(turns, "running", ENQUEUE)
     await started(running)
-    assert turns.cancel(running.turn_id, "cancelled") == spb.TURN_STATE_CANCELLED
+    assert turns.cancel(running.turn_id, CancelReason.CANCELLED) == spb.TURN_STATE_CANCELLED
     assert await outcome(running) == cancelled_while_running("cancelled")
     await turns.wait_idle()
     assert not turns.busy
-    assert runner.ended_cancelled == []
 
 
 async def test_cancel_of_a_queued_turn_removes_it_without_running_it(
@@ -369,7 +367,7 @@ async def test_cancel_of_a_queued_turn_removes_it_without_running_it(
     queued = submit(turns, "queued", ENQUEUE)
     last = submit(turns, "last", ENQUEUE)
     await started(running)
-    assert turns.cancel(queued.turn_id, "cancelled") == spb.TURN_STATE_CANCELLED
+    assert turns.cancel(queued.turn_id, CancelReason.CANCELLED) == spb.TURN_STATE_CANCELLED
     assert await outcome(queued) == cancelled_before_start("cancelled")
     assert queued.log.state == spb.TURN_STATE_CANCELLED
     assert list(turns._queue) == [last]
@@ -377,20 +375,20 @@ async def test_cancel_of_a_queued_turn_removes_it_without_running_it(
     runner.finish(last)
     await turns.wait_idle()
     assert runner.started == [running.turn_id, last.turn_id]
-    assert runner.ended_cancelled == [queued.turn_id]
+    assert queued.turn_id not in runner.started
 
 
 async def test_cancel_keeps_the_first_reason(turns: SessionTurns, runner: FakeRunner) -> None:
     running = submit(turns, "running", ENQUEUE)
     await started(running)
-    turns.cancel(running.turn_id, "disconnected")
-    turns.cancel(running.turn_id, "shutdown")
+    turns.cancel(running.turn_id, CancelReason.DISCONNECTED)
+    turns.cancel(running.turn_id, CancelReason.SHUTDOWN)
     assert await outcome(running) == cancelled_while_running("disconnected")
 
 
 async def test_cancel_of_an_unknown_turn_raises_not_found(turns: SessionTurns) -> None:
     with pytest.raises(NotFound):
-        turns.cancel("no-such-turn", "cancelled")
+        turns.cancel("no-such-turn", CancelReason.CANCELLED)
 
 
 async def test_cancel_of_an_ended_turn_still_known_returns_its_state(
@@ -402,10 +400,10 @@ async def test_cancel_of_an_ended_turn_still_known_returns_its_state(
     await spin_until(lambda: running.log.done)
     # The turn has ended but the drain loop has not yet moved on: still known.
     assert running.turn_id in turns._turns
-    assert turns.cancel(running.turn_id, "cancelled") == spb.TURN_STATE_FINISHED
+    assert turns.cancel(running.turn_id, CancelReason.CANCELLED) == spb.TURN_STATE_FINISHED
     await turns.wait_idle()
     with pytest.raises(NotFound):  # forgotten once the drain loop moved on
-        turns.cancel(running.turn_id, "cancelled")
+        turns.cancel(running.turn_id, CancelReason.CANCELLED)
     assert await outcome(running) == FINISHED
 
 
@@ -418,7 +416,7 @@ async def test_a_turn_cancelled_before_its_task_ran_still_ends(
         # Runs after SessionTurns made the turn's task, before that task's first step.
         task = turn.task
         seen.append((turns.running is turn, task is not None, task is not None and task.done()))
-        turns.cancel(turn.turn_id, "cancelled")
+        turns.cancel(turn.turn_id, CancelReason.CANCELLED)
 
     turn = submit(turns, "x", ENQUEUE)
     runner.on_schedule[turn.turn_id] = cancel_it
@@ -426,7 +424,6 @@ async def test_a_turn_cancelled_before_its_task_ran_still_ends(
     assert seen == [(True, True, False)]
     await turns.wait_idle()
     assert runner.started == []
-    assert runner.ended_cancelled == [turn.turn_id]
     assert turn.task is not None and turn.task.cancelled()
     assert not turns.busy
 
@@ -438,7 +435,7 @@ async def test_cancel_all_ends_the_running_and_every_queued_turn(
     queued = submit(turns, "queued", ENQUEUE)
     await started(running)
     batch = submit(turns, "c", COLLECT)
-    turns.cancel_all("session_deleted")
+    turns.cancel_all(CancelReason.SESSION_DELETED)
     assert await outcome(running) == cancelled_while_running("session_deleted")
     assert await outcome(queued) == cancelled_before_start("session_deleted")
     assert await outcome(batch) == cancelled_before_start("session_deleted")

@@ -54,12 +54,15 @@ class WorkerServiceServicer:
     """
 
     def Run(self, request, context):
-        """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
-        text and tool-call events as they happen, then RUN_FINISHED (usage and
-        the agent's response metadata in `result`) or RUN_ERROR. Each response
-        carries every event that was ready when it was sent: one per event for an
-        agent that streams slowly, a few for one that answers at once (fewer gRPC
-        messages on the internal hop; nothing waits to fill a batch).
+        """Runs one turn of the agent and streams what it emits: the files it read
+        (one `file_read` CUSTOM event each), text and tool-call events as they
+        happen, then RUN_FINISHED (usage and the agent's response metadata in
+        `result`) or RUN_ERROR. The server starts the turn (its RUN_STARTED) and
+        numbers its events (`seq`, `thread_id`, `run_id`): the worker leaves
+        those unset. Each response carries every event that was ready when it was
+        sent: one per event for an agent that streams slowly, a few for one that
+        answers at once (fewer gRPC messages on the internal hop; nothing waits
+        to fill a batch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,12 +36,15 @@ class WorkerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerServiceAsyncStub: ...
     Run: _grpc.UnaryStreamMultiCallable[_worker_service_pb2.RunRequest, _worker_service_pb2.RunResponse]
-    """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
-    text and tool-call events as they happen, then RUN_FINISHED (usage and
-    the agent's response metadata in `result`) or RUN_ERROR. Each response
-    carries every event that was ready when it was sent: one per event for an
-    agent that streams slowly, a few for one that answers at once (fewer gRPC
-    messages on the internal hop; nothing waits to fill a batch).
+    """Runs one turn of the agent and streams what it emits: the files it read
+    (one `file_read` CUSTOM event each), text and tool-call events as they
+    happen, then RUN_FINISHED (usage and the agent's response metadata in
+    `result`) or RUN_ERROR. The server starts the turn (its RUN_STARTED) and
+    numbers its events (`seq`, `thread_id`, `run_id`): the worker leaves
+    those unset. Each response carries every event that was ready when it was
+    sent: one per event for an agent that streams slowly, a few for one that
+    answers at once (fewer gRPC messages on the internal hop; nothing waits
+    to fill a batch).
     """
     GetInfo: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.GetInfoRequest, _worker_service_pb2.GetInfoResponse]
     """Which agent this worker runs, and whether it is ready."""
@@ -54,12 +57,15 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Run: _aio.UnaryStreamMultiCallable[_worker_service_pb2.RunRequest, _worker_service_pb2.RunResponse]  # type: ignore[assignment]
-    """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
-    text and tool-call events as they happen, then RUN_FINISHED (usage and
-    the agent's response metadata in `result`) or RUN_ERROR. Each response
-    carries every event that was ready when it was sent: one per event for an
-    agent that streams slowly, a few for one that answers at once (fewer gRPC
-    messages on the internal hop; nothing waits to fill a batch).
+    """Runs one turn of the agent and streams what it emits: the files it read
+    (one `file_read` CUSTOM event each), text and tool-call events as they
+    happen, then RUN_FINISHED (usage and the agent's response metadata in
+    `result`) or RUN_ERROR. The server starts the turn (its RUN_STARTED) and
+    numbers its events (`seq`, `thread_id`, `run_id`): the worker leaves
+    those unset. Each response carries every event that was ready when it was
+    sent: one per event for an agent that streams slowly, a few for one that
+    answers at once (fewer gRPC messages on the internal hop; nothing waits
+    to fill a batch).
     """
     GetInfo: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.GetInfoRequest, _worker_service_pb2.GetInfoResponse]  # type: ignore[assignment]
     """Which agent this worker runs, and whether it is ready."""
@@ -75,12 +81,15 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_service_pb2.RunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_worker_service_pb2.RunResponse], _abc.AsyncIterator[_worker_service_pb2.RunResponse]]:
-        """Runs one turn of the agent and streams what it emits: RUN_STARTED, then
-        text and tool-call events as they happen, then RUN_FINISHED (usage and
-        the agent's response metadata in `result`) or RUN_ERROR. Each response
-        carries every event that was ready when it was sent: one per event for an
-        agent that streams slowly, a few for one that answers at once (fewer gRPC
-        messages on the internal hop; nothing waits to fill a batch).
+        """Runs one turn of the agent and streams what it emits: the files it read
+        (one `file_read` CUSTOM event each), text and tool-call events as they
+        happen, then RUN_FINISHED (usage and the agent's response metadata in
+        `result`) or RUN_ERROR. The server starts the turn (its RUN_STARTED) and
+        numbers its events (`seq`, `thread_id`, `run_id`): the worker leaves
+        those unset. Each response carries every event that was ready when it was
+        sent: one per event for an agent that streams slowly, a few for one that
+        answers at once (fewer gRPC messages on the internal hop; nothing waits
+        to fill a batch).
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,351 @@
+"""Running one turn: pick a worker, stream its events into the turn's log,
+and append the turn to history when (and only when) it finishes.
+
+The runner is the only writer of a started turn's log and of everything it
+learns while the turn runs (the worker's file readings, when the first
+event came); ``SessionTurns`` decides when a turn runs and never writes a
+started turn's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from turnmesh.runtime import metrics, tracing
+from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, from_rpc_error
+from turnmesh.runtime.events import sum_usage
+from turnmesh.server.eventlog import TurnLog
+from turnmesh.server.history import HistoryBuilder
+from turnmesh.server.store import SessionStore, TurnAbandoned, now
+from turnmesh.server.turns import CancelReason, PendingTurn
+from turnmesh.server.workers import WorkerPool, WorkerRef
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1 import worker_service_pb2 as wpb
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(enum.StrEnum):
+    """How a turn ended (the metrics label and the log line's status)."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @classmethod
+    def of(cls, state: spb.TurnState.ValueType) -> Outcome:
+        if state == spb.TURN_STATE_FINISHED:
+            return cls.FINISHED
+        if state == spb.TURN_STATE_CANCELLED:
+            return cls.CANCELLED
+        return cls.FAILED
+
+
+@dataclass
+class WorkerEnd:
+    """How a worker's stream ended: RUN_FINISHED (usage, result) or RUN_ERROR."""
+
+    ok: bool
+    usage: list[event_pb2.TokenUsage] = field(default_factory=list)
+    result: struct_pb2.Struct | None = None
+    error: event_pb2.Event | None = None
+
+
+class WorkerFailed(Exception):
+    """The worker's stream broke (not an agent error)."""
+
+    def __init__(self, streamed: bool) -> None:
+        super().__init__("worker failed")
+        self.streamed = streamed
+
+
+@dataclass
+class _Run:
+    """What the runner learns while a turn runs (it alone writes it)."""
+
+    turn: PendingTurn
+    started: float
+    builder: HistoryBuilder
+    first_event_seen: bool = False
+    # What the worker read from the files (text, checksums), for the history.
+    file_refs: list[message_pb2.FileRef] = field(default_factory=list)
+
+
+class TurnRunner:
+    def __init__(self, store: SessionStore, workers: WorkerPool) -> None:
+        self._store = store
+        self._workers = workers
+        self.inflight = 0
+
+    async def run(self, session_id: str, agent_name: str, turn: PendingTurn) -> None:
+        """Run the turn to its end; its log says how it ended. Re-raises a
+        cancellation (after logging the turn's cancel event)."""
+        tlog = turn.log
+        run = _Run(turn, time.monotonic(), HistoryBuilder(turn.turn_id))
+        tlog.set_state(spb.TURN_STATE_RUNNING)
+        # The turn starts now, before a worker is chosen: its caller learns
+        # its id at once (to resume or cancel it).
+        first = event_pb2.Event(type=event_pb2.RUN_STARTED)
+        if len(turn.messages) > 1:
+            first.collected_messages = len(turn.messages)
+        tlog.append(first)
+        self.inflight += 1
+        metrics.TURNS_IN_FLIGHT.inc()
+        try:
+            end = await self._run_on_workers(session_id, agent_name, run)
+            if not end.ok:
+                assert end.error is not None
+                tlog.append(end.error)
+                tlog.set_state(spb.TURN_STATE_FAILED)
+                return
+            await self._commit(session_id, run, end)
+        except asyncio.CancelledError:
+            if not tlog.done:
+                tlog.append((turn.cancel_reason or CancelReason.CANCELLED).event())
+                tlog.set_state(spb.TURN_STATE_CANCELLED)
+            raise
+        except NotFound:
+            # The session was deleted while its turn ran.
+            if not tlog.done:
+                tlog.append(CancelReason.SESSION_DELETED.event())
+                tlog.set_state(spb.TURN_STATE_CANCELLED)
+        except TurnAbandoned:
+            # Cut off from the mesh, this server lost the turn: another server
+            # declared it lost and its caller ran it again there. Nothing of
+            # it was written; its result is void.
+            log.warning("turn %s was taken over elsewhere; its result is discarded", turn.turn_id)
+            if not tlog.done:
+                tlog.append(
+                    TurnError.OWNER_LOST.event(
+                        "the turn was given up for lost here and may have run again elsewhere"
+                    )
+                )
+                tlog.set_state(spb.TURN_STATE_FAILED)
+        except Exception:
+            log.exception("turn %s failed", turn.turn_id)
+            if not tlog.done:
+                tlog.append(TurnError.INTERNAL.event("the turn failed"))
+                tlog.set_state(spb.TURN_STATE_FAILED)
+        finally:
+            self.inflight -= 1
+            metrics.TURNS_IN_FLIGHT.dec()
+            self._account(session_id, run)
+
+    async def _commit(self, session_id: str, run: _Run, end: WorkerEnd) -> None:
+        """Append the turn to history and log RUN_FINISHED. Once the agent has
+        finished, the turn commits even if a cancel arrives during the write
+        (the turn then ends as finished); the history and the RUN_FINISHED
+        event are stored in one step, after the turn's other events."""
+        tlog = run.turn.log
+        created = timestamp_pb2.Timestamp()
+        created.GetCurrentTime()
+        messages = self._user_messages(run, created) + run.builder.finish(created, end.result)
+        if end.usage:
+            messages[-1].usage.CopyFrom(sum_usage(end.usage))
+        final = tlog.stamp(_finished_event(run.started, end))
+        commit = asyncio.ensure_future(self._write(session_id, messages, final, tlog))
+        cancelled = False
+        while not commit.done():
+            try:
+                await asyncio.shield(commit)
+            except asyncio.CancelledError:
+                cancelled = True  # every cancel: the write goes on regardless
+        commit.result()
+        tlog.append(final, persisted=True)
+        tlog.set_state(spb.TURN_STATE_FINISHED)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def _user_messages(
+        self, run: _Run, created: timestamp_pb2.Timestamp
+    ) -> list[message_pb2.Message]:
+        turn = run.turn
+        users = [
+            message_pb2.Message(role="user", content=text, turn_id=turn.turn_id, created_at=created)
+            for text in turn.messages
+        ]
+        if len(run.file_refs) == len(turn.files):
+            users[-1].files.extend(run.file_refs)
+        else:  # a worker that does not read files: what is known here
+            for file in turn.files:
+                users[-1].files.add(
+                    mime_type=file.mime_type, filename=file.filename, size_bytes=len(file.content)
+                )
+        if turn.metadata.fields:
+            users[-1].metadata.CopyFrom(turn.metadata)
+        return users
+
+    async def _write(
+        self,
+        session_id: str,
+        messages: list[message_pb2.Message],
+        final: event_pb2.Event,
+        tlog: TurnLog,
+    ) -> None:
+        await tlog.flush()
+        with metrics.STORE_SECONDS.labels("commit_turn").time():
+            await self._store.commit_turn(session_id, messages, final, now())
+
+    def _account(self, session_id: str, run: _Run) -> None:
+        """Metrics and the one log line a turn gets: ids, status, latency;
+        never the content."""
+        turn = run.turn
+        outcome = Outcome.of(turn.log.state)
+        elapsed = time.monotonic() - run.started
+        metrics.TURNS.labels(outcome.value, turn.policy).inc()
+        metrics.TURN_SECONDS.observe(elapsed)
+        fields: dict[str, object] = {
+            "session_id": session_id,
+            "turn_id": turn.turn_id,
+            "status": outcome.value,
+            "policy": turn.policy,
+            "latency_ms": round(elapsed * 1000, 2),
+        }
+        if (trace_id := tracing.trace_id(turn.trace_context)) is not None:
+            fields["trace_id"] = trace_id  # finds the turn's trace from its log line
+        log.info("turn ended", extra=fields)
+        log.debug("turn %s messages: %r", turn.turn_id, turn.messages)
+
+    async def _run_on_workers(self, session_id: str, agent_name: str, run: _Run) -> WorkerEnd:
+        tried: set[str] = set()
+        for _attempt in range(2):  # one transparent retry
+            worker = self._workers.pick(agent_name, session_id, tried)
+            if worker is None:
+                await self._workers.refresh()
+                worker = self._workers.pick(agent_name, session_id, tried)
+            if worker is None:
+                break
+            tried.add(worker.member_id)
+            try:
+                return await self._run_on(worker, session_id, run)
+            except WorkerFailed as failure:
+                self._workers.mark_failed(worker)
+                log.warning(
+                    "worker %s failed during turn %s (streamed=%s)",
+                    worker.member_id,
+                    run.turn.turn_id,
+                    failure.streamed,
+                )
+                if failure.streamed:
+                    return WorkerEnd(
+                        ok=False,
+                        error=TurnError.WORKER_FAILED.event(
+                            "the worker running this turn failed; history is unchanged"
+                        ),
+                    )
+                metrics.WORKER_RETRIES.inc()
+        if not tried:
+            detail = f"no live worker serves agent {agent_name!r}"
+        else:
+            detail = "the workers for this turn failed before answering; history is unchanged"
+        return WorkerEnd(ok=False, error=TurnError.WORKER_UNAVAILABLE.event(detail))
+
+    async def _run_on(self, worker: WorkerRef, session_id: str, run: _Run) -> WorkerEnd:
+        """Run the turn on one worker, sending only the history it lacks."""
+        turn = run.turn
+        base = self._workers.history_base(worker, session_id)
+        while True:
+            with metrics.STORE_SECONDS.labels("history").time():
+                history = await self._store.history(session_id, start=base)
+            request = wpb.RunRequest(
+                session_id=session_id,
+                turn_id=turn.turn_id,
+                messages=turn.messages,
+                files=turn.files,
+                history=history,
+                history_base=base,
+                metadata=turn.metadata,
+            )
+            try:
+                with tracing.client_span(
+                    "turnmesh.v1.WorkerService/Run",
+                    turn.trace_context,
+                    **{"turnmesh.worker_id": worker.member_id, "turnmesh.turn_id": turn.turn_id},
+                ) as trace_metadata:
+                    end = await self._stream(worker, session_id, request, run, trace_metadata)
+            except HistoryMiss:
+                if base == 0:
+                    raise WorkerFailed(streamed=False) from None
+                base = 0  # the worker restarted or evicted it: send everything
+                continue
+            except WorkerFailed:
+                self._workers.forget_history(worker, session_id)
+                raise
+            self._workers.remember_history(worker, session_id, base + len(history))
+            return end
+
+    async def _stream(
+        self,
+        worker: WorkerRef,
+        session_id: str,
+        request: wpb.RunRequest,
+        run: _Run,
+        trace_metadata: tracing.Metadata = (),
+    ) -> WorkerEnd:
+        tlog = run.turn.log
+        self._workers.acquire(worker, session_id)
+        streamed = False
+        call = worker.stub.Run(request, metadata=(*self._workers.call_metadata, *trace_metadata))
+        try:
+            async for response in call:
+                if response.files:
+                    run.file_refs = list(response.files)
+                for event in response.events:
+                    if event.type == event_pb2.RUN_FINISHED:
+                        return WorkerEnd(
+                            ok=True,
+                            usage=list(event.usage),
+                            result=event.result if event.HasField("result") else None,
+                        )
+                    if event.type == event_pb2.RUN_ERROR:
+                        return WorkerEnd(ok=False, error=_copy_error(event))
+                    if not streamed:
+                        streamed = True
+                        self._first_event(run)
+                    run.builder.feed(event)
+                    tlog.append(event)  # the log numbers it and names its turn
+        except grpc.aio.AioRpcError as exc:
+            if not streamed and isinstance(from_rpc_error(exc), HistoryMiss):
+                raise HistoryMiss(session_id) from exc
+            log.debug("worker %s stream error: %s", worker.member_id, exc.code())
+            raise WorkerFailed(streamed) from exc
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            self._workers.release(worker)
+        # The stream ended without RUN_FINISHED or RUN_ERROR.
+        raise WorkerFailed(streamed)
+
+    @staticmethod
+    def _first_event(run: _Run) -> None:
+        if not run.first_event_seen:
+            run.first_event_seen = True
+            metrics.FIRST_EVENT_SECONDS.observe(time.monotonic() - run.started)
+
+
+def _finished_event(started: float, end: WorkerEnd) -> event_pb2.Event:
+    done = event_pb2.Event(
+        type=event_pb2.RUN_FINISHED, execution_time_ms=int((time.monotonic() - started) * 1000)
+    )
+    done.usage.extend(end.usage)
+    if end.result is not None:
+        done.result.CopyFrom(end.result)
+    return done
+
+
+def _copy_error(event: event_pb2.Event) -> event_pb2.Event:
+    out = event_pb2.Event(
+        type=event_pb2.RUN_ERROR, message=event.message, code=event.code or "agent_error"
+    )
+    if event.HasField("problem"):
+        out.problem.CopyFrom(event.problem)
+    return out
