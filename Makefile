@@ -6,12 +6,15 @@ STAMP := $(VENV)/.installed
 
 # Programs the tests use that come from Debian, not PyPI: command:package.
 SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server wrk:wrk tesseract:tesseract-ocr ip:iproute2 chromium:chromium chromedriver:chromium-driver
-# The real AG-UI client, pinned by package-lock.json, for the AG-UI tests.
-NODE_STAMP := clients/agui/node_modules/.package-lock.json
+# From npm, each pinned by its package-lock.json: the real AG-UI client and
+# grpc-js (tests), and buf (the proto module's build, lint and breaking check).
+NODE_DIRS := clients/agui clients/grpc-js tools
+NODE_STAMPS := $(NODE_DIRS:%=%/node_modules/.package-lock.json)
+BUF := tools/node_modules/.bin/buf
 
-.PHONY: install system-deps gen test test-unit test-multihost lint format run bench chaos clean
+.PHONY: install system-deps gen test test-unit test-multihost lint typecheck proto-lint proto-baseline format run bench chaos clean
 
-install: system-deps $(STAMP) $(NODE_STAMP)
+install: system-deps $(STAMP) $(NODE_STAMPS)
 
 # Idempotent and quiet: apt-get runs only when something is missing (CI is root).
 system-deps:
@@ -30,8 +33,8 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-$(NODE_STAMP): clients/agui/package.json clients/agui/package-lock.json
-	@npm ci --prefix clients/agui --no-audit --no-fund --silent
+%/node_modules/.package-lock.json: %/package.json %/package-lock.json
+	@npm ci --prefix $* --no-audit --no-fund --silent
 
 gen: install
 	$(PY) scripts/gen_protos.py
@@ -47,9 +50,27 @@ test-unit: install
 test-multihost: install
 	$(PY) -m pytest -s tests/integration/test_multihost.py
 
-lint: install
+lint: install proto-lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# mypy --strict on every hand-written module (scripts/typecheck.py maps the
+# folders onto the turnmesh package as setuptools does).
+typecheck: install
+	$(PY) scripts/typecheck.py
+
+# The proto module builds offline, follows Buf's style (exceptions in buf.yaml),
+# and breaks no public contract: proto/ against buf.baseline.binpb, the public
+# protos as last released. A deliberate break goes in buf.yaml's
+# breaking.ignore_only with the issue that needs it (docs/api.md, "Changing the protos").
+proto-lint: install
+	$(BUF) build
+	$(BUF) lint
+	$(BUF) breaking proto --against buf.baseline.binpb
+
+# After a release: the protos as they are now become the baseline.
+proto-baseline: install
+	$(BUF) build proto -o buf.baseline.binpb
 
 format: install
 	$(VENV)/bin/ruff check --fix .

@@ -38,6 +38,29 @@ def _http(method: descriptor_pb2.MethodDescriptorProto) -> str:
     return f"`{kind.upper()} {getattr(rule, kind)}`"
 
 
+PROTO_MODULE = [
+    "## Using and changing the protos",
+    "",
+    "`proto/` is a Buf module (`buf.yaml`); the googleapis files it imports "
+    "(`google/api/annotations.proto`, `http.proto`, `httpbody.proto`, and `google/rpc` "
+    "for error details) are vendored under `third_party/`, the same files "
+    "googleapis-common-protos ships. So a checkout needs no network: `buf build`, "
+    "`protoc -Iproto -Ithird_party`, and `@grpc/proto-loader` with "
+    '`includeDirs: ["proto", "third_party"]` (see `clients/grpc-js/turn.mjs`, which the '
+    "tests run against a live mesh) all work as they are.",
+    "",
+    "`make lint` runs `buf lint` (Buf's STANDARD rules; the exceptions are declared in "
+    "`buf.yaml`: AG-UI's unprefixed `EventType` names, and the raw-body and event-stream "
+    "RPCs) and `buf breaking` on the public protos (session, event, message, compat) "
+    "against `buf.baseline.binpb`, the public protos as last released. The worker and "
+    "router protos are internal and free to change. A deliberate break of a public "
+    "contract is allowed only by adding its rule and file to `breaking.ignore_only` in "
+    "`buf.yaml`, with a comment naming the issue that needs it, and a line in this "
+    "reference; `make proto-baseline` then makes the released protos the new baseline.",
+    "",
+]
+
+
 def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
     out = [
         "# turnmesh API reference",
@@ -45,6 +68,7 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
         "Generated from `proto/turnmesh/v1` by `scripts/gen_api_docs.py` (`make gen`). "
         "Do not edit.",
         "",
+        *PROTO_MODULE,
     ]
     for fd in sorted(fds.file, key=lambda f: f.name):
         if not fd.name.startswith("turnmesh/"):

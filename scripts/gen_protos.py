@@ -22,6 +22,7 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
+THIRD_PARTY_DIR = ROOT / "third_party"
 PACKAGE_DIR = Path("turnmesh") / "v1"
 DESCRIPTOR_SET = "turnmesh.binpb"
 # Types Envoy must know to print google.rpc.Status details in JSON errors.
@@ -29,11 +30,10 @@ EXTRA_DESCRIPTOR_PROTOS = ("google/rpc/error_details.proto", "google/rpc/status.
 
 
 def _include_dirs() -> list[str]:
+    # googleapis' files come from third_party/ (vendored, as buf and other
+    # languages' tools use them); the well-known types from grpc_tools.
     grpc_tools_include = resources.files("grpc_tools") / "_proto"
-    import google.api  # from googleapis-common-protos: annotations.proto, http.proto
-
-    googleapis_root = Path(google.api.__path__[0]).parent.parent
-    return [str(PROTO_DIR), str(grpc_tools_include), str(googleapis_root)]
+    return [str(PROTO_DIR), str(THIRD_PARTY_DIR), str(grpc_tools_include)]
 
 
 def _run_protoc(args: list[str]) -> None:
