@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from turnmesh.envoy.config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
 from turnmesh.runtime.tls import TlsFiles
 
 ENV_PREFIX = "TURNMESH_"
@@ -24,9 +25,10 @@ class UpConfig(BaseModel):
     servers: int = Field(default=1, ge=1, le=32)
     workers: int = Field(default=1, ge=1, le=64)
     host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     admin_port: int = Field(default=0, ge=0, le=65535)
-    session_ttl: float = Field(default=1800.0, gt=0)
+    # Unset: the servers' own default (ServerConfig.session_ttl_seconds).
+    session_ttl: float | None = Field(default=None, gt=0)
     store: str = "memory"
     api_keys_file: str | None = None
     mesh_key: str | None = None
@@ -38,7 +40,7 @@ class UpConfig(BaseModel):
     # OTLP/gRPC collector for every component's spans and Envoy's.
     otlp_endpoint: str | None = None
     # Browser origins allowed to call the API, comma-separated ("*": any).
-    cors_origins: str = "http://localhost:3000"
+    cors_origins: str = ",".join(DEFAULT_CORS_ORIGINS)
     # HTTPS (and gRPC over TLS) on Envoy's public listener.
     edge_tls_cert: Path | None = None
     edge_tls_key: Path | None = None

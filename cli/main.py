@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,11 +21,60 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"TURNMESH_{name.upper()}", default)
 
 
-def _common(p: argparse.ArgumentParser, default_port: int) -> None:
-    p.add_argument("--host", default=_env("host", "127.0.0.1"), help="address to bind")
-    p.add_argument(
-        "--port", type=int, default=int(_env("port", str(default_port)) or 0), help="0: any free"
+def _scalar(annotation: Any) -> Callable[[str], Any]:
+    """The type a flag's text is parsed as: the field's (``float | None`` -> float)."""
+    for kind in (annotation, *get_args(annotation)):
+        if kind in (int, float, str):
+            return cast(Callable[[str], Any], kind)
+    raise TypeError(f"no flag type for {annotation!r}")
+
+
+def _setting(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    model: type[BaseModel],
+    field: str,
+    *,
+    env: str | None = None,
+    help: str | None = None,
+) -> None:
+    """A flag for one config field: its type, help and default come from the
+    model (the one source of defaults); ``TURNMESH_<ENV>`` sets it too, and a
+    flag wins over the environment. Unset, the model's default applies."""
+    info = model.model_fields[field]
+    parse = _scalar(info.annotation)
+    raw = _env(env or field)
+    default = info.get_default(call_default_factory=True)
+    shown = "unset" if default is None else default
+    parser.add_argument(
+        flag,
+        dest=field,
+        metavar=flag.removeprefix("--").upper().replace("-", "_"),
+        type=parse,
+        default=parse(raw) if raw else None,
+        help=f"{help or info.description} (default: {shown})",
     )
+
+
+def _given(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
+    """The model's fields that a flag or the environment set."""
+    return {
+        name: getattr(args, name)
+        for name in model.model_fields
+        if getattr(args, name, None) is not None
+    }
+
+
+def _common(p: argparse.ArgumentParser, model: type[BaseModel], default_port: int) -> None:
+    # The commands listen on well-known ports; the config's own default (0,
+    # any free port) is for code that embeds a component.
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(_env("port", str(default_port)) or 0),
+        help=f"port to bind, 0: any free (default: {default_port})",
+    )
+    _setting(p, "--host", model, "host")
     p.add_argument(
         "--mesh-key",
         "--admin-key",  # the name before 0.2; kept so existing scripts work
@@ -42,21 +91,10 @@ def _common(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--tls-ca", default=_env("tls_ca"), help="mesh CA (PEM): enables mutual TLS")
     p.add_argument("--tls-cert", default=_env("tls_cert"), help="this member's certificate (PEM)")
     p.add_argument("--tls-key", default=_env("tls_key"), help="this member's private key (PEM)")
-    p.add_argument(
-        "--otlp-endpoint",
-        default=_env("otlp_endpoint"),
-        help="send traces over OTLP/gRPC here, e.g. http://127.0.0.1:4317 "
-        "(default: OTEL_EXPORTER_OTLP_ENDPOINT; off when neither is set)",
-    )
-    p.add_argument("--ready-file", default=_env("ready_file"), help="write JSON here when ready")
-    metrics_port = _env("metrics_port")
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(metrics_port) if metrics_port else None,
-        help="serve Prometheus /metrics on this port (0: any free port)",
-    )
-    p.add_argument("--log-level", default=_env("log_level", "INFO"))
+    _setting(p, "--otlp-endpoint", model, "otlp_endpoint")
+    _setting(p, "--ready-file", model, "ready_file")
+    _setting(p, "--metrics-port", model, "metrics_port")
+    _setting(p, "--log-level", model, "log_level")
     p.add_argument(
         "--log-format",
         choices=["text", "json"],
@@ -66,103 +104,54 @@ def _common(p: argparse.ArgumentParser, default_port: int) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from turnmesh.envoy.config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
+    from turnmesh.router import RouterConfig
+    from turnmesh.server import ServerConfig
+    from turnmesh.worker import WorkerConfig
+
     parser = argparse.ArgumentParser(
         prog="turnmesh", description="A gRPC service mesh for stateful, multi-turn AI agents."
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     router = sub.add_parser("router", help="run the router (membership and session ownership)")
-    _common(router, 7000)
-    router.add_argument(
-        "--heartbeat-interval", type=float, default=float(_env("heartbeat_interval", "1.0") or 1)
-    )
-    router.add_argument(
-        "--heartbeat-timeout", type=float, default=float(_env("heartbeat_timeout", "3.0") or 3)
-    )
+    _common(router, RouterConfig, 7000)
+    _setting(router, "--heartbeat-interval", RouterConfig, "heartbeat_interval")
+    _setting(router, "--heartbeat-timeout", RouterConfig, "heartbeat_timeout")
 
     server = sub.add_parser("server", help="run a session server (the public SessionService)")
-    _common(server, 7100)
-    server.add_argument("--router", default=_env("router", "127.0.0.1:7000"))
-    server.add_argument("--agent", default=_env("agent", "demo"), help="the default agent")
+    _common(server, ServerConfig, 7100)
     server.add_argument(
-        "--session-ttl", type=float, default=float(_env("session_ttl", "1800") or 1800)
+        "--router",
+        dest="router_address",
+        default=_env("router", "127.0.0.1:7000"),
+        help="the router, host:port (default: 127.0.0.1:7000)",
     )
-    server.add_argument("--advertise-host", default=_env("advertise_host"))
-    server.add_argument(
-        "--max-turns",
-        type=int,
-        default=int(_env("max_turns", "256") or 256),
-        help="turns running at once before new ones get RESOURCE_EXHAUSTED (429)",
-    )
-    server.add_argument(
-        "--max-sessions",
-        type=int,
-        default=int(_env("max_sessions", "100000") or 100000),
-        help="sessions held before new ones get RESOURCE_EXHAUSTED (429)",
-    )
-    rate = _env("rate_limit")
-    server.add_argument(
-        "--rate-limit",
-        type=float,
-        default=float(rate) if rate else None,
-        help="requests a second allowed per API key (429 beyond it)",
-    )
-    server.add_argument(
-        "--api-keys-file",
-        default=_env("api_keys_file"),
-        help="public API keys, one per line (or sha256:HEX); re-read when it changes",
-    )
-    server.add_argument(
-        "--store",
-        default=_env("store", "memory"),
-        help="memory (default), sqlite:PATH, or redis://HOST:PORT/DB",
-    )
-    server.add_argument(
-        "--keepalive",
-        type=float,
-        default=float(_env("keepalive", "15") or 15),
-        help="seconds of silence before a turn stream gets a keepalive event",
-    )
-    server.add_argument(
-        "--grace-seconds",
-        type=float,
-        default=float(_env("grace_seconds", "30") or 30),
-        help="how long SIGTERM waits for running turns",
-    )
+    _setting(server, "--agent", ServerConfig, "default_agent", env="agent")
+    _setting(server, "--session-ttl", ServerConfig, "session_ttl_seconds", env="session_ttl")
+    _setting(server, "--advertise-host", ServerConfig, "advertise_host")
+    _setting(server, "--max-turns", ServerConfig, "max_turns_in_flight", env="max_turns")
+    _setting(server, "--max-sessions", ServerConfig, "max_sessions")
+    _setting(server, "--rate-limit", ServerConfig, "rate_limit")
+    _setting(server, "--api-keys-file", ServerConfig, "api_keys_file")
+    _setting(server, "--store", ServerConfig, "store")
+    _setting(server, "--keepalive", ServerConfig, "keepalive_seconds", env="keepalive")
+    _setting(server, "--grace-seconds", ServerConfig, "grace_seconds")
 
     worker = sub.add_parser("worker", help="run a worker that hosts one agent")
-    _common(worker, 7200)
-    worker.add_argument("--router", default=_env("router", "127.0.0.1:7000"))
+    _common(worker, WorkerConfig, 7200)
     worker.add_argument(
-        "--agent",
-        default=_env("agent", "demo"),
-        help="a built-in agent (demo, echo, openai), package.module:Class, or an agent file",
+        "--router",
+        dest="router_address",
+        default=_env("router", "127.0.0.1:7000"),
+        help="the router, host:port (default: 127.0.0.1:7000)",
     )
-    worker.add_argument("--advertise-host", default=_env("advertise_host"))
-    worker.add_argument(
-        "--grace-seconds",
-        type=float,
-        default=float(_env("grace_seconds", "10") or 10),
-        help="how long SIGTERM waits for running turns",
-    )
-    worker.add_argument(
-        "--file-concurrency",
-        type=int,
-        default=int(_env("file_concurrency", "2") or 2),
-        help="attached files read at once (each in its own process)",
-    )
-    worker.add_argument(
-        "--file-timeout",
-        type=float,
-        default=float(_env("file_timeout", "30") or 30),
-        help="seconds to read one attached file before it fails",
-    )
-    worker.add_argument(
-        "--file-memory-mb",
-        type=int,
-        default=int(_env("file_memory_mb", "2048") or 2048),
-        help="memory one file's reader process may use",
-    )
+    _setting(worker, "--agent", WorkerConfig, "agent")
+    _setting(worker, "--advertise-host", WorkerConfig, "advertise_host")
+    _setting(worker, "--grace-seconds", WorkerConfig, "grace_seconds")
+    _setting(worker, "--file-concurrency", WorkerConfig, "file_concurrency")
+    _setting(worker, "--file-timeout", WorkerConfig, "file_timeout_seconds", env="file_timeout")
+    _setting(worker, "--file-memory-mb", WorkerConfig, "file_memory_mb")
 
     edge = sub.add_parser(
         "edge", help="run Envoy in front of session servers (what a container runs)"
@@ -174,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a session server host:port (repeat; a DNS name gives every address it has)",
     )
     edge.add_argument("--host", default=_env("host", "127.0.0.1"), help="public address")
-    edge.add_argument("--port", type=int, default=int(_env("port", "8080") or 8080))
-    edge.add_argument("--admin-port", type=int, default=int(_env("admin_port", "9901") or 9901))
+    edge.add_argument("--port", type=int, default=int(_env("port") or DEFAULT_PORT))
+    edge.add_argument(
+        "--admin-port", type=int, default=int(_env("admin_port") or DEFAULT_ADMIN_PORT)
+    )
     edge.add_argument("--tls-ca", default=_env("tls_ca"), help="mesh CA: mTLS to the servers")
     edge.add_argument("--tls-cert", default=_env("tls_cert"), help="Envoy's mesh certificate")
     edge.add_argument("--tls-key", default=_env("tls_key"), help="Envoy's mesh private key")
@@ -184,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--otlp-endpoint", default=_env("otlp_endpoint"))
     edge.add_argument(
         "--cors-origins",
-        default=_env("cors_origins", "http://localhost:3000"),
+        default=_env("cors_origins", ",".join(DEFAULT_CORS_ORIGINS)),
         help="browser origins allowed to call the API, comma-separated ('*' for any)",
     )
     edge.add_argument("--config-dir", default=_env("config_dir"), help="where envoy.json goes")
@@ -207,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--servers", type=int, default=None, help="session servers (default 1)")
     up.add_argument("--workers", type=int, default=None, help="workers (default 1)")
     up.add_argument("--host", default=None, help="public address (default 127.0.0.1)")
-    up.add_argument("--port", type=int, default=None, help="public port (default 8080)")
+    up.add_argument("--port", type=int, default=None, help=f"public port (default {DEFAULT_PORT})")
     up.add_argument("--admin-port", type=int, default=None, help="Envoy admin (default: any)")
     up.add_argument("--store", default=None, help="memory (default), sqlite:PATH, redis://...")
     up.add_argument("--api-keys-file", default=None, help="public API keys for the servers")
@@ -221,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cors-origins",
         default=None,
         help="browser origins allowed to call the API, comma-separated ('*' for any; "
-        "default http://localhost:3000; the playground needs none)",
+        f"default {','.join(DEFAULT_CORS_ORIGINS)}; the playground needs none)",
     )
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
@@ -229,66 +220,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _base(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "host": args.host,
-        "port": args.port,
-        "mesh_key": args.mesh_key or None,
-        "tls": tls_files(args.tls_ca, args.tls_cert, args.tls_key),
-        "otlp_endpoint": args.otlp_endpoint,
-        "allow_open": args.allow_open,
-        "ready_file": args.ready_file,
-        "metrics_port": args.metrics_port,
-        "log_level": args.log_level,
-    }
-
-
 def _component(
     args: argparse.Namespace,
 ) -> tuple[str, BaseModel, Callable[[Any], Coroutine[Any, Any, None]]]:
+    common = {
+        "port": args.port,
+        "mesh_key": args.mesh_key or None,
+        "tls": tls_files(args.tls_ca, args.tls_cert, args.tls_key),
+        "allow_open": args.allow_open,
+    }
     if args.command == "router":
         from turnmesh.router import RouterConfig
         from turnmesh.router import serve as serve_router
 
-        config: BaseModel = RouterConfig(
-            **_base(args),
-            heartbeat_interval=args.heartbeat_interval,
-            heartbeat_timeout=args.heartbeat_timeout,
-        )
+        config: BaseModel = RouterConfig(**{**_given(args, RouterConfig), **common})
         return "router", config, serve_router
     if args.command == "server":
         from turnmesh.server import ServerConfig
         from turnmesh.server import serve as serve_server
 
         config = ServerConfig(
-            **_base(args),
-            router_address=args.router,
-            default_agent=args.agent,
-            session_ttl_seconds=args.session_ttl,
-            advertise_host=args.advertise_host,
-            keepalive_seconds=args.keepalive,
-            store=args.store,
+            **{**_given(args, ServerConfig), **common},
             api_keys=[k for k in (_env("api_keys") or "").split(",") if k],
-            api_keys_file=args.api_keys_file,
-            max_turns_in_flight=args.max_turns,
-            max_sessions=args.max_sessions,
-            rate_limit=args.rate_limit,
-            grace_seconds=args.grace_seconds,
         )
         return "server", config, serve_server
     from turnmesh.worker import WorkerConfig
     from turnmesh.worker import serve as serve_worker
 
-    config = WorkerConfig(
-        **_base(args),
-        router_address=args.router,
-        agent=args.agent,
-        advertise_host=args.advertise_host,
-        file_timeout_seconds=args.file_timeout,
-        file_memory_mb=args.file_memory_mb,
-        file_concurrency=args.file_concurrency,
-        grace_seconds=args.grace_seconds,
-    )
+    config = WorkerConfig(**{**_given(args, WorkerConfig), **common})
     return "worker", config, serve_worker
 
 
@@ -326,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"turnmesh {args.command}: {exc}")
     # Components set up their own logging too; the format reaches them here.
     os.environ["TURNMESH_LOG_FORMAT"] = args.log_format
-    setup_logging(name, args.log_level)
+    setup_logging(name, getattr(config, "log_level", "INFO"))
     try:
         with contextlib.suppress(KeyboardInterrupt):
             run_event_loop(serve(config))

@@ -34,6 +34,8 @@ MAX_REQUEST_BODY_BYTES = 135 * 1024 * 1024
 # reaps streams whose peer vanished.
 STREAM_IDLE_TIMEOUT = "3600s"
 
+DEFAULT_PORT = 8080
+DEFAULT_ADMIN_PORT = 9901
 DEFAULT_CORS_ORIGINS = ("http://localhost:3000",)
 # What a browser client may send and read (X-Session-Id: the OpenAI surfaces'
 # session header; Retry-After on 409/429; traceparent to join a trace).
@@ -58,7 +60,7 @@ class EdgeConfig:
 
     upstreams: list[str]
     host: str = "127.0.0.1"
-    port: int = 8080
+    port: int = DEFAULT_PORT
     admin_port: int = 0
     descriptor_set: Path = DESCRIPTOR_SET
     health_check_interval_ms: int = 1000

@@ -40,22 +40,35 @@ PROTECTED_METHODS: frozenset[str] = frozenset(
 
 
 class RouterConfig(BaseModel):
+    """Settings of the router process."""
+
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=0, ge=0, le=65535)
-    mesh_key: str | None = None
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: int = Field(default=0, ge=0, le=65535, description="port to bind (0: any free)")
+    mesh_key: str | None = Field(default=None, description="key for mesh-internal calls")
     # Mutual TLS with the other members; plaintext when unset.
     tls: TlsFiles | None = None
-    # OTLP/gRPC collector for traces (else OTEL_EXPORTER_OTLP_ENDPOINT); off when unset.
-    otlp_endpoint: str | None = None
-    allow_open: bool = False
-    heartbeat_interval: float = Field(default=1.0, gt=0)
-    heartbeat_timeout: float = Field(default=3.0, gt=0)
-    ready_file: str | None = None
-    grace_seconds: float = Field(default=2.0, ge=0)
-    log_level: str = "INFO"
-    metrics_port: int | None = None  # Prometheus /metrics (0: any free port)
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="send traces over OTLP/gRPC here (else OTEL_EXPORTER_OTLP_ENDPOINT; off "
+        "when neither is set)",
+    )
+    allow_open: bool = Field(
+        default=False, description="allow a non-loopback bind without a mesh key"
+    )
+    heartbeat_interval: float = Field(
+        default=1.0, gt=0, description="seconds between a member's heartbeats (told to members)"
+    )
+    heartbeat_timeout: float = Field(
+        default=3.0, gt=0, description="seconds without a heartbeat before a member is dropped"
+    )
+    ready_file: str | None = Field(default=None, description="write JSON here when ready")
+    grace_seconds: float = Field(default=2.0, ge=0, description="how long SIGTERM waits")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+    metrics_port: int | None = Field(
+        default=None, description="serve Prometheus /metrics on this port (0: any free port)"
+    )
 
     @model_validator(mode="after")
     def _timeout_exceeds_interval(self) -> RouterConfig:

@@ -1,5 +1,6 @@
 """The session server (``turnmesh server``): the public SessionService."""
 
-from turnmesh.server.app import ServerConfig, SessionServer, serve
+from turnmesh.server.app import SessionServer, serve
+from turnmesh.server.config import ServerConfig, SessionLimits
 
-__all__ = ["ServerConfig", "SessionServer", "serve"]
+__all__ = ["ServerConfig", "SessionLimits", "SessionServer", "serve"]

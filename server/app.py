@@ -8,7 +8,6 @@ import logging
 import secrets
 
 import grpc
-from pydantic import BaseModel, Field
 
 from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ids import new_member_id
@@ -22,10 +21,11 @@ from turnmesh.runtime.serving import (
     wait_for_signal,
     write_ready_file,
 )
-from turnmesh.runtime.tls import TlsFiles, Transport
+from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh
-from turnmesh.server.core import CoreLimits, SessionCore
+from turnmesh.server.config import ServerConfig
+from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import Forwarder
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.routing import RouterClient
@@ -43,39 +43,6 @@ SERVICE_NAME = spb.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE_NAME = cpb.DESCRIPTOR.services_by_name["CompatService"].full_name
 
 
-class ServerConfig(BaseModel):
-    host: str = "127.0.0.1"
-    port: int = Field(default=0, ge=0, le=65535)
-    router_address: str
-    default_agent: str = "demo"
-    # memory | sqlite:PATH | redis://HOST:PORT/DB
-    store: str = "memory"
-    session_ttl_seconds: float = Field(default=1800.0, gt=0)
-    event_log_max_events: int = Field(default=50_000, gt=0)
-    event_log_max_turns: int = Field(default=32, gt=0)
-    event_log_ttl_seconds: float = Field(default=600.0, gt=0)
-    keepalive_seconds: float = Field(default=15.0, gt=0)
-    max_turns_in_flight: int = Field(default=256, gt=0)
-    max_sessions: int = Field(default=100_000, gt=0)
-    mesh_key: str | None = None
-    # Mutual TLS with the other members; plaintext when unset.
-    tls: TlsFiles | None = None
-    # OTLP/gRPC collector for traces (else OTEL_EXPORTER_OTLP_ENDPOINT); off when unset.
-    otlp_endpoint: str | None = None
-    # Public API keys (plain; kept hashed in memory) and/or a file of them.
-    api_keys: list[str] = Field(default_factory=list)
-    api_keys_file: str | None = None
-    # Requests a second per API key (a burst of the same size); off when unset.
-    rate_limit: float | None = Field(default=None, gt=0)
-    allow_open: bool = False
-    advertise_host: str | None = None
-    ready_file: str | None = None
-    # Prometheus /metrics on this port (0: any free port); off when unset.
-    metrics_port: int | None = None
-    grace_seconds: float = Field(default=30.0, ge=0)
-    log_level: str = "INFO"
-
-
 class SessionServer:
     """One session server: explicit lifecycle from INITIALIZING to STOPPED."""
 
@@ -87,6 +54,8 @@ class SessionServer:
         self._process: GrpcProcess | None = None
         self._membership: Membership | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # What start() opened, closed in reverse by stop() (or by a failed start).
+        self._opened = contextlib.AsyncExitStack()
 
     def lifecycle(self) -> spb.LifecycleState.ValueType:
         if self.state in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING):
@@ -98,6 +67,17 @@ class SessionServer:
         return self.state
 
     async def start(self) -> None:
+        """Open the store, bind, and join the mesh; READY once registered and
+        a worker is known. Whatever was opened is closed if a step fails."""
+        if self._process is not None or self.state != spb.LIFECYCLE_STATE_INITIALIZING:
+            raise RuntimeError("a SessionServer starts once")
+        try:
+            await self._start()
+        except BaseException:
+            await self._opened.aclose()
+            raise
+
+    async def _start(self) -> None:
         c = self.config
         self.api_keys = ApiKeys(c.api_keys, c.api_keys_file)
         # Open to anyone who can reach it unless both the public API and the
@@ -122,17 +102,11 @@ class SessionServer:
         self.ownership = SessionOwnership(
             self.member_id, self.router, holds=lambda session_id: self.core.holds(session_id)
         )
-        limits = CoreLimits(
-            session_ttl_seconds=c.session_ttl_seconds,
-            event_log_max_events=c.event_log_max_events,
-            event_log_max_turns=c.event_log_max_turns,
-            event_log_ttl_seconds=c.event_log_ttl_seconds,
-            keepalive_seconds=c.keepalive_seconds,
-            max_turns_in_flight=c.max_turns_in_flight,
-            max_sessions=c.max_sessions,
-        )
         self.store = open_store(c.store, c.event_log_ttl_seconds)
-        self.core = SessionCore(self.store, self.workers, c.default_agent, limits, self.ownership)
+        self._opened.push_async_callback(self.store.close)
+        self._opened.push_async_callback(self.router.close)
+        # The config is the core's limits (a ServerConfig is a SessionLimits).
+        self.core = SessionCore(self.store, self.workers, c.default_agent, c, self.ownership)
         servicer = SessionServicer(
             self.core,
             self.ownership,
@@ -142,6 +116,7 @@ class SessionServer:
         )
         # The compatibility surfaces are clients of this server's own public API.
         self._compat_mesh = Mesh()
+        self._opened.push_async_callback(self._compat_mesh.close)
         compat = CompatServicer(self._compat_mesh)
 
         def register(server: grpc.aio.Server) -> None:
@@ -169,6 +144,7 @@ class SessionServer:
             transport=transport,
         )
         await self._process.start()
+        self._opened.push_async_callback(self._process.stop, 1.0)
         self._compat_mesh.connect(self._process.address, self._internal_token, transport)
         self.metrics_address = serve_metrics(c.host, c.metrics_port)
         address = self._process.address
@@ -176,7 +152,9 @@ class SessionServer:
             address = f"{c.advertise_host}:{self._process.bound_port}"
         placeholder.address = address
         self._membership.start()
+        self._opened.push_async_callback(self._membership.stop)
         self.workers.start()
+        self._opened.push_async_callback(self.workers.stop)
         self._tasks.append(asyncio.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
         log.info("session server %s listening on %s", self.member_id, address)
@@ -205,26 +183,24 @@ class SessionServer:
                 log.info("session %s expired after being idle", session_id)
 
     async def stop(self) -> None:
-        """Drain: NOT_SERVING and no new sessions, finish running turns, leave."""
+        """Drain: NOT_SERVING and no new sessions, finish running turns, leave.
+        Idempotent, and safe before (or without) start()."""
         if self.state in (spb.LIFECYCLE_STATE_SHUTTING_DOWN, spb.LIFECYCLE_STATE_STOPPED):
             return
+        serving = self._process is not None
         self.state = spb.LIFECYCLE_STATE_SHUTTING_DOWN
-        log.info("shutting down: draining turns for up to %.0f s", self.config.grace_seconds)
-        if self._process is not None:
+        if serving:
+            assert self._process is not None
+            log.info("shutting down: draining turns for up to %.0f s", self.config.grace_seconds)
             await self._process.set_serving(False)
-        await self.core.drain(self.config.grace_seconds)
+            await self.core.drain(self.config.grace_seconds)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._membership is not None:
-            await self._membership.stop()
-        await self.workers.stop()
-        await self.router.close()
-        await self._compat_mesh.close()
-        await self.store.close()
-        if self._process is not None:
-            await self._process.stop(grace=1.0)
+        # Workers and membership first (leave the mesh), then the server, the
+        # channels and the store: the reverse of start().
+        await self._opened.aclose()
         self.state = spb.LIFECYCLE_STATE_STOPPED
         log.info("stopped")
 

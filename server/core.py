@@ -16,6 +16,7 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import NotFound, ResourceExhausted, Unavailable
 from turnmesh.runtime.ids import new_id
+from turnmesh.server.config import SessionLimits
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
@@ -26,18 +27,6 @@ from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CoreLimits:
-    session_ttl_seconds: float = 1800.0
-    event_log_max_events: int = 50_000
-    event_log_max_turns: int = 32
-    event_log_ttl_seconds: float = 600.0
-    keepalive_seconds: float = 15.0
-    max_turns_in_flight: int = 256
-    max_sessions: int = 100_000
-    max_queued_per_session: int = 64
 
 
 @dataclass(frozen=True)
@@ -56,7 +45,7 @@ class SessionCore:
         store: SessionStore,
         workers: WorkerPool,
         default_agent: str,
-        limits: CoreLimits,
+        limits: SessionLimits,
         ownership: SessionOwnership | None = None,
     ) -> None:
         self.store = store

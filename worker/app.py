@@ -41,26 +41,48 @@ class WorkerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=0, ge=0, le=65535)  # 0: any free port
-    router_address: str | None = None  # None: run stand-alone, no membership
-    agent: str = "demo"  # a built-in name or "package.module:Class"
-    mesh_key: str | None = None
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: int = Field(default=0, ge=0, le=65535, description="port to bind (0: any free)")
+    router_address: str | None = Field(
+        default=None, description="the router, host:port (None: stand-alone, no membership)"
+    )
+    agent: str = Field(
+        default="demo",
+        description="a built-in agent (demo, echo, openai), package.module:Class, or an agent file",
+    )
+    mesh_key: str | None = Field(default=None, description="key for mesh-internal calls")
     # Mutual TLS with the other members; plaintext when unset.
     tls: TlsFiles | None = None
-    # OTLP/gRPC collector for traces (else OTEL_EXPORTER_OTLP_ENDPOINT); off when unset.
-    otlp_endpoint: str | None = None
-    allow_open: bool = False
-    advertise_host: str | None = None  # how other members reach us, if not `host`
-    ready_file: str | None = None
-    metrics_port: int | None = None  # Prometheus /metrics (0: any free port)
-    grace_seconds: float = Field(default=10.0, ge=0)
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="send traces over OTLP/gRPC here (else OTEL_EXPORTER_OTLP_ENDPOINT; off "
+        "when neither is set)",
+    )
+    allow_open: bool = Field(
+        default=False, description="allow a non-loopback bind without a mesh key"
+    )
+    advertise_host: str | None = Field(
+        default=None, description="how other members reach this worker, if not `host`"
+    )
+    ready_file: str | None = Field(default=None, description="write JSON here when ready")
+    metrics_port: int | None = Field(
+        default=None, description="serve Prometheus /metrics on this port (0: any free port)"
+    )
+    grace_seconds: float = Field(
+        default=10.0, ge=0, description="how long SIGTERM waits for running turns"
+    )
     # Reading an attached file: at most this long and this much memory, in
     # its own process; this many files at once.
-    file_timeout_seconds: float = Field(default=30.0, gt=0)
-    file_memory_mb: int = Field(default=2048, ge=256)
-    file_concurrency: int = Field(default=2, ge=1, le=64)
-    log_level: str = "INFO"
+    file_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="seconds to read one attached file before it fails"
+    )
+    file_memory_mb: int = Field(
+        default=2048, ge=256, description="memory one file's reader process may use"
+    )
+    file_concurrency: int = Field(
+        default=2, ge=1, le=64, description="attached files read at once (each in its own process)"
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
 
 async def serve(config: WorkerConfig) -> None:

@@ -51,3 +51,67 @@ def test_unreadable_or_non_pem_tls_files_are_named(tmp_path: Path) -> None:
         Transport.from_files(files)
     assert Transport.from_files(None) is PLAINTEXT
     assert not PLAINTEXT.secure
+
+
+def test_unset_flags_take_the_configs_own_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnmesh.router import RouterConfig
+    from turnmesh.server import ServerConfig
+    from turnmesh.worker import WorkerConfig
+
+    for command, model in (
+        ("router", RouterConfig),
+        ("server", ServerConfig),
+        ("worker", WorkerConfig),
+    ):
+        _, config, _ = _component(build_parser().parse_args([command]))
+        assert isinstance(config, model)
+        for name, field in model.model_fields.items():
+            if name in ("port", "router_address", "mesh_key", "tls", "allow_open"):
+                continue  # the commands' own: well-known ports, the local router
+            assert getattr(config, name) == field.get_default(call_default_factory=True), name
+
+
+def test_the_environment_sets_a_field_and_a_flag_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNMESH_SESSION_TTL", "60")
+    monkeypatch.setenv("TURNMESH_MAX_TURNS", "8")
+    _, config, _ = _component(build_parser().parse_args(["server"]))
+    assert (config.session_ttl_seconds, config.max_turns_in_flight) == (60.0, 8)  # type: ignore[attr-defined]
+    _, config, _ = _component(build_parser().parse_args(["server", "--session-ttl", "5"]))
+    assert config.session_ttl_seconds == 5.0  # type: ignore[attr-defined]
+
+
+def test_help_shows_the_defaults_of_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from turnmesh.server import ServerConfig
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["server", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for field, flag in (
+        ("session_ttl_seconds", "--session-ttl"),
+        ("max_turns_in_flight", "--max-turns"),
+        ("max_sessions", "--max-sessions"),
+        ("keepalive_seconds", "--keepalive"),
+    ):
+        assert flag in text
+        assert f"(default: {ServerConfig.model_fields[field].default})" in text
+
+
+def test_every_config_refuses_unknown_keys() -> None:
+    from pydantic import ValidationError
+
+    from turnmesh.cli._up_config import UpConfig
+    from turnmesh.router import RouterConfig
+    from turnmesh.server import ServerConfig, SessionLimits
+    from turnmesh.worker import WorkerConfig
+
+    for model, required in (
+        (RouterConfig, {}),
+        (ServerConfig, {"router_address": "127.0.0.1:7000"}),
+        (SessionLimits, {}),
+        (WorkerConfig, {}),
+        (UpConfig, {}),
+        (TlsFiles, {"ca_file": "a", "cert_file": "b", "key_file": "c"}),
+    ):
+        model(**required)  # type: ignore[arg-type]
+        with pytest.raises(ValidationError, match="session_tll"):
+            model(**required, session_tll=5)  # type: ignore[arg-type]

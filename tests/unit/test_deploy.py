@@ -322,7 +322,7 @@ def test_members_bind_everywhere_and_advertise_their_pod_ip(component: str) -> N
 def test_components_find_each_other_by_service_name() -> None:
     router = deployment("router")
     for component in ("server", "worker"):
-        service, port = service_host_port(parsed(component).router)
+        service, port = service_host_port(parsed(component).router_address)
         assert selects(service["spec"]["selector"], pod_labels(router))
         assert port in [p["port"] for p in service["spec"]["ports"]]
         assert port == parsed("router").port
@@ -543,7 +543,9 @@ def test_the_agent_configmap_is_the_example_agent_file() -> None:
     assert "--agent /etc/turnmesh/agent/assistant.yaml" in text
     assert f"--agent {yaml.safe_load(example)['name']}" in text
     # The default stays the offline demo agent, on workers and servers alike.
-    assert parsed("worker").agent == parsed("server").agent == "demo"
+    _, worker_config, _ = _component(parsed("worker"))
+    _, server_config, _ = _component(parsed("server"))
+    assert worker_config.agent == server_config.default_agent == "demo"  # type: ignore[attr-defined]
 
 
 # -- the Dockerfile ------------------------------------------------------------------

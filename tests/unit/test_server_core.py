@@ -12,7 +12,8 @@ from google.protobuf import struct_pb2
 from tests.unit._server_fakes import FakeClock, FakeRunner, fake_time_module, spin, spin_until
 from turnmesh.runtime.errors import NotFound, Unavailable
 from turnmesh.server import eventlog
-from turnmesh.server.core import CoreLimits, SessionCore
+from turnmesh.server.config import SessionLimits
+from turnmesh.server.core import SessionCore
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import MemoryStore, SessionRecord, now
 from turnmesh.server.turns import CancelReason, PendingTurn
@@ -52,7 +53,7 @@ def runner() -> FakeRunner:
 
 @pytest.fixture
 async def core(pool: FakePool, runner: FakeRunner) -> AsyncIterator[SessionCore]:
-    c = SessionCore(MemoryStore(), pool, "demo", CoreLimits(session_ttl_seconds=100))  # type: ignore[arg-type]
+    c = SessionCore(MemoryStore(), pool, "demo", SessionLimits(session_ttl_seconds=100))  # type: ignore[arg-type]
     c.runner = runner  # type: ignore[assignment]
     yield c
     for turns in c._turns.values():
@@ -353,3 +354,14 @@ async def test_drain_cancels_what_is_left_after_the_timeout(core: SessionCore) -
     assert (await outcome(running))[1] == "shutdown"
     assert (await outcome(queued))[1] == "shutdown"
     assert not core._turns["s1"].busy
+
+
+async def test_a_server_stops_before_it_starts_and_starts_once() -> None:
+    from turnmesh.server import ServerConfig, SessionServer
+
+    never = SessionServer(ServerConfig(router_address="127.0.0.1:1"))
+    await never.stop()
+    await never.stop()  # idempotent
+    assert never.state == spb.LIFECYCLE_STATE_STOPPED
+    with pytest.raises(RuntimeError, match="starts once"):
+        await never.start()

@@ -1,0 +1,88 @@
+"""The session server's settings: typed objects that own their defaults.
+
+``turnmesh server`` (flags and ``TURNMESH_*`` variables), ``turnmesh up``
+and embedding code all read the defaults from here; the descriptions are the
+flags' help.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from turnmesh.runtime.tls import TlsFiles
+
+
+class SessionLimits(BaseModel):
+    """What one server holds and runs at most, and how long it keeps things."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_ttl_seconds: float = Field(
+        default=1800.0, gt=0, description="seconds a session may be idle before it is deleted"
+    )
+    event_log_max_events: int = Field(
+        default=50_000, gt=0, description="events kept per turn for resuming"
+    )
+    event_log_max_turns: int = Field(
+        default=32, gt=0, description="turns whose events are kept per session"
+    )
+    event_log_ttl_seconds: float = Field(
+        default=600.0, gt=0, description="seconds a finished turn's events are kept"
+    )
+    keepalive_seconds: float = Field(
+        default=15.0, gt=0, description="seconds of silence before a turn stream gets a keepalive"
+    )
+    max_turns_in_flight: int = Field(
+        default=256,
+        gt=0,
+        description="turns running at once before new ones get RESOURCE_EXHAUSTED (429)",
+    )
+    max_sessions: int = Field(
+        default=100_000,
+        gt=0,
+        description="sessions held before new ones get RESOURCE_EXHAUSTED (429)",
+    )
+    max_queued_per_session: int = Field(
+        default=64, gt=0, description="turns waiting on one session before new ones get 429"
+    )
+
+
+class ServerConfig(SessionLimits):
+    """Settings of one session server process (its limits included)."""
+
+    host: str = Field(default="127.0.0.1", description="address to bind")
+    port: int = Field(default=0, ge=0, le=65535, description="port to bind (0: any free)")
+    router_address: str = Field(description="the router, host:port")
+    default_agent: str = Field(default="demo", description="the agent of sessions that name none")
+    store: str = Field(default="memory", description="memory, sqlite:PATH, or redis://HOST:PORT/DB")
+    mesh_key: str | None = Field(default=None, description="key for mesh-internal calls")
+    # Mutual TLS with the other members; plaintext when unset.
+    tls: TlsFiles | None = None
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="send traces over OTLP/gRPC here (else OTEL_EXPORTER_OTLP_ENDPOINT; off "
+        "when neither is set)",
+    )
+    # Public API keys (plain; kept hashed in memory) and/or a file of them.
+    api_keys: list[str] = Field(default_factory=list)
+    api_keys_file: str | None = Field(
+        default=None,
+        description="public API keys, one per line (or sha256:HEX); re-read when it changes",
+    )
+    rate_limit: float | None = Field(
+        default=None, gt=0, description="requests a second allowed per API key (429 beyond it)"
+    )
+    allow_open: bool = Field(
+        default=False, description="allow a non-loopback bind without a mesh key"
+    )
+    advertise_host: str | None = Field(
+        default=None, description="how other members reach this server, if not `host`"
+    )
+    ready_file: str | None = Field(default=None, description="write JSON here when ready")
+    metrics_port: int | None = Field(
+        default=None, description="serve Prometheus /metrics on this port (0: any free port)"
+    )
+    grace_seconds: float = Field(
+        default=30.0, ge=0, description="how long SIGTERM waits for running turns"
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
