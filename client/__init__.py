@@ -1,12 +1,14 @@
 """Typed Python clients for turnmesh's public SessionService.
 
-``AsyncClient`` (asyncio first) and ``Client`` (blocking) offer the same calls:
-create a session, stream or send a turn, resume a turn, cancel, history,
-delete. Errors are ``TurnmeshClientError`` subclasses.
+``AsyncClient`` (asyncio first) and ``Client`` (blocking) offer the same calls
+with the same parameters: create a session, stream or send a turn, resume a
+turn, cancel, history, delete, health. Errors are ``TurnmeshClientError``
+subclasses, one per row of the server's error table.
 """
 
-from turnmesh.client._async import AsyncClient, EventStream, TurnResult
+from turnmesh.client._async import AsyncClient, EventStream
 from turnmesh.client._sync import Client
+from turnmesh.client._turns import Policy, PolicyName, TurnResult
 from turnmesh.client.errors import (
     AbortedError,
     AlreadyExistsError,
@@ -40,6 +42,8 @@ __all__ = [
     "NotFoundError",
     "OutOfRangeError",
     "PermissionDeniedError",
+    "Policy",
+    "PolicyName",
     "RateLimitedError",
     "ResourceExhaustedError",
     "SessionBusyError",
@@ -50,3 +54,10 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
 ]
+
+# Reprs, tracebacks and docs say turnmesh.client.Client, not the private module.
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj

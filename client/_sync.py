@@ -1,15 +1,21 @@
-"""The blocking client: the same calls as AsyncClient, on a sync gRPC channel."""
+"""The blocking client: the same calls as AsyncClient, on a sync gRPC channel
+(a test holds their methods and parameters equal)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
 
-from turnmesh.client._async import TurnResult, build_turn_request, collect_result
+from turnmesh.client._turns import (
+    Policy,
+    TurnResult,
+    build_create_request,
+    build_turn_request,
+    collect_result,
+)
 from turnmesh.client.errors import map_rpc_errors
 from turnmesh.runtime.serving import CLIENT_CHANNEL_OPTIONS
 from turnmesh.v1 import event_pb2, message_pb2
@@ -20,26 +26,32 @@ from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 class Client:
     """Blocking client for scripts::
 
-    with Client("127.0.0.1:7100") as client:
-        session = client.create_session()
-        print(client.send(session.session_id, "hello").text)
+        with Client("127.0.0.1:7100") as client:
+            session = client.create_session()
+            print(client.send(session.session_id, "hello").text)
+
+    The options are AsyncClient's. A stream (``stream_turn``, ``subscribe``)
+    is an iterator; leaving it early (``break``, or ``close()``) closes the
+    stream, which is a disconnect, not a cancel.
     """
 
     def __init__(
         self,
         target: str,
         *,
+        channel: grpc.Channel | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         api_key: str | None = None,
         timeout: float | None = 30.0,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> None:
-        self._channel = (
-            grpc.secure_channel(target, credentials, options=CLIENT_CHANNEL_OPTIONS)
-            if credentials is not None
-            else grpc.insecure_channel(target, options=CLIENT_CHANNEL_OPTIONS)
-        )
+        if channel is None and credentials is not None:
+            channel = grpc.secure_channel(target, credentials, options=CLIENT_CHANNEL_OPTIONS)
+        self._channel = channel or grpc.insecure_channel(target, options=CLIENT_CHANNEL_OPTIONS)
+        self._owns_channel = channel is None
         self._stub = SessionServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._metadata = (*auth, *metadata)
         self._timeout = timeout
 
     def __enter__(self) -> Client:
@@ -54,7 +66,8 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        if self._owns_channel:
+            self._channel.close()
 
     def create_session(
         self,
@@ -62,73 +75,121 @@ class Client:
         *,
         agent: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        messages: Sequence[message_pb2.Message] = (),
     ) -> spb.Session:
-        request = spb.CreateSessionRequest(session_id=session_id or "", agent_name=agent or "")
-        if metadata:
-            json_format.ParseDict(dict(metadata), request.metadata)
+        """Create a session; ``messages`` is an optional history to start from."""
+        request = build_create_request(session_id, agent, metadata, messages)
         with map_rpc_errors():
-            return self._stub.CreateSession(
+            response: spb.CreateSessionResponse = self._stub.CreateSession(
                 request, metadata=self._metadata, timeout=self._timeout
-            ).session
+            )
+        return response.session
 
     def get_session(self, session_id: str) -> spb.Session:
         with map_rpc_errors():
-            return self._stub.GetSession(
+            response: spb.GetSessionResponse = self._stub.GetSession(
                 spb.GetSessionRequest(session_id=session_id),
                 metadata=self._metadata,
                 timeout=self._timeout,
-            ).session
+            )
+        return response.session
 
     def delete_session(self, session_id: str) -> bool:
         with map_rpc_errors():
-            return self._stub.DeleteSession(
+            response: spb.DeleteSessionResponse = self._stub.DeleteSession(
                 spb.DeleteSessionRequest(session_id=session_id),
                 metadata=self._metadata,
                 timeout=self._timeout,
-            ).deleted
+            )
+        return response.deleted
 
     def history(self, session_id: str) -> list[message_pb2.Message]:
         with map_rpc_errors():
-            return list(
-                self._stub.GetHistory(
-                    spb.GetHistoryRequest(session_id=session_id),
-                    metadata=self._metadata,
-                    timeout=self._timeout,
-                ).messages
+            response: spb.GetHistoryResponse = self._stub.GetHistory(
+                spb.GetHistoryRequest(session_id=session_id),
+                metadata=self._metadata,
+                timeout=self._timeout,
             )
+        return list(response.messages)
 
     def stream_turn(
-        self, session_id: str, message: str, **options: Any
+        self,
+        session_id: str,
+        message: str,
+        *,
+        policy: Policy = "collect",
+        cancel_on_disconnect: bool = False,
+        files: Sequence[message_pb2.File] = (),
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> Iterator[event_pb2.Event]:
-        call = self._stub.Turn(
-            build_turn_request(session_id, message, **options), metadata=self._metadata
+        """Stream a turn's events as they happen (see AsyncClient.stream_turn)."""
+        request = build_turn_request(
+            session_id,
+            message,
+            policy=policy,
+            cancel_on_disconnect=cancel_on_disconnect,
+            files=files,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
         )
-        try:
-            with map_rpc_errors():
-                yield from call
-        finally:
-            call.cancel()
+        return self._events(lambda: self._stub.Turn(request, metadata=self._metadata))
 
-    def send(self, session_id: str, message: str, **options: Any) -> TurnResult:
-        return collect_result(list(self.stream_turn(session_id, message, **options)))
+    def send(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        policy: Policy = "collect",
+        cancel_on_disconnect: bool = False,
+        files: Sequence[message_pb2.File] = (),
+        metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> TurnResult:
+        """Run a turn to its end; raises TurnFailedError if it ends with RUN_ERROR."""
+        events = self.stream_turn(
+            session_id,
+            message,
+            policy=policy,
+            cancel_on_disconnect=cancel_on_disconnect,
+            files=files,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
+        )
+        return collect_result(list(events))
 
     def subscribe(
         self, session_id: str, turn_id: str, after_seq: int = 0
     ) -> Iterator[event_pb2.Event]:
-        call = self._stub.SubscribeTurn(
-            spb.SubscribeTurnRequest(session_id=session_id, turn_id=turn_id, after_seq=after_seq),
-            metadata=self._metadata,
+        """Replay a turn's events after ``after_seq``, then follow it live."""
+        request = spb.SubscribeTurnRequest(
+            session_id=session_id, turn_id=turn_id, after_seq=after_seq
         )
+        return self._events(lambda: self._stub.SubscribeTurn(request, metadata=self._metadata))
+
+    def cancel_turn(self, session_id: str, turn_id: str) -> spb.TurnState.ValueType:
+        with map_rpc_errors():
+            response: spb.CancelTurnResponse = self._stub.CancelTurn(
+                spb.CancelTurnRequest(session_id=session_id, turn_id=turn_id),
+                metadata=self._metadata,
+                timeout=self._timeout,
+            )
+        return response.state
+
+    def health(self) -> spb.GetHealthResponse:
+        with map_rpc_errors():
+            response: spb.GetHealthResponse = self._stub.GetHealth(
+                spb.GetHealthRequest(), metadata=self._metadata, timeout=self._timeout
+            )
+        return response
+
+    @staticmethod
+    def _events(start: Callable[[], Any]) -> Iterator[event_pb2.Event]:
+        # A generator: the call starts on the first next(), and is cancelled
+        # however iteration stops.
+        call = start()
         try:
             with map_rpc_errors():
                 yield from call
         finally:
             call.cancel()
-
-    def cancel_turn(self, session_id: str, turn_id: str) -> spb.TurnState.ValueType:
-        with map_rpc_errors():
-            return self._stub.CancelTurn(
-                spb.CancelTurnRequest(session_id=session_id, turn_id=turn_id),
-                metadata=self._metadata,
-                timeout=self._timeout,
-            ).state

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from turnmesh.client import AsyncClient
+import asyncio
+
+import grpc
+
+from tests.conftest import SharedMesh
+from turnmesh.client import AsyncClient, Client
 from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
 
 QUESTIONS = ["What is 12*(3+4)?", "Tell me something nice.", "What did I ask first?"]
 
@@ -70,3 +76,36 @@ async def test_alternating_servers_give_the_same_history(
     assert _shape(await client.history(two)) == reference
     assert _shape(await client2.history(two)) == reference
     assert len(reference) == 8
+
+
+def _blocking_conversation(edge: str) -> tuple[list[str], int, str, int, list[int]]:
+    """The blocking client's calls, on a channel of the caller's own."""
+    channel = grpc.insecure_channel(edge)
+    try:
+        with Client("", channel=channel, metadata=(("x-request-note", "sync"),)) as client:
+            healthy = client.health().status
+            seeded = client.create_session(
+                agent="echo",
+                metadata={"team": "a"},
+                messages=[message_pb2.Message(role="user", content="earlier")],
+            )
+            result = client.send(seeded.session_id, "hello there", policy="enqueue")
+            history = client.history(seeded.session_id)
+            seqs = [e.seq for e in client.subscribe(seeded.session_id, result.turn_id)]
+            client.delete_session(seeded.session_id)
+        # The channel is still the caller's: the client did not close it.
+        grpc.channel_ready_future(channel).result(timeout=30)
+        return [m.content for m in history], healthy, result.text, result.usage.total_tokens, seqs
+    finally:
+        channel.close()
+
+
+async def test_the_blocking_client_does_what_the_async_one_does(shared_mesh: SharedMesh) -> None:
+    contents, healthy, text, tokens, seqs = await asyncio.to_thread(
+        _blocking_conversation, shared_mesh.edge
+    )
+    assert healthy in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING)
+    assert contents == ["earlier", "hello there", "hello there"]
+    assert text == "hello there"
+    assert tokens > 0
+    assert seqs == list(range(1, len(seqs) + 1))

@@ -1,0 +1,92 @@
+"""What both clients share: the options of a turn, and its result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from google.protobuf import json_format
+
+from turnmesh.client.errors import TurnFailedError
+from turnmesh.runtime.events import Answer
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+
+# How a turn joins a session that has one running (see the README's "Turn
+# policies"): by name, or the proto enum's value.
+PolicyName = Literal["reject", "enqueue", "collect", "interrupt"]
+Policy = PolicyName | spb.TurnPolicy.ValueType
+
+POLICIES: dict[str, spb.TurnPolicy.ValueType] = {
+    "reject": spb.TURN_POLICY_REJECT,
+    "enqueue": spb.TURN_POLICY_ENQUEUE,
+    "collect": spb.TURN_POLICY_COLLECT,
+    "interrupt": spb.TURN_POLICY_INTERRUPT,
+}
+
+
+@dataclass
+class TurnResult:
+    """A finished turn: its id, the final text, and every event it streamed."""
+
+    turn_id: str
+    text: str
+    events: list[event_pb2.Event] = field(default_factory=list)
+    # Token usage of the whole turn (every model call the agent made).
+    usage: event_pb2.TokenUsage = field(default_factory=event_pb2.TokenUsage)
+
+    @property
+    def tool_calls(self) -> list[event_pb2.Event]:
+        return [e for e in self.events if e.type == event_pb2.TOOL_CALL_START]
+
+
+def build_turn_request(
+    session_id: str,
+    message: str,
+    *,
+    policy: Policy = "collect",
+    cancel_on_disconnect: bool = False,
+    files: Sequence[message_pb2.File] = (),
+    metadata: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+) -> spb.TurnRequest:
+    request = spb.TurnRequest(
+        session_id=session_id,
+        message=message,
+        policy=POLICIES[policy] if isinstance(policy, str) else policy,
+        on_disconnect=(
+            spb.DISCONNECT_POLICY_CANCEL if cancel_on_disconnect else spb.DISCONNECT_POLICY_CONTINUE
+        ),
+        files=files,
+        idempotency_key=idempotency_key or "",
+    )
+    if metadata:
+        json_format.ParseDict(dict(metadata), request.metadata)
+    return request
+
+
+def build_create_request(
+    session_id: str | None,
+    agent: str | None,
+    metadata: Mapping[str, Any] | None,
+    messages: Sequence[message_pb2.Message],
+) -> spb.CreateSessionRequest:
+    request = spb.CreateSessionRequest(
+        session_id=session_id or "", agent_name=agent or "", messages=messages
+    )
+    if metadata:
+        json_format.ParseDict(dict(metadata), request.metadata)
+    return request
+
+
+def collect_result(events: list[event_pb2.Event]) -> TurnResult:
+    """The final answer of a turn: the text after its last tool result."""
+    turn_id = events[0].run_id if events else ""
+    last = events[-1] if events else None
+    if last is None or last.type != event_pb2.RUN_FINISHED:
+        raise TurnFailedError(last or event_pb2.Event(message="the turn ended without an event"))
+    answer = Answer()
+    for event in events:
+        answer.feed(event)
+    return TurnResult(turn_id=turn_id, text=answer.text, events=events, usage=answer.usage)

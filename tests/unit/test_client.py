@@ -1,0 +1,82 @@
+"""The typed clients' public surface: pinned exports, and a blocking client
+whose every call matches the async one's, parameter for parameter."""
+
+from __future__ import annotations
+
+import inspect
+
+import turnmesh.client
+from turnmesh.client import AsyncClient, Client
+
+
+def test_public_names_are_pinned() -> None:
+    assert turnmesh.client.__all__ == [
+        "AbortedError",
+        "AlreadyExistsError",
+        "AsyncClient",
+        "CancelledError",
+        "Client",
+        "DeadlineExceededError",
+        "EventStream",
+        "FailedPreconditionError",
+        "InvalidArgumentError",
+        "NotFoundError",
+        "OutOfRangeError",
+        "PermissionDeniedError",
+        "Policy",
+        "PolicyName",
+        "RateLimitedError",
+        "ResourceExhaustedError",
+        "SessionBusyError",
+        "TurnFailedError",
+        "TurnResult",
+        "TurnmeshClientError",
+        "UnauthenticatedError",
+        "UnavailableError",
+        "UnimplementedError",
+    ]
+    assert sorted(turnmesh.client.__all__) == turnmesh.client.__all__
+    assert Client.__module__ == AsyncClient.__module__ == "turnmesh.client"
+    assert turnmesh.client.NotFoundError.__module__ == "turnmesh.client"
+
+
+def _public(cls: type) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(member)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_") or name == "__init__"
+    }
+
+
+def _parameters(signature: inspect.Signature) -> list[tuple[str, object, object, object]]:
+    return [(p.name, p.kind, p.default, p.annotation) for p in signature.parameters.values()]
+
+
+def test_the_blocking_client_has_the_async_clients_calls() -> None:
+    sync, asynchronous = _public(Client), _public(AsyncClient)
+    assert sorted(sync) == sorted(asynchronous)
+    for name, signature in asynchronous.items():
+        if name == "__init__":
+            # The channel is each client's own kind (grpc.Channel, grpc.aio.Channel).
+            mine = [p for p in _parameters(signature) if p[0] != "channel"]
+            theirs = [p for p in _parameters(sync[name]) if p[0] != "channel"]
+            assert mine == theirs
+            assert "channel" in sync[name].parameters
+            continue
+        assert _parameters(sync[name]) == _parameters(signature), name
+
+
+def test_turn_options_are_keywords_with_types() -> None:
+    for cls in (Client, AsyncClient):
+        for method in ("stream_turn", "send"):
+            parameters = inspect.signature(getattr(cls, method)).parameters
+            options = [p for p in parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+            assert [p.name for p in options] == [
+                "policy",
+                "cancel_on_disconnect",
+                "files",
+                "metadata",
+                "idempotency_key",
+            ]
+            assert all(p.annotation is not inspect.Parameter.empty for p in options)
+            assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
