@@ -50,7 +50,7 @@ test-unit: install
 test-multihost: install
 	$(PY) -m pytest -s tests/integration/test_multihost.py
 
-lint: install proto-lint
+lint: install typecheck proto-lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

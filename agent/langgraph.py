@@ -124,7 +124,7 @@ class LangGraphAgent:
                 if text:
                     answer = [text]
                     await emitter.emit_delta(text)
-                await announce(item.tool_calls)
+                await announce([dict(call) for call in item.tool_calls])
             elif isinstance(item, ToolMessage):
                 if item.tool_call_id not in announced:
                     await announce([{"id": item.tool_call_id, "name": item.name or "tool"}])

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, TypedDict
 
 import grpc
 
@@ -26,15 +27,21 @@ class BaselineWorker(worker_service_pb2_grpc.WorkerServiceServicer):
     usage; no agent, no emitter, no queue."""
 
     async def Run(
-        self, request: worker_service_pb2.RunRequest, context: grpc.aio.ServicerContext
+        self, request: worker_service_pb2.RunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[worker_service_pb2.RunResponse]:
         for event in _events(request):
             yield worker_service_pb2.RunResponse(events=[event])
 
 
+class _Ids(TypedDict):
+    thread_id: str
+    run_id: str
+    timestamp: float
+
+
 def _events(request: worker_service_pb2.RunRequest) -> list[event_pb2.Event]:
     now = float(time.time_ns() // 1_000_000)
-    ids = {"thread_id": request.session_id, "run_id": request.turn_id, "timestamp": now}
+    ids: _Ids = {"thread_id": request.session_id, "run_id": request.turn_id, "timestamp": now}
     message_id = "01JBASELINEMESSAGE00000000"
     repeat = 1
     if "repeat" in request.metadata.fields:
@@ -64,7 +71,9 @@ def _events(request: worker_service_pb2.RunRequest) -> list[event_pb2.Event]:
 
 async def serve(port: int, ready_file: Path) -> None:
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(BaselineWorker(), server)
+    # Abstract only in the mypy-protobuf stubs: at runtime GetInfo answers UNIMPLEMENTED.
+    worker = BaselineWorker()  # type: ignore[abstract]
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(worker, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     write_ready_file(str(ready_file), address=f"127.0.0.1:{bound}", pid=os.getpid())

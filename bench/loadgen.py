@@ -16,6 +16,7 @@ import json
 import resource
 import sys
 import time
+from typing import Any
 
 import grpc
 
@@ -37,7 +38,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     events_seen = 0
     remaining = args.turns
 
-    def call(loop: int, i: int) -> grpc.aio.UnaryStreamCall:
+    def call(loop: int, i: int) -> grpc.aio.UnaryStreamCall[Any, Any]:
         if args.kind == "run":
             return worker.Run(
                 wpb.RunRequest(session_id=f"bench-{loop}", turn_id=str(i), messages=[args.message])

@@ -304,8 +304,8 @@ class Bench:
                 count = 0
                 request = wpb.RunRequest(session_id="long", turn_id="long", messages=[message])
                 request.metadata.update({"repeat": repeat})
-                async for response in WorkerServiceStub(channel).Run(request):
-                    count += len(response.events)
+                async for reply in WorkerServiceStub(channel).Run(request):
+                    count += len(reply.events)
                 rates[path] = count / (time.perf_counter() - start)
         (sid,) = await self.sessions(1)
         async with AsyncClient(self.server.address) as client:

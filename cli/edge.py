@@ -55,4 +55,3 @@ def run_edge(args: argparse.Namespace) -> int:
         flush=True,
     )
     os.execv(argv[0], argv)  # Envoy takes over this process
-    return 0  # not reached

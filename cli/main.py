@@ -103,6 +103,15 @@ def _common(p: argparse.ArgumentParser, model: type[BaseModel], default_port: in
     )
 
 
+def _router_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--router",
+        dest="router_address",
+        default=_env("router", "127.0.0.1:7000"),
+        help="the router, host:port (default: 127.0.0.1:7000)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from turnmesh.envoy.config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
     from turnmesh.router import RouterConfig
@@ -121,12 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     server = sub.add_parser("server", help="run a session server (the public SessionService)")
     _common(server, ServerConfig, 7100)
-    server.add_argument(
-        "--router",
-        dest="router_address",
-        default=_env("router", "127.0.0.1:7000"),
-        help="the router, host:port (default: 127.0.0.1:7000)",
-    )
+    _router_flag(server)
     _setting(server, "--agent", ServerConfig, "default_agent", env="agent")
     _setting(server, "--session-ttl", ServerConfig, "session_ttl_seconds", env="session_ttl")
     _setting(server, "--advertise-host", ServerConfig, "advertise_host")
@@ -140,12 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run a worker that hosts one agent")
     _common(worker, WorkerConfig, 7200)
-    worker.add_argument(
-        "--router",
-        dest="router_address",
-        default=_env("router", "127.0.0.1:7000"),
-        help="the router, host:port (default: 127.0.0.1:7000)",
-    )
+    _router_flag(worker)
     _setting(worker, "--agent", WorkerConfig, "agent")
     _setting(worker, "--advertise-host", WorkerConfig, "advertise_host")
     _setting(worker, "--grace-seconds", WorkerConfig, "grace_seconds")

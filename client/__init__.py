@@ -8,7 +8,7 @@ subclasses, one per row of the server's error table.
 
 from turnmesh.client._async import AsyncClient, EventStream
 from turnmesh.client._sync import Client
-from turnmesh.client._turns import Policy, PolicyName, TurnResult
+from turnmesh.client._turns import Policy, PolicyName, TurnOptions, TurnResult
 from turnmesh.client.errors import (
     AbortedError,
     AlreadyExistsError,
@@ -48,6 +48,7 @@ __all__ = [
     "ResourceExhaustedError",
     "SessionBusyError",
     "TurnFailedError",
+    "TurnOptions",
     "TurnResult",
     "TurnmeshClientError",
     "UnauthenticatedError",

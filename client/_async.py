@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 
 from turnmesh.client._turns import (
-    Policy,
+    TurnOptions,
     TurnResult,
     build_create_request,
     build_turn_request,
@@ -149,14 +149,9 @@ class AsyncClient:
         self,
         session_id: str,
         message: str,
-        *,
-        policy: Policy = "collect",
-        cancel_on_disconnect: bool = False,
-        files: Sequence[message_pb2.File] = (),
-        metadata: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
+        **options: Unpack[TurnOptions],
     ) -> EventStream:
-        """Stream a turn's events as they happen.
+        """Stream a turn's events as they happen (``options``: TurnOptions).
 
         Use it as ``async with client.stream_turn(...) as events: async for e in
         events`` so that leaving the block closes the stream. Closing is a
@@ -165,38 +160,17 @@ class AsyncClient:
         ``idempotency_key`` follows the original turn instead of running it
         again.
         """
-        request = build_turn_request(
-            session_id,
-            message,
-            policy=policy,
-            cancel_on_disconnect=cancel_on_disconnect,
-            files=files,
-            metadata=metadata,
-            idempotency_key=idempotency_key,
-        )
+        request = build_turn_request(session_id, message, options)
         return EventStream(self._stub.Turn(request, metadata=self._metadata))
 
     async def send(
         self,
         session_id: str,
         message: str,
-        *,
-        policy: Policy = "collect",
-        cancel_on_disconnect: bool = False,
-        files: Sequence[message_pb2.File] = (),
-        metadata: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
+        **options: Unpack[TurnOptions],
     ) -> TurnResult:
         """Run a turn to its end; raises TurnFailedError if it ends with RUN_ERROR."""
-        stream = self.stream_turn(
-            session_id,
-            message,
-            policy=policy,
-            cancel_on_disconnect=cancel_on_disconnect,
-            files=files,
-            metadata=metadata,
-            idempotency_key=idempotency_key,
-        )
+        stream = self.stream_turn(session_id, message, **options)
         async with stream:
             events = [e async for e in stream]
         return collect_result(events)

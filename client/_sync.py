@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 import grpc
 
 from turnmesh.client._turns import (
-    Policy,
+    TurnOptions,
     TurnResult,
     build_create_request,
     build_turn_request,
@@ -116,46 +116,20 @@ class Client:
         self,
         session_id: str,
         message: str,
-        *,
-        policy: Policy = "collect",
-        cancel_on_disconnect: bool = False,
-        files: Sequence[message_pb2.File] = (),
-        metadata: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
+        **options: Unpack[TurnOptions],
     ) -> Iterator[event_pb2.Event]:
         """Stream a turn's events as they happen (see AsyncClient.stream_turn)."""
-        request = build_turn_request(
-            session_id,
-            message,
-            policy=policy,
-            cancel_on_disconnect=cancel_on_disconnect,
-            files=files,
-            metadata=metadata,
-            idempotency_key=idempotency_key,
-        )
+        request = build_turn_request(session_id, message, options)
         return self._events(lambda: self._stub.Turn(request, metadata=self._metadata))
 
     def send(
         self,
         session_id: str,
         message: str,
-        *,
-        policy: Policy = "collect",
-        cancel_on_disconnect: bool = False,
-        files: Sequence[message_pb2.File] = (),
-        metadata: Mapping[str, Any] | None = None,
-        idempotency_key: str | None = None,
+        **options: Unpack[TurnOptions],
     ) -> TurnResult:
         """Run a turn to its end; raises TurnFailedError if it ends with RUN_ERROR."""
-        events = self.stream_turn(
-            session_id,
-            message,
-            policy=policy,
-            cancel_on_disconnect=cancel_on_disconnect,
-            files=files,
-            metadata=metadata,
-            idempotency_key=idempotency_key,
-        )
+        events = self.stream_turn(session_id, message, **options)
         return collect_result(list(events))
 
     def subscribe(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias, TypedDict
 
 from google.protobuf import json_format
 
@@ -15,8 +15,8 @@ from turnmesh.v1 import session_service_pb2 as spb
 
 # How a turn joins a session that has one running (see the README's "Turn
 # policies"): by name, or the proto enum's value.
-PolicyName = Literal["reject", "enqueue", "collect", "interrupt"]
-Policy = PolicyName | spb.TurnPolicy.ValueType
+PolicyName: TypeAlias = Literal["reject", "enqueue", "collect", "interrupt"]
+Policy: TypeAlias = PolicyName | spb.TurnPolicy.ValueType
 
 POLICIES: dict[str, spb.TurnPolicy.ValueType] = {
     "reject": spb.TURN_POLICY_REJECT,
@@ -24,6 +24,21 @@ POLICIES: dict[str, spb.TurnPolicy.ValueType] = {
     "collect": spb.TURN_POLICY_COLLECT,
     "interrupt": spb.TURN_POLICY_INTERRUPT,
 }
+
+
+class TurnOptions(TypedDict, total=False):
+    """How a turn runs: the keyword options of ``stream_turn`` and ``send``."""
+
+    # How the turn joins a session that has one running (default "collect").
+    policy: Policy
+    # Leaving the stream cancels the turn (default: the turn goes on).
+    cancel_on_disconnect: bool
+    # Attachments the agent can read (text, PDF, office files, images).
+    files: Sequence[message_pb2.File]
+    # Free-form, stored with the user message and given to the agent.
+    metadata: Mapping[str, Any]
+    # A retry with the same key follows the original turn instead of running it again.
+    idempotency_key: str
 
 
 @dataclass
@@ -41,25 +56,20 @@ class TurnResult:
         return [e for e in self.events if e.type == event_pb2.TOOL_CALL_START]
 
 
-def build_turn_request(
-    session_id: str,
-    message: str,
-    *,
-    policy: Policy = "collect",
-    cancel_on_disconnect: bool = False,
-    files: Sequence[message_pb2.File] = (),
-    metadata: Mapping[str, Any] | None = None,
-    idempotency_key: str | None = None,
-) -> spb.TurnRequest:
+def build_turn_request(session_id: str, message: str, options: TurnOptions) -> spb.TurnRequest:
+    policy = options.get("policy", "collect")
+    metadata = options.get("metadata")
     request = spb.TurnRequest(
         session_id=session_id,
         message=message,
         policy=POLICIES[policy] if isinstance(policy, str) else policy,
         on_disconnect=(
-            spb.DISCONNECT_POLICY_CANCEL if cancel_on_disconnect else spb.DISCONNECT_POLICY_CONTINUE
+            spb.DISCONNECT_POLICY_CANCEL
+            if options.get("cancel_on_disconnect")
+            else spb.DISCONNECT_POLICY_CONTINUE
         ),
-        files=files,
-        idempotency_key=idempotency_key or "",
+        files=options.get("files") or (),
+        idempotency_key=options.get("idempotency_key") or "",
     )
     if metadata:
         json_format.ParseDict(dict(metadata), request.metadata)

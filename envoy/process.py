@@ -98,7 +98,8 @@ class RunningEnvoy:
     def admin(self, path: str, method: str = "GET") -> str:
         request = urllib.request.Request(f"http://{self.admin_address}{path}", method=method)
         with urllib.request.urlopen(request, timeout=5) as response:
-            return response.read().decode()
+            body: bytes = response.read()
+        return body.decode()
 
 
 def start(

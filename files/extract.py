@@ -254,7 +254,7 @@ def _image(content: bytes, out: _Text) -> None:
         with warnings.catch_warnings():
             # Pillow warns past the limit and refuses past twice it: we refuse.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(content))
+            image: Image.Image = Image.open(io.BytesIO(content))
         width, height = image.size
         if width * height > MAX_IMAGE_PIXELS:
             raise FileUnreadable(

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from turnmesh.router.service import RouterServicer
 from turnmesh.router.state import Role, RouterState
 from turnmesh.runtime import metrics
+from turnmesh.runtime.config import MemberConfig
 from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.metrics import serve_metrics
@@ -22,7 +24,7 @@ from turnmesh.runtime.serving import (
     wait_for_signal,
     write_ready_file,
 )
-from turnmesh.runtime.tls import TlsFiles, Transport
+from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import router_service_pb2_grpc
@@ -39,36 +41,16 @@ PROTECTED_METHODS: frozenset[str] = frozenset(
 )
 
 
-class RouterConfig(BaseModel):
+class RouterConfig(MemberConfig):
     """Settings of the router process."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    host: str = Field(default="127.0.0.1", description="address to bind")
-    port: int = Field(default=0, ge=0, le=65535, description="port to bind (0: any free)")
-    mesh_key: str | None = Field(default=None, description="key for mesh-internal calls")
-    # Mutual TLS with the other members; plaintext when unset.
-    tls: TlsFiles | None = None
-    otlp_endpoint: str | None = Field(
-        default=None,
-        description="send traces over OTLP/gRPC here (else OTEL_EXPORTER_OTLP_ENDPOINT; off "
-        "when neither is set)",
-    )
-    allow_open: bool = Field(
-        default=False, description="allow a non-loopback bind without a mesh key"
-    )
     heartbeat_interval: float = Field(
         default=1.0, gt=0, description="seconds between a member's heartbeats (told to members)"
     )
     heartbeat_timeout: float = Field(
         default=3.0, gt=0, description="seconds without a heartbeat before a member is dropped"
     )
-    ready_file: str | None = Field(default=None, description="write JSON here when ready")
     grace_seconds: float = Field(default=2.0, ge=0, description="how long SIGTERM waits")
-    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
-    metrics_port: int | None = Field(
-        default=None, description="serve Prometheus /metrics on this port (0: any free port)"
-    )
 
     @model_validator(mode="after")
     def _timeout_exceeds_interval(self) -> RouterConfig:
@@ -76,6 +58,10 @@ class RouterConfig(BaseModel):
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise ValueError("heartbeat_timeout must exceed heartbeat_interval")
         return self
+
+
+def _member_count(state: RouterState, role: Role) -> int:
+    return len(state.list_members(role))
 
 
 def build_process(config: RouterConfig, state: RouterState) -> GrpcProcess:
@@ -119,7 +105,7 @@ async def serve(config: RouterConfig) -> None:
         await process.set_serving(True)
         for role in Role:  # read at scrape time
             metrics.ROUTER_MEMBERS.labels(role.name.lower()).set_function(
-                lambda role=role: len(state.list_members(role))
+                functools.partial(_member_count, state, role)
             )
         metrics_address = serve_metrics(config.host, config.metrics_port)
         write_ready_file(

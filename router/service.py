@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from turnmesh.router.state import MemberRecord, MemberSpec, Role, RouterState
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, NotFound
+from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.runtime.ids import SESSION_ID_PATTERN
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import router_service_pb2_grpc
@@ -34,7 +34,7 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
         self._timeout = _duration(state.heartbeat_timeout)
 
     async def Register(
-        self, request: rpb.RegisterRequest, context: grpc.aio.ServicerContext
+        self, request: rpb.RegisterRequest, context: ServicerContext
     ) -> rpb.RegisterResponse:
         m = request.member
         violations = _check_member_id("member.member_id", m.member_id)
@@ -69,7 +69,7 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
         )
 
     async def Heartbeat(
-        self, request: rpb.HeartbeatRequest, context: grpc.aio.ServicerContext
+        self, request: rpb.HeartbeatRequest, context: ServicerContext
     ) -> rpb.HeartbeatResponse:
         violations = _check_member_id("member_id", request.member_id)
         if request.inflight_turns < 0:
@@ -80,16 +80,14 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
         return rpb.HeartbeatResponse()
 
     async def Unregister(
-        self, request: rpb.UnregisterRequest, context: grpc.aio.ServicerContext
+        self, request: rpb.UnregisterRequest, context: ServicerContext
     ) -> rpb.UnregisterResponse:
         _raise_if(_check_member_id("member_id", request.member_id))
         # Idempotent: a member leaving after it was dropped is not an error.
         self.state.unregister(request.member_id)
         return rpb.UnregisterResponse()
 
-    async def Route(
-        self, request: rpb.RouteRequest, context: grpc.aio.ServicerContext
-    ) -> rpb.RouteResponse:
+    async def Route(self, request: rpb.RouteRequest, context: ServicerContext) -> rpb.RouteResponse:
         violations = _check_session_id("session_id", request.session_id)
         if len(request.unreachable_member_ids) > MAX_UNREACHABLE:
             violations.append(
@@ -105,14 +103,14 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
         return rpb.RouteResponse(owner=to_proto(owner), assigned=assigned)
 
     async def RemoveSession(
-        self, request: rpb.RemoveSessionRequest, context: grpc.aio.ServicerContext
+        self, request: rpb.RemoveSessionRequest, context: ServicerContext
     ) -> rpb.RemoveSessionResponse:
         _raise_if(_check_session_id("session_id", request.session_id))
         self.state.remove_session(request.session_id)  # idempotent
         return rpb.RemoveSessionResponse()
 
     async def ListMembers(
-        self, request: rpb.ListMembersRequest, context: grpc.aio.ServicerContext
+        self, request: rpb.ListMembersRequest, context: ServicerContext
     ) -> rpb.ListMembersResponse:
         role: Role | None = None
         if request.role != rpb.MEMBER_ROLE_UNSPECIFIED:

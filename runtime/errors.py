@@ -156,7 +156,7 @@ class TurnmeshError(Exception):
     def to_status(self) -> grpc.Status:
         status = status_pb2.Status(code=_rpc_code(self.code), message=self.detail)
         status.details.extend(self.details())
-        converted = rpc_status.to_status(status)
+        converted: grpc.Status = rpc_status.to_status(status)
         extra = list(self.trailers)
         if self.retry_after is not None:
             extra.append((RETRY_AFTER_KEY, str(self.retry_after)))

@@ -4,69 +4,65 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from turnmesh.runtime.auth import ApiKeys, bearer
 from turnmesh.runtime.errors import RateLimited, TurnmeshError, Unauthenticated
+from turnmesh.runtime.handlers import (
+    Continuation,
+    MethodHandler,
+    ServerInterceptor,
+    ServicerContext,
+    Stream,
+    Unary,
+    wrap,
+)
 from turnmesh.runtime.ratelimit import TokenBuckets
 
 log = logging.getLogger(__name__)
 
 MESH_KEY_METADATA = "x-turnmesh-mesh-key"
 
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 
-
-class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+class ErrorMappingInterceptor(ServerInterceptor):
     """Turns TurnmeshError into a status with google.rpc details; anything
     else into INTERNAL with a generic message, logged with its traceback here
     and never sent to the client."""
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> MethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        if handler.unary_unary is not None:
-            inner_uu = handler.unary_unary
 
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        def unary(inner: Unary) -> Unary:
+            async def mapped(request: Any, context: ServicerContext) -> Any:
                 try:
-                    return await inner_uu(request, context)
+                    return await inner(request, context)
                 except Exception as exc:
                     await _abort(context, exc, method)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
+            return mapped
 
-            async def unary_stream(
-                request: Any, context: grpc.aio.ServicerContext
-            ) -> AsyncIterator[Any]:
+        def stream(inner: Stream) -> Stream:
+            async def mapped(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
                 try:
-                    async for item in inner_us(request, context):
+                    async for item in inner(request, context):
                         yield item
                 except Exception as exc:
                     await _abort(context, exc, method)
 
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+            return mapped
+
+        return wrap(handler, unary, stream)
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
+async def _abort(context: ServicerContext, exc: Exception, method: str) -> None:
     if isinstance(exc, TurnmeshError):
         status = exc.to_status()
     elif _is_abort(exc):
@@ -82,7 +78,7 @@ def _is_abort(exc: Exception) -> bool:
     return type(exc).__name__ == "AbortError"
 
 
-class MeshKeyInterceptor(grpc.aio.ServerInterceptor):
+class MeshKeyInterceptor(ServerInterceptor):
     """Requires the mesh key on the listed methods (when a key is set)."""
 
     def __init__(self, mesh_key: str | None, protected_methods: frozenset[str]) -> None:
@@ -91,7 +87,7 @@ class MeshKeyInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> MethodHandler | None:
         if self._key is None or handler_call_details.method not in self._protected:
             return await continuation(handler_call_details)
         if has_mesh_key(handler_call_details.invocation_metadata or (), self._key):
@@ -101,7 +97,7 @@ class MeshKeyInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+class ApiKeyInterceptor(ServerInterceptor):
     """Requires a public API key (`Authorization: Bearer KEY`) on every method
     but the open ones, when keys are configured, and holds each key to its
     request rate. Calls from mesh members (they hold the mesh key) and this
@@ -125,7 +121,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> MethodHandler | None:
         method = handler_call_details.method
         if not self._keys.configured or method in self._open or method.startswith(OPEN_PREFIXES):
             return await continuation(handler_call_details)
@@ -168,28 +164,24 @@ def has_mesh_key(metadata: Any, expected: bytes) -> bool:
 
 async def _denied(
     continuation: Continuation, details: grpc.HandlerCallDetails, error: TurnmeshError
-) -> grpc.RpcMethodHandler | None:
+) -> MethodHandler | None:
     """A handler of the same kind as the method's, that aborts with the error."""
     handler = await continuation(details)
     if handler is None:
         return None
     status = error.to_status()
 
-    async def deny_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(status.code, status.details, status.trailing_metadata)
+    def unary(_: Unary) -> Unary:
+        async def deny(request: Any, context: ServicerContext) -> Any:
+            await context.abort(status.code, status.details, status.trailing_metadata)
 
-    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await context.abort(status.code, status.details, status.trailing_metadata)
-        yield None  # never reached: makes this an async generator
+        return deny
 
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            deny_stream,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    return grpc.unary_unary_rpc_method_handler(
-        deny_unary,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    def stream(_: Stream) -> Stream:
+        async def deny(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
+            await context.abort(status.code, status.details, status.trailing_metadata)
+            yield None  # type: ignore[unreachable]  # makes this an async generator
+
+        return deny
+
+    return wrap(handler, unary, stream)

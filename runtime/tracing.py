@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,12 +26,21 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from turnmesh.runtime.handlers import (
+    Continuation,
+    MethodHandler,
+    ServerInterceptor,
+    ServicerContext,
+    Stream,
+    Unary,
+    wrap,
+)
+
 log = logging.getLogger(__name__)
 
 tracer = trace.get_tracer("turnmesh")
 
 Metadata = tuple[tuple[str, str], ...]
-Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
 # Methods whose calls never start or continue a trace.
 UNTRACED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 PROPAGATED = frozenset({"traceparent", "tracestate"})
@@ -109,7 +118,7 @@ def _rpc_attributes(method: str) -> dict[str, str]:
     return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 
 
-class TracingInterceptor(grpc.aio.ServerInterceptor):
+class TracingInterceptor(ServerInterceptor):
     """A SERVER span around each traced RPC, current while it runs."""
 
     def __init__(self, root_prefixes: tuple[str, ...] = ()) -> None:
@@ -118,7 +127,7 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> MethodHandler | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method.startswith(UNTRACED_PREFIXES):
@@ -131,7 +140,7 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
         name = method.lstrip("/")
         attributes = _rpc_attributes(method)
 
-        def span(context: grpc.aio.ServicerContext) -> Any:
+        def span(context: ServicerContext) -> Any:
             return tracer.start_as_current_span(
                 name,
                 context=extract(context.invocation_metadata()),
@@ -141,44 +150,33 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
                 set_status_on_exception=False,
             )
 
-        if handler.unary_unary is not None:
-            inner_uu = handler.unary_unary
-
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        def unary(inner: Unary) -> Unary:
+            async def traced(request: Any, context: ServicerContext) -> Any:
                 with span(context) as current:
                     try:
-                        return await inner_uu(request, context)
+                        return await inner(request, context)
                     finally:
                         _finish(current, context)
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
+            return traced
 
-            async def unary_stream(
-                request: Any, context: grpc.aio.ServicerContext
-            ) -> AsyncIterator[Any]:
+        def stream(inner: Stream) -> Stream:
+            async def traced(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
                 with span(context) as current:
                     try:
-                        async for item in inner_us(request, context):
+                        async for item in inner(request, context):
                             yield item
                     finally:
                         _finish(current, context)
 
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+            return traced
+
+        return wrap(handler, unary, stream)
 
 
-def _finish(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
-    code = context.code()
+def _finish(span: trace.Span, context: ServicerContext) -> None:
+    # Not a StatusCode until the handler set one (a handler that returned normally).
+    code: object = context.code()
     status = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.OK
     span.set_attribute("rpc.grpc.status_code", status.value[0])
     if status not in (grpc.StatusCode.OK, grpc.StatusCode.CANCELLED):

@@ -188,7 +188,7 @@ def _errors() -> list[str]:
     return out
 
 
-def _scalar(type_number: int) -> str:
+def _scalar(type_number: descriptor_pb2.FieldDescriptorProto.Type.ValueType) -> str:
     name = descriptor_pb2.FieldDescriptorProto.Type.Name(type_number)
     return name.removeprefix("TYPE_").lower()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from turnmesh.runtime.tls import TlsFiles
+from turnmesh.runtime.config import MemberConfig
 
 
 class SessionLimits(BaseModel):
@@ -47,22 +47,12 @@ class SessionLimits(BaseModel):
     )
 
 
-class ServerConfig(SessionLimits):
+class ServerConfig(MemberConfig, SessionLimits):
     """Settings of one session server process (its limits included)."""
 
-    host: str = Field(default="127.0.0.1", description="address to bind")
-    port: int = Field(default=0, ge=0, le=65535, description="port to bind (0: any free)")
     router_address: str = Field(description="the router, host:port")
     default_agent: str = Field(default="demo", description="the agent of sessions that name none")
     store: str = Field(default="memory", description="memory, sqlite:PATH, or redis://HOST:PORT/DB")
-    mesh_key: str | None = Field(default=None, description="key for mesh-internal calls")
-    # Mutual TLS with the other members; plaintext when unset.
-    tls: TlsFiles | None = None
-    otlp_endpoint: str | None = Field(
-        default=None,
-        description="send traces over OTLP/gRPC here (else OTEL_EXPORTER_OTLP_ENDPOINT; off "
-        "when neither is set)",
-    )
     # Public API keys (plain; kept hashed in memory) and/or a file of them.
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = Field(
@@ -72,17 +62,9 @@ class ServerConfig(SessionLimits):
     rate_limit: float | None = Field(
         default=None, gt=0, description="requests a second allowed per API key (429 beyond it)"
     )
-    allow_open: bool = Field(
-        default=False, description="allow a non-loopback bind without a mesh key"
-    )
     advertise_host: str | None = Field(
         default=None, description="how other members reach this server, if not `host`"
-    )
-    ready_file: str | None = Field(default=None, description="write JSON here when ready")
-    metrics_port: int | None = Field(
-        default=None, description="serve Prometheus /metrics on this port (0: any free port)"
     )
     grace_seconds: float = Field(
         default=30.0, ge=0, description="how long SIGTERM waits for running turns"
     )
-    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")

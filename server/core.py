@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -208,14 +208,14 @@ class SessionCore:
 
     async def subscribe(
         self, session_id: str, turn_id: str, after_seq: int
-    ) -> AsyncIterator[event_pb2.Event]:
+    ) -> AsyncGenerator[event_pb2.Event, None]:
         """A turn's events after ``after_seq``, replayed then live (from the
         store if another server ran it)."""
         return self.follow(await self.logs.find(session_id, turn_id), after_seq, False)
 
     def follow(
         self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
-    ) -> AsyncIterator[event_pb2.Event]:
+    ) -> AsyncGenerator[event_pb2.Event, None]:
         """The turn's events for one caller (no generator of its own: one
         layer less per event on the hottest path)."""
 

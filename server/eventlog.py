@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Protocol
 
 from turnmesh.runtime.errors import NotFound, OutOfRange, TurnError
@@ -137,7 +137,7 @@ class TurnLog:
         after_seq: int = 0,
         keepalive_seconds: float | None = None,
         on_abandon: Callable[[], None] | None = None,
-    ) -> AsyncIterator[event_pb2.Event]:
+    ) -> AsyncGenerator[event_pb2.Event, None]:
         """Events with seq > after_seq, then live ones until the turn ends.
 
         With ``keepalive_seconds``, a silent turn yields a CUSTOM "keepalive"
@@ -220,7 +220,7 @@ class EventLogs:
 
     def get(self, session_id: str, turn_id: str) -> TurnLog:
         self._evict(self._by_session.get(session_id, OrderedDict()))
-        log = self._by_session.get(session_id, {}).get(turn_id)
+        log = self._by_session.get(session_id, OrderedDict()).get(turn_id)
         if log is None:
             raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found or expired")
         return log

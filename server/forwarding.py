@@ -13,14 +13,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.server.ownership import Forward, Owner, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
-from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+if TYPE_CHECKING:
+    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as Stub
 
 Response = TypeVar("Response")
 Event = event_pb2.Event
@@ -60,7 +62,7 @@ class Forwarder:
     def __init__(
         self,
         ownership: SessionOwnership,
-        stub: Callable[[Owner], SessionServiceStub],
+        stub: Callable[[Owner], Stub],
         *,
         answer_seconds: float = OWNER_ANSWER_SECONDS,
         silent_limit_seconds: float = OWNER_SILENT_LIMIT_SECONDS,
@@ -74,7 +76,7 @@ class Forwarder:
         self,
         session_id: str,
         placement: Placement,
-        forward: Callable[[SessionServiceStub], grpc.aio.UnaryUnaryCall],
+        forward: Callable[[Stub], grpc.aio.UnaryUnaryCall[Any, Response]],
         local: Callable[[], Awaitable[Response]],
     ) -> Response:
         """The call's response from the owner, or from ``local`` once the
@@ -102,7 +104,7 @@ class Forwarder:
         self,
         session_id: str,
         placement: Placement,
-        forward: Callable[[SessionServiceStub], grpc.aio.UnaryStreamCall],
+        forward: Callable[[Stub], grpc.aio.UnaryStreamCall[Any, Event]],
         local: Callable[[], Awaitable[AsyncIterator[Event]]],
     ) -> AsyncIterator[Event]:
         """The call's events, relayed from the owner (or this server's own

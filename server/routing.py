@@ -4,6 +4,7 @@ the other servers that own sessions."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -14,6 +15,9 @@ from turnmesh.runtime.serving import mesh_channel
 from turnmesh.server.ownership import Owner
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+if TYPE_CHECKING:
+    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,7 @@ class RouterClient:
         except grpc.aio.AioRpcError as exc:
             log.debug("could not tell the router %s is gone: %s", session_id, exc.code())
 
-    def stub(self, owner: Owner) -> SessionServiceStub:
+    def stub(self, owner: Owner) -> SessionServiceAsyncStub:
         """A stub for another server (one channel per address, kept)."""
         channel = self._channels.get(owner.address)
         if channel is None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
 from turnmesh.runtime import tracing
 from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.handlers import ServicerContext as Context
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.server import validation
@@ -20,11 +21,13 @@ from turnmesh.server.forwarding import FORWARDED_METADATA, Forwarder, OwnerFaile
 from turnmesh.server.ownership import Local, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
-from turnmesh.v1.session_service_pb2_grpc import SessionServiceServicer, SessionServiceStub
+from turnmesh.v1.session_service_pb2_grpc import SessionServiceServicer
+
+if TYPE_CHECKING:
+    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as Stub
 
 Response = TypeVar("Response")
 Metadata = tuple[tuple[str, str], ...]
-Context = grpc.aio.ServicerContext[Any, Any]
 # What a forwarded call's error keeps of the owner's trailers.
 PASSED_TRAILERS = frozenset({"grpc-status-details-bin", "retry-after"})
 
@@ -78,7 +81,7 @@ class SessionServicer(SessionServiceServicer):
         self,
         session_id: str,
         context: Context,
-        forward: Callable[[SessionServiceStub, Metadata], grpc.aio.UnaryUnaryCall],
+        forward: Callable[[Stub, Metadata], grpc.aio.UnaryUnaryCall[Any, Response]],
         local: Callable[[], Awaitable[Response]],
         *,
         assign: bool = False,
@@ -89,17 +92,18 @@ class SessionServicer(SessionServiceServicer):
             return await local()
         metadata = self._forward_metadata(context)
         try:
-            return await self._forwarder.unary(
+            response: Response = await self._forwarder.unary(
                 session_id, placement, lambda stub: forward(stub, metadata), local
             )
         except OwnerFailed as failed:
-            return await _pass_through(context, failed.error)
+            await _pass_through(context, failed.error)
+        return response
 
     async def _relay(
         self,
         session_id: str,
         context: Context,
-        forward: Callable[[SessionServiceStub, Metadata], grpc.aio.UnaryStreamCall],
+        forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, event_pb2.Event]],
         local: Callable[[], Awaitable[AsyncIterator[event_pb2.Event]]],
     ) -> AsyncIterator[event_pb2.Event]:
         """The events of a streaming call: this server's own (iterated
@@ -271,7 +275,7 @@ class SessionServicer(SessionServiceServicer):
         return spb.GetReadinessResponse(ready=True, status=state)
 
 
-async def _pass_through(context: Context, error: grpc.aio.AioRpcError) -> Any:
+async def _pass_through(context: Context, error: grpc.aio.AioRpcError) -> NoReturn:
     """Give the caller the owner's status exactly, details included."""
     trailing = tuple((k, v) for k, v in (error.trailing_metadata() or ()) if k in PASSED_TRAILERS)
     await context.abort(error.code(), error.details() or "", trailing)

@@ -16,7 +16,7 @@ import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as redis
 
@@ -130,7 +130,7 @@ class RedisStore(TurnCommits):
         record.message_count = len(initial)
 
     async def get(self, session_id: str) -> SessionRecord | None:
-        fields: dict[bytes, bytes] = await self._redis.hgetall(self._keys(session_id)[0])
+        fields = cast(dict[bytes, bytes], await self._redis.hgetall(self._keys(session_id)[0]))
         if not fields:
             return None
         return SessionRecord(
@@ -145,7 +145,7 @@ class RedisStore(TurnCommits):
     async def delete(self, session_id: str) -> bool:
         record_key, history_key = self._keys(session_id)
         turns = await self._redis.smembers(f"tm:t:{session_id}")
-        event_keys = [f"tm:e:{session_id}:{t.decode()}" for t in turns]
+        event_keys = [f"tm:e:{session_id}:{_text(t)}" for t in turns]
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(record_key, history_key, f"tm:k:{session_id}", f"tm:t:{session_id}")
             if event_keys:
@@ -212,7 +212,7 @@ class RedisStore(TurnCommits):
 
     async def idle_sessions(self, last_activity_before: float) -> list[str]:
         rows = await self._redis.zrangebyscore(IDLE, "-inf", f"({last_activity_before}")
-        return [r.decode() for r in rows]
+        return [_text(r) for r in rows]
 
     async def count(self) -> int:
         return int(await self._redis.zcard(IDLE))
@@ -235,14 +235,20 @@ class RedisStore(TurnCommits):
         rows = await self._redis.lrange(f"tm:e:{session_id}:{turn_id}", 0, -1)
         if not rows:
             return None
-        return [event_pb2.Event.FromString(r) for r in rows]
+        return [event_pb2.Event.FromString(cast(bytes, r)) for r in rows]
 
     async def get_key(self, session_id: str, key: str) -> str | None:
         value = await self._redis.hget(f"tm:k:{session_id}", key)
-        return value.decode() if value else None
+        return _text(value) if value else None
 
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
         await self._redis.hset(f"tm:k:{session_id}", key, turn_id)
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _text(value: object) -> str:
+    """A Redis reply as text (this client returns bytes: decode_responses is off)."""
+    assert isinstance(value, bytes)
+    return value.decode()

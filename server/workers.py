@@ -14,6 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -21,6 +22,9 @@ from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub
+
+if TYPE_CHECKING:
+    from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceAsyncStub
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,7 @@ class WorkerRef:
     member_id: str
     address: str
     agent_name: str
-    stub: WorkerServiceStub
+    stub: WorkerServiceAsyncStub
 
 
 class WorkerPool:

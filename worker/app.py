@@ -6,10 +6,11 @@ import inspect
 import logging
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from turnmesh.agent import AgentLoadError, AgentRunnable, load_agent
 from turnmesh.files import Sandbox
+from turnmesh.runtime.config import MemberConfig
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
@@ -22,7 +23,7 @@ from turnmesh.runtime.serving import (
     wait_for_signal,
     write_ready_file,
 )
-from turnmesh.runtime.tls import TlsFiles, Transport
+from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker.service import WorkerServicer
@@ -36,13 +37,9 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 
 
-class WorkerConfig(BaseModel):
+class WorkerConfig(MemberConfig):
     """Settings of one worker process."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    host: str = Field(default="127.0.0.1", description="address to bind")
-    port: int = Field(default=0, ge=0, le=65535, description="port to bind (0: any free)")
     router_address: str | None = Field(
         default=None, description="the router, host:port (None: stand-alone, no membership)"
     )
@@ -50,23 +47,8 @@ class WorkerConfig(BaseModel):
         default="demo",
         description="a built-in agent (demo, echo, openai), package.module:Class, or an agent file",
     )
-    mesh_key: str | None = Field(default=None, description="key for mesh-internal calls")
-    # Mutual TLS with the other members; plaintext when unset.
-    tls: TlsFiles | None = None
-    otlp_endpoint: str | None = Field(
-        default=None,
-        description="send traces over OTLP/gRPC here (else OTEL_EXPORTER_OTLP_ENDPOINT; off "
-        "when neither is set)",
-    )
-    allow_open: bool = Field(
-        default=False, description="allow a non-loopback bind without a mesh key"
-    )
     advertise_host: str | None = Field(
         default=None, description="how other members reach this worker, if not `host`"
-    )
-    ready_file: str | None = Field(default=None, description="write JSON here when ready")
-    metrics_port: int | None = Field(
-        default=None, description="serve Prometheus /metrics on this port (0: any free port)"
     )
     grace_seconds: float = Field(
         default=10.0, ge=0, description="how long SIGTERM waits for running turns"
@@ -82,7 +64,6 @@ class WorkerConfig(BaseModel):
     file_concurrency: int = Field(
         default=2, ge=1, le=64, description="attached files read at once (each in its own process)"
     )
-    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
 
 async def serve(config: WorkerConfig) -> None:

@@ -59,7 +59,7 @@ def file_events(refs: list[message_pb2.FileRef]) -> list[event_pb2.Event]:
     events = []
     for index, ref in enumerate(refs):
         value = struct_pb2.Value()
-        fields = {
+        fields: dict[str, str | int | bool] = {
             "index": index,
             "filename": ref.filename,
             "mime_type": ref.mime_type,

@@ -45,7 +45,7 @@ class CalculationError(ValueError):
 def find_expression(text: str) -> str | None:
     """The first arithmetic expression in ``text`` (e.g. ``12*(3+4)``), if any."""
     for run in _RUN.findall(text):
-        candidate = run.strip().rstrip(".").strip()
+        candidate = str(run).strip().rstrip(".").strip()
         if _HAS_OPERATION.search(candidate):
             return candidate
     return None

@@ -160,7 +160,9 @@ class OpenAIAgent:
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})
         for m in request.history:
-            entry = {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m}
+            entry: dict[str, Any] = {
+                k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m
+            }
             messages.append(entry)
         content = request.message
         if request.files:
@@ -226,9 +228,11 @@ class OpenAIAgent:
             options["max_tokens"] = self.settings.max_tokens
         step = _Step()
         try:
-            stream = await self._client.chat.completions.create(
+            # Plain dicts in OpenAI's JSON shape, for any compatible endpoint
+            # (the SDK's TypedDicts would refuse nothing a server accepts).
+            stream = await self._client.chat.completions.create(  # type: ignore[call-overload]
                 model=self.settings.name,
-                messages=messages,  # type: ignore[arg-type]
+                messages=messages,
                 stream=True,
                 stream_options={"include_usage": True},
                 **options,

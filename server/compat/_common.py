@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.api import httpbody_pb2
 from google.protobuf import json_format
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from turnmesh.runtime import tracing
 from turnmesh.runtime.auth import bearer
@@ -30,6 +30,9 @@ from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+if TYPE_CHECKING:
+    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
 
 # A surface's calls to its own server are quick, but a session's owner may be
 # another server: the same bound as the typed client's default.
@@ -69,7 +72,7 @@ class Mesh:
         return Mesh(self._channel, (*extra, *tracing.inject()))
 
     @property
-    def _stub(self) -> SessionServiceStub:
+    def _stub(self) -> SessionServiceAsyncStub:
         if self._channel is None:
             raise Unavailable("this server is still starting")
         return SessionServiceStub(self._channel)
@@ -167,6 +170,15 @@ POLICIES: dict[str, spb.TurnPolicy.ValueType] = {
     name: spb.TurnPolicy.Value(f"TURN_POLICY_{name.upper()}")
     for name in ("collect", "enqueue", "interrupt", "reject")
 }
+
+
+class ContentPart(BaseModel):
+    """A part of an OpenAI message's content: text, or a file or image whose
+    fields each surface reads from its extras."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
 
 
 def invalid(field: str, description: str) -> InvalidArgument:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from turnmesh.runtime.errors import TurnmeshError
 from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
+    ContentPart,
     Mesh,
     from_pydantic,
     invalid,
@@ -26,16 +27,10 @@ from turnmesh.server.compat._files import from_data_url, from_inline, unsupporte
 from turnmesh.v1 import event_pb2, message_pb2
 
 
-class _ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[_ContentPart] | None = None
+    content: str | list[ContentPart] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:

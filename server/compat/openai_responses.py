@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from turnmesh.runtime.errors import NotFound
 from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
+    ContentPart,
     Mesh,
     from_pydantic,
     invalid,
@@ -30,17 +31,11 @@ from turnmesh.server.compat._files import from_data_url, from_inline, unsupporte
 from turnmesh.v1 import event_pb2, message_pb2
 
 
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-
 class InputMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[_Part]
+    content: str | list[ContentPart]
 
     def text(self) -> str:
         if isinstance(self.content, str):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
 
-import grpc
 from google.api import httpbody_pb2
 
+from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server import validation
 from turnmesh.server.compat import agui, openai_chat, openai_responses, simple_chat
 from turnmesh.server.compat._common import Mesh
@@ -18,7 +18,7 @@ from turnmesh.v1.compat_service_pb2_grpc import CompatServiceServicer
 SESSION_HEADER = "x-session-id"
 
 
-def _header(context: grpc.aio.ServicerContext, name: str) -> str | None:
+def _header(context: ServicerContext, name: str) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == name and isinstance(value, str) and value:
             return value
@@ -26,7 +26,7 @@ def _header(context: grpc.aio.ServicerContext, name: str) -> str | None:
 
 
 async def _then_headers(
-    context: grpc.aio.ServicerContext,
+    context: ServicerContext,
     headers: tuple[tuple[str, str], ...],
     bodies: AsyncIterator[httpbody_pb2.HttpBody],
 ) -> AsyncIterator[httpbody_pb2.HttpBody]:
@@ -45,7 +45,7 @@ class CompatServicer(CompatServiceServicer):
         self._mesh = mesh
 
     async def CreateChatCompletion(
-        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+        self, request: httpbody_pb2.HttpBody, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = openai_chat.parse(request)
@@ -62,7 +62,7 @@ class CompatServicer(CompatServiceServicer):
             yield body
 
     async def CreateResponse(
-        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+        self, request: httpbody_pb2.HttpBody, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = openai_responses.parse(request)
@@ -74,28 +74,26 @@ class CompatServicer(CompatServiceServicer):
             yield body
 
     async def GetResponse(
-        self, request: cpb.GetResponseRequest, context: grpc.aio.ServicerContext
+        self, request: cpb.GetResponseRequest, context: ServicerContext
     ) -> httpbody_pb2.HttpBody:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         return await openai_responses.get(mesh, request.response_id)
 
     async def RunAgent(
-        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+        self, request: httpbody_pb2.HttpBody, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = agui.parse(request)
         async for body in agui.run(mesh, parsed):
             yield body
 
-    async def Chat(
-        self, request: cpb.ChatRequest, context: grpc.aio.ServicerContext
-    ) -> cpb.ChatResponse:
+    async def Chat(self, request: cpb.ChatRequest, context: ServicerContext) -> cpb.ChatResponse:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         _validate_chat(request)
         return await simple_chat.chat(mesh, request)
 
     async def ChatStream(
-        self, request: cpb.ChatRequest, context: grpc.aio.ServicerContext
+        self, request: cpb.ChatRequest, context: ServicerContext
     ) -> AsyncIterator[event_pb2.Event]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         _validate_chat(request)

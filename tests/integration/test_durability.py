@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from tests.support.mesh import Component, Mesh, RedisServer, eventually, until
-from turnmesh.client import AsyncClient, TurnFailedError
+from turnmesh.client import AsyncClient, TurnFailedError, TurnOptions
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -189,7 +189,10 @@ async def test_a_retry_of_a_failed_turn_runs_it_again(client: AsyncClient) -> No
     """A failed turn changed nothing, so its idempotency key does not pin the
     failure: the retry runs, once, and a second retry replays that run."""
     sid = (await client.create_session(agent="probe")).session_id
-    options = {"idempotency_key": "retry-me", "metadata": {"fail_once": sid, "deltas": 2}}
+    options: TurnOptions = {
+        "idempotency_key": "retry-me",
+        "metadata": {"fail_once": sid, "deltas": 2},
+    }
     with pytest.raises(TurnFailedError) as failed:
         await client.send(sid, "try", **options)
     assert failed.value.event.problem.title == "Probe failure"
@@ -214,7 +217,10 @@ async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
     servers = [mesh.spawn_server(f"s{i}", "--store", redis_server.url) for i in (1, 2)]
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers
-    options = {"idempotency_key": "only-once", "metadata": {"deltas": 30, "delay_ms": 50}}
+    options: TurnOptions = {
+        "idempotency_key": "only-once",
+        "metadata": {"deltas": 30, "delay_ms": 50},
+    }
     async with AsyncClient(survivor.address) as client:
         sid = await _session_owned_by(client, mesh, victim, "probe")
         async with client.stream_turn(sid, "two", **options) as stream:

@@ -41,7 +41,8 @@ def test_edge_serves_the_mesh(shared_mesh: SharedMesh, tmp_path: Path, by: str) 
         def ready() -> bool:
             try:
                 with urllib.request.urlopen(f"http://{listener}/ready", timeout=2) as response:
-                    return response.status == 200
+                    status: int = response.status
+                    return status == 200
             except OSError:
                 return False
 

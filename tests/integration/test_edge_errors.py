@@ -20,7 +20,7 @@ from turnmesh.envoy.process import RunningEnvoy
 def _problem(response: httpx.Response, status: int) -> dict[str, object]:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
-    body = response.json()
+    body: dict[str, object] = response.json()
     assert body["status"] == status
     assert str(body["type"]).startswith("https://turnmesh.dev/problems/")
     assert body["title"]

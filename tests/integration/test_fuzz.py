@@ -5,6 +5,7 @@ INTERNAL/UNKNOWN), no process dies, and no history changes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -144,7 +145,7 @@ def test_grpc_methods_survive_hostile_fields(shared_mesh: SharedMesh) -> None:
     channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     sessions = SessionServiceStub(channel)
     compat = CompatServiceStub(channel)
-    calls = {
+    calls: dict[str, Callable[[str, int], object]] = {
         "CreateSession": lambda t, n: sessions.CreateSession(
             spb.CreateSessionRequest(session_id=t, agent_name=t), timeout=30
         ),
@@ -159,7 +160,13 @@ def test_grpc_methods_survive_hostile_fields(shared_mesh: SharedMesh) -> None:
         ),
         "Turn": lambda t, n: list(
             sessions.Turn(
-                spb.TurnRequest(session_id=t, message=t, policy=n, on_disconnect=n), timeout=30
+                spb.TurnRequest(
+                    session_id=t,
+                    message=t,
+                    policy=n,  # type: ignore[arg-type]  # any int, on purpose
+                    on_disconnect=n,  # type: ignore[arg-type]  # any int, on purpose
+                ),
+                timeout=30,
             )
         ),
         "CancelTurn": lambda t, n: sessions.CancelTurn(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -15,6 +16,9 @@ from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+if TYPE_CHECKING:
+    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
 
 
 async def test_server_is_not_ready_until_a_worker_is_known(mesh_factory: Mesh) -> None:
@@ -72,7 +76,7 @@ async def test_sigterm_drains_in_flight_turns(mesh_factory: Mesh) -> None:
                     async with insecure_channel(server.address) as channel:
                         stub = SessionServiceStub(channel)
 
-                        async def draining(stub: SessionServiceStub = stub) -> bool:
+                        async def draining(stub: SessionServiceAsyncStub = stub) -> bool:
                             reply = await stub.GetHealth(spb.GetHealthRequest())
                             return reply.status == spb.LIFECYCLE_STATE_SHUTTING_DOWN
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
-from turnmesh.client import AsyncClient, SessionBusyError
+from turnmesh.client import AsyncClient, PolicyName, SessionBusyError
 from turnmesh.v1 import event_pb2, message_pb2
 
 N = 50
+# What one caller got: all the turn's events, or the error before any event.
+Outcome = list[event_pb2.Event] | SessionBusyError
 
 
-async def _run(client: AsyncClient, sid: str, message: str, policy: str, delay_ms: int) -> object:
+async def _run(
+    client: AsyncClient, sid: str, message: str, policy: PolicyName, delay_ms: int
+) -> Outcome:
     """All events of one caller, or the client error it got before any event."""
     try:
         async with client.stream_turn(
@@ -29,11 +33,18 @@ def _pairs(history: list[message_pb2.Message]) -> list[tuple[str, str]]:
 
 
 async def _fan_out(
-    clients: list[AsyncClient], sid: str, policy: str, delay_ms: int
-) -> list[object]:
+    clients: list[AsyncClient], sid: str, policy: PolicyName, delay_ms: int
+) -> list[Outcome]:
     return await asyncio.gather(
         *(_run(clients[i % 2], sid, f"m{i:02d} x", policy, delay_ms) for i in range(N))
     )
+
+
+def _streams(results: list[Outcome]) -> list[list[event_pb2.Event]]:
+    """The results, which must all be streams of events (no caller refused)."""
+    streams = [r for r in results if isinstance(r, list)]
+    assert len(streams) == len(results), results
+    return streams
 
 
 async def test_reject_refuses_all_but_the_running_turn(
@@ -54,9 +65,9 @@ async def test_reject_refuses_all_but_the_running_turn(
 
 async def test_enqueue_runs_every_turn_in_order(client: AsyncClient, client2: AsyncClient) -> None:
     sid = (await client.create_session(agent="echo")).session_id
-    results = await _fan_out([client, client2], sid, "enqueue", 5)
-    assert all(isinstance(r, list) and r[-1].type == event_pb2.RUN_FINISHED for r in results)
-    turn_ids = [r[0].run_id for r in results]  # type: ignore[index]
+    results = _streams(await _fan_out([client, client2], sid, "enqueue", 5))
+    assert all(r[-1].type == event_pb2.RUN_FINISHED for r in results)
+    turn_ids = [r[0].run_id for r in results]
     assert len(set(turn_ids)) == N
     history = await client.history(sid)
     pairs = _pairs(history)
@@ -72,9 +83,9 @@ async def test_collect_coalesces_and_loses_no_message(
     client: AsyncClient, client2: AsyncClient
 ) -> None:
     sid = (await client.create_session(agent="echo")).session_id
-    results = await _fan_out([client, client2], sid, "collect", 100)
-    assert all(isinstance(r, list) and r[-1].type == event_pb2.RUN_FINISHED for r in results)
-    turn_ids = {r[0].run_id for r in results}  # type: ignore[index]
+    results = _streams(await _fan_out([client, client2], sid, "collect", 100))
+    assert all(r[-1].type == event_pb2.RUN_FINISHED for r in results)
+    turn_ids = {r[0].run_id for r in results}
     assert len(turn_ids) < N
     history = await client.history(sid)
     users = [m.content for m in history if m.role == "user"]
@@ -91,7 +102,7 @@ async def test_collect_coalesces_and_loses_no_message(
     # Every caller of a coalesced turn saw the same events.
     events_by_turn: dict[str, list[list[int]]] = {}
     for r in results:
-        events_by_turn.setdefault(r[0].run_id, []).append([e.seq for e in r])  # type: ignore[index]
+        events_by_turn.setdefault(r[0].run_id, []).append([e.seq for e in r])
     assert all(all(s == seqs[0] for s in seqs) for seqs in events_by_turn.values())
 
 
@@ -99,13 +110,12 @@ async def test_interrupt_leaves_only_complete_turns(
     client: AsyncClient, client2: AsyncClient
 ) -> None:
     sid = (await client.create_session(agent="echo")).session_id
-    results = await _fan_out([client, client2], sid, "interrupt", 100)
-    assert all(isinstance(r, list) for r in results)
-    finished = [r for r in results if r[-1].type == event_pb2.RUN_FINISHED]  # type: ignore[index]
-    interrupted = [r for r in results if r[-1].type == event_pb2.RUN_ERROR]  # type: ignore[index]
+    results = _streams(await _fan_out([client, client2], sid, "interrupt", 100))
+    finished = [r for r in results if r[-1].type == event_pb2.RUN_FINISHED]
+    interrupted = [r for r in results if r[-1].type == event_pb2.RUN_ERROR]
     assert finished
     assert interrupted
-    assert all(r[-1].code == "interrupted" for r in interrupted)  # type: ignore[index]
+    assert all(r[-1].code == "interrupted" for r in interrupted)
     pairs = _pairs(await client.history(sid))
     assert len(pairs) == len(finished)
     assert all(user == answer for user, answer in pairs)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -28,6 +28,10 @@ from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+if TYPE_CHECKING:
+    from turnmesh.v1.router_service_pb2_grpc import RouterServiceAsyncStub
+    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
 
 MB = 1024 * 1024
 MAX_FILE = 50 * MB
@@ -58,11 +62,11 @@ FileFactory = Callable[[], list[message_pb2.File]]
 class Api:
     """Raw stubs on both servers and on the router."""
 
-    stubs: list[SessionServiceStub]
+    stubs: list[SessionServiceAsyncStub]
     member_ids: list[str]
-    router: RouterServiceStub
+    router: RouterServiceAsyncStub
 
-    async def owner_first(self, session_id: str) -> list[SessionServiceStub]:
+    async def owner_first(self, session_id: str) -> list[SessionServiceAsyncStub]:
         """Both servers, the session's owner first: the other one forwards."""
         route = await self.router.Route(
             rpb.RouteRequest(session_id=session_id, lookup_only=True), timeout=TIMEOUT
@@ -111,7 +115,7 @@ class Seeded:
     turn_id: str
 
 
-async def turn(stub: SessionServiceStub, request: spb.TurnRequest) -> list[event_pb2.Event]:
+async def turn(stub: SessionServiceAsyncStub, request: spb.TurnRequest) -> list[event_pb2.Event]:
     return [event async for event in stub.Turn(request, timeout=TIMEOUT)]
 
 
@@ -547,7 +551,7 @@ async def test_client_supplied_id_is_accepted_and_a_duplicate_already_exists(api
 
 # Session and turn references -------------------------------------------------
 
-UNARY_BY_SESSION_ID: dict[str, Callable[[SessionServiceStub, str], Awaitable[Any]]] = {
+UNARY_BY_SESSION_ID: dict[str, Callable[[SessionServiceAsyncStub, str], Awaitable[Any]]] = {
     "GetSession": lambda s, sid: s.GetSession(
         spb.GetSessionRequest(session_id=sid), timeout=TIMEOUT
     ),
@@ -621,7 +625,7 @@ async def test_bad_turn_reference_is_rejected(
     assert await api.snapshot(seeded.session_id) == before
 
 
-async def _drain(call: AsyncIterator[event_pb2.Event]) -> list[event_pb2.Event]:
+async def _drain(call: AsyncIterable[event_pb2.Event]) -> list[event_pb2.Event]:
     return [event async for event in call]
 
 
@@ -633,7 +637,7 @@ async def test_client_reports_violations_by_field(
 ) -> None:
     before = await api.snapshot(seeded.session_id)
     with pytest.raises(InvalidArgumentError) as info:
-        await client.send(seeded.session_id, "", policy=99)
+        await client.send(seeded.session_id, "", policy=99)  # type: ignore[arg-type]  # bad on purpose
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert set(info.value.violations) == {"message", "policy"}
     zipped = File(content=b"PK", mime_type=ZIP, filename="report.zip")

@@ -33,7 +33,10 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
         self._spans: list[Span] = []
         self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
+        # opentelemetry-proto's generated *_grpc module is untyped.
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            self, self._server
+        )
         self.port = self._server.add_insecure_port("127.0.0.1:0")
 
     @property

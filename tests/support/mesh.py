@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from turnmesh.envoy import EdgeConfig
@@ -162,8 +162,9 @@ class Mesh:
             listener_tls=listener_tls,
             upstream_tls=upstream_tls,
             otlp_endpoint=otlp_endpoint,
-            **({"cors_origins": cors_origins} if cors_origins is not None else {}),
         )
+        if cors_origins is not None:
+            config = replace(config, cors_origins=cors_origins)
         scheme, context = "http", None
         if listener_tls is not None:
             scheme, context = "https", ssl.create_default_context(cafile=ca_file)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import io
+from collections.abc import Callable
 
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
@@ -95,7 +96,7 @@ def image_lines(lines: list[str]) -> bytes:
 @functools.cache
 def minimal(mime_type: str) -> bytes:
     """A small valid file of the type (for validation tests)."""
-    makers = {
+    makers: dict[str, Callable[[], bytes]] = {
         "application/pdf": lambda: pdf("hello"),
         DOCX: lambda: docx("hello"),
         XLSX: lambda: xlsx(("hello",)),

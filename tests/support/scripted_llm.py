@@ -116,12 +116,13 @@ class ScriptedLLM:
             elif (
                 script in ("raising-tool", "slow-tool", "missing-tool", "bad-args") and not results
             ):
-                name, args = {
+                tools: dict[str, tuple[str, dict[str, Any]]] = {
                     "raising-tool": ("broken", {"text": "x"}),
                     "slow-tool": ("slow", {"seconds": 30}),
                     "missing-tool": ("no_such_tool", {}),
                     "bad-args": ("calculator", {"wrong": 1}),
-                }[script]
+                }
+                name, args = tools[script]
                 self._send(handler, _chunk(_tool_call(0, "call_x", name, args)))
                 self._send(handler, _chunk({}, "tool_calls"))
             elif script == "forever":

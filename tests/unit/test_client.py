@@ -4,9 +4,10 @@ whose every call matches the async one's, parameter for parameter."""
 from __future__ import annotations
 
 import inspect
+import typing
 
 import turnmesh.client
-from turnmesh.client import AsyncClient, Client
+from turnmesh.client import AsyncClient, Client, TurnOptions
 
 
 def test_public_names_are_pinned() -> None:
@@ -29,6 +30,7 @@ def test_public_names_are_pinned() -> None:
         "ResourceExhaustedError",
         "SessionBusyError",
         "TurnFailedError",
+        "TurnOptions",
         "TurnResult",
         "TurnmeshClientError",
         "UnauthenticatedError",
@@ -66,17 +68,17 @@ def test_the_blocking_client_has_the_async_clients_calls() -> None:
         assert _parameters(sync[name]) == _parameters(signature), name
 
 
-def test_turn_options_are_keywords_with_types() -> None:
+def test_turn_options_are_typed_keywords() -> None:
+    assert typing.get_type_hints(TurnOptions).keys() == {
+        "policy",
+        "cancel_on_disconnect",
+        "files",
+        "metadata",
+        "idempotency_key",
+    }
     for cls in (Client, AsyncClient):
         for method in ("stream_turn", "send"):
             parameters = inspect.signature(getattr(cls, method)).parameters
-            options = [p for p in parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-            assert [p.name for p in options] == [
-                "policy",
-                "cancel_on_disconnect",
-                "files",
-                "metadata",
-                "idempotency_key",
-            ]
-            assert all(p.annotation is not inspect.Parameter.empty for p in options)
-            assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+            (options,) = [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+            # **options: Unpack[TurnOptions]: a type checker knows each keyword.
+            assert options.annotation == "Unpack[TurnOptions]"

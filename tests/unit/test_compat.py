@@ -51,9 +51,9 @@ AGUI_FIELDS = {
 
 
 @pytest.mark.parametrize("kind", sorted(AGUI_FIELDS))
-def test_agui_events_carry_exactly_aguis_fields(kind: int) -> None:
+def test_agui_events_carry_exactly_aguis_fields(kind: event_pb2.EventType.ValueType) -> None:
     event = event_pb2.Event(
-        type=kind,  # type: ignore[arg-type]
+        type=kind,
         seq=7,
         thread_id="s",
         run_id="turn",

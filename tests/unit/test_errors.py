@@ -108,9 +108,9 @@ def test_envoys_own_replies_use_the_table() -> None:
         body = mapper["body_format_override"]["json_format"]
         if "type" in body:
             comparison = str(mapper["filter"]["and_filter"]["filters"][1])
-            status = re.search(r"'op': 'EQ', 'value': \{'default_value': (\d+)", comparison)
-            if status is not None:
-                problems[int(status.group(1))] = (body["type"], body["title"])
+            match = re.search(r"'op': 'EQ', 'value': \{'default_value': (\d+)", comparison)
+            if match is not None:
+                problems[int(match.group(1))] = (body["type"], body["title"])
     edge = errors.edge_problems()
     for status, (slug, title, _) in edge.items():
         assert problems[status] == (errors.PROBLEM_BASE + slug, title)

@@ -10,7 +10,8 @@ from turnmesh.v1 import event_pb2
 
 
 def _json(event: event_pb2.Event) -> dict[str, object]:
-    return json.loads(json_format.MessageToJson(event))
+    data: dict[str, object] = json.loads(json_format.MessageToJson(event))
+    return data
 
 
 def test_text_event_json_is_agui_shaped() -> None:

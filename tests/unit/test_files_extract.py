@@ -488,7 +488,8 @@ def test_xlsx_sample() -> None:
 
 def test_xlsx_rows_past_the_limit_are_cut(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ex, "MAX_SHEET_ROWS", 3)
-    rows: list[list[object]] = [["n"], [None], *([n] for n in range(1, 10))]
+    rows: list[list[object]] = [["n"], [None]]
+    rows += ([n] for n in range(1, 10))
     content = _workbook({"First": rows, "Second": [["kept"], ["too"]]})
     text = extract(XLSX, content).text
     # Empty rows do not count: the header and the first two numbers are kept.

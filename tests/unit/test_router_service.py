@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -23,6 +24,9 @@ from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
+
+if TYPE_CHECKING:
+    from turnmesh.v1.router_service_pb2_grpc import RouterServiceAsyncStub
 
 MESH_KEY = "s3cret"
 KEY = ((MESH_KEY_METADATA, MESH_KEY),)
@@ -38,7 +42,7 @@ class FakeClock:
 
 @dataclass
 class Router:
-    stub: RouterServiceStub
+    stub: RouterServiceAsyncStub
     state: RouterState
     clock: FakeClock
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -26,6 +27,12 @@ def finished() -> event_pb2.Event:
 
 def failed() -> event_pb2.Event:
     return event_pb2.Event(type=ET.RUN_ERROR, code="boom")
+
+
+def done(log: TurnLog) -> bool:
+    """``log.done``, read afresh: mypy would carry an earlier assert's
+    narrowing of the property past the append that changes it."""
+    return log.done
 
 
 async def collect(log: TurnLog, after_seq: int = 0) -> list[int]:
@@ -91,12 +98,14 @@ def test_append_returns_the_same_event_object_it_stores() -> None:
 
 
 @pytest.mark.parametrize("terminal", [finished, failed])
-def test_terminal_event_ends_the_log(clock: FakeClock, terminal) -> None:
+def test_terminal_event_ends_the_log(
+    clock: FakeClock, terminal: Callable[[], event_pb2.Event]
+) -> None:
     log = TurnLog("s1", "t1", 10)
     log.append(text())
     assert not log.done
     log.append(terminal())
-    assert log.done
+    assert done(log)
     assert log.ended_at == clock.now
 
 
@@ -146,7 +155,11 @@ async def test_each_live_event_reaches_a_waiting_reader_on_its_own() -> None:
     for expected in range(1, 4):
         await spin()
         log.append(text(str(expected)))
-        await spin_until(lambda n=expected: reader.seqs == list(range(1, n + 1)))
+
+        def caught_up(n: int = expected) -> bool:
+            return reader.seqs == list(range(1, n + 1))
+
+        await spin_until(caught_up)
     log.append(finished())
     await reader.task
 

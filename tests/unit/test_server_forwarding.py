@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -31,6 +31,7 @@ class FakeRouter:
         self.on_unreachable: dict[str, Owner] = {}
         # (session, owner): the session moves there when the router is next asked.
         self.move_on_ask: tuple[str, Owner] | None = None
+        self.removed: list[str] = []
 
     async def route(
         self, session_id: str, *, unreachable: Owner | None = None, assign: bool = False
@@ -47,6 +48,9 @@ class FakeRouter:
         if owner is None and assign:
             owner = self.owners[session_id] = ME
         return owner
+
+    async def remove_session(self, session_id: str) -> None:
+        self.removed.append(session_id)
 
 
 def _unavailable() -> grpc.aio.AioRpcError:
@@ -117,8 +121,13 @@ class Owners:
         self.made.append(owner.member_id)
         return owner.member_id
 
-    def forward(self, member_id: Any) -> FakeCall:
-        return self.calls[member_id].pop(0)
+    # The stub is the owner's member id; each FakeCall stands in for a grpc.aio call.
+    def forward(self, member_id: Any) -> grpc.aio.UnaryUnaryCall[Any, Any]:
+        return cast("grpc.aio.UnaryUnaryCall[Any, Any]", self.calls[member_id].pop(0))
+
+    def forward_stream(self, member_id: Any) -> grpc.aio.UnaryStreamCall[Any, event_pb2.Event]:
+        call = self.calls[member_id].pop(0)
+        return cast("grpc.aio.UnaryStreamCall[Any, event_pb2.Event]", call)
 
 
 def _forwarder(
@@ -296,7 +305,7 @@ async def test_a_stream_relays_the_owners_events() -> None:
     router = FakeRouter({"s": B})
     owners = Owners({B.member_id: [FakeCall(events=[_event(1), _event(2)])]})
     forwarder, _ = _forwarder(router, owners)
-    stream = forwarder.stream("s", Forward(B), owners.forward, _local_events)
+    stream = forwarder.stream("s", Forward(B), owners.forward_stream, _local_events)
     assert await _collect(stream) == [1, 2]
 
 
@@ -305,7 +314,7 @@ async def test_a_stream_whose_owner_moved_before_any_event_is_placed_again() -> 
     router.on_unreachable = {B.member_id: ME}
     owners = Owners({B.member_id: [FakeCall(error=_unavailable())]})
     forwarder, ownership = _forwarder(router, owners)
-    stream = forwarder.stream("s", Forward(B), owners.forward, _local_events)
+    stream = forwarder.stream("s", Forward(B), owners.forward_stream, _local_events)
     assert await _collect(stream) == [100]  # this server's own events
     assert ownership.owns("s")
 
@@ -318,7 +327,7 @@ async def test_a_stream_broken_mid_way_is_not_retried() -> None:
     seen: list[int] = []
 
     async def relay() -> None:
-        async for event in forwarder.stream("s", Forward(B), owners.forward, _local_events):
+        async for event in forwarder.stream("s", Forward(B), owners.forward_stream, _local_events):
             seen.append(event.seq)
 
     with pytest.raises(OwnerFailed):
@@ -334,6 +343,6 @@ async def test_a_stream_on_a_silent_owner_follows_the_session() -> None:
     owners = Owners({B.member_id: [silent], C.member_id: [FakeCall(events=[_event(7)])]})
     forwarder, _ = _forwarder(router, owners, answer_seconds=0.01)
     router.owners["s"] = C  # the router already moved it; the cache still says B
-    stream = forwarder.stream("s", Forward(B), owners.forward, _local_events)
+    stream = forwarder.stream("s", Forward(B), owners.forward_stream, _local_events)
     assert await _collect(stream) == [7]
     assert silent.cancelled

@@ -49,7 +49,7 @@ def result(call_id: str, content: str) -> event_pb2.Event:
     )
 
 
-def shape(messages: list[message_pb2.Message]) -> list[dict]:
+def shape(messages: list[message_pb2.Message]) -> list[dict[str, object]]:
     return [
         {
             "role": m.role,
@@ -63,11 +63,11 @@ def shape(messages: list[message_pb2.Message]) -> list[dict]:
     ]
 
 
-def assistant(content: str, *calls: tuple[str, str, str, str]) -> dict:
+def assistant(content: str, *calls: tuple[str, str, str, str]) -> dict[str, object]:
     return {"role": "assistant", "content": content, "tool_calls": list(calls), "tool_call_id": ""}
 
 
-def tool(call_id: str, content: str) -> dict:
+def tool(call_id: str, content: str) -> dict[str, object]:
     return {"role": "tool", "content": content, "tool_calls": [], "tool_call_id": call_id}
 
 

@@ -185,7 +185,7 @@ def pending(
     )
 
 
-def worker_event(type_: int, **fields: Any) -> event_pb2.Event:
+def worker_event(type_: event_pb2.EventType.ValueType, **fields: Any) -> event_pb2.Event:
     # Workers leave seq and ids unset; whatever they send, the log numbers them.
     return event_pb2.Event(type=type_, seq=99, thread_id="w", run_id="w", **fields)
 

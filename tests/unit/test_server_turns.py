@@ -41,7 +41,7 @@ def logs() -> EventLogs:
 
 @pytest.fixture
 async def turns(runner: FakeRunner, logs: EventLogs) -> AsyncIterator[SessionTurns]:
-    session = SessionTurns("s1", "demo", runner, logs)  # type: ignore[arg-type]
+    session = SessionTurns("s1", "demo", runner, logs)
     yield session
     # Leave no task behind: cancel whatever is left and wait for the drain loop.
     session.cancel_all(CancelReason.SHUTDOWN)
@@ -66,6 +66,16 @@ def submit(
 
 async def started(turn: PendingTurn) -> None:
     await spin_until(lambda: turn.log.last_seq >= 1)
+
+
+# Read afresh: mypy would carry an earlier assert's narrowing of these
+# attributes past the awaits that change them.
+def busy(turns: SessionTurns) -> bool:
+    return turns.busy
+
+
+def running(turns: SessionTurns) -> PendingTurn | None:
+    return turns.running
 
 
 async def events_of(log: TurnLog) -> list[event_pb2.Event]:
@@ -103,11 +113,11 @@ async def test_a_turn_on_an_idle_session_runs_at_once(
     assert turn.log.state == spb.TURN_STATE_QUEUED
     await started(turn)
     assert turns.running is turn
-    assert turns.busy
+    assert busy(turns)
     runner.finish(turn)
     assert await outcome(turn) == FINISHED
     await turns.wait_idle()
-    assert turns.running is None
+    assert running(turns) is None
     assert not turns.busy
 
 

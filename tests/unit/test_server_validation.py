@@ -9,12 +9,10 @@ import pytest
 from google.protobuf import struct_pb2
 
 from tests.support.samples import DOCX, XLSX, minimal
+from turnmesh.files import ALLOWED_MIME_TYPES, MAX_FILE_BYTES, MAX_TOTAL_FILE_BYTES
 from turnmesh.runtime.errors import InvalidArgument
 from turnmesh.server.validation import (
-    ALLOWED_MIME_TYPES,
-    MAX_FILE_BYTES,
     MAX_METADATA_BYTES,
-    MAX_TOTAL_FILE_BYTES,
     validate_create_session,
     validate_session_id,
     validate_subscribe,
@@ -276,8 +274,8 @@ def test_turn_reports_every_violation_at_once_in_order() -> None:
         session_id="",
         message="",
         files=[pdf() for _ in range(11)],
-        policy=9,
-        on_disconnect=9,
+        policy=9,  # type: ignore[arg-type]  # out of range on purpose
+        on_disconnect=9,  # type: ignore[arg-type]  # out of range on purpose
         idempotency_key="k" * 257,
         metadata=struct_of_size(MAX_METADATA_BYTES + 1),
     )

@@ -7,13 +7,14 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pydantic
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnmesh.runtime.serving import write_ready_file
 from turnmesh.v1 import worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker import WorkerConfig, app, serve
 
@@ -40,14 +41,17 @@ async def test_serves_until_sigterm_then_closes_the_agent(
 ) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     ready = asyncio.Event()
-    write = app.write_ready_file
+    write = write_ready_file  # what app calls, before the patch below
 
     def write_and_flag(path: str | None, **info: Any) -> None:
         write(path, **info)
         ready.set()
 
     monkeypatch.setattr(app, "write_ready_file", write_and_flag)
-    from _agent_samples import ClosingAgent
+    if TYPE_CHECKING:
+        from tests.unit._agent_samples import ClosingAgent
+    else:  # the module the worker loads, by the name it loads it as
+        from _agent_samples import ClosingAgent
 
     closed_before = ClosingAgent.closed
     ready_file = tmp_path / "worker.json"

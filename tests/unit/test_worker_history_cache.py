@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from turnmesh.worker.history_cache import HistoryCache, HistoryMiss
+from turnmesh.runtime.errors import HistoryMiss
+from turnmesh.worker.history_cache import HistoryCache
 
 
 def m(i: int) -> dict[str, str]:

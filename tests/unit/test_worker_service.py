@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -19,6 +19,9 @@ from turnmesh.agent.builtin.echo import EchoAgent
 from turnmesh.runtime.interceptors import ErrorMappingInterceptor
 from turnmesh.v1 import event_pb2, message_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker import WorkerServicer
+
+if TYPE_CHECKING:
+    from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceAsyncStub
 
 ET = event_pb2.EventType
 
@@ -105,7 +108,7 @@ class WrongReturnAgent:
 @contextlib.asynccontextmanager
 async def worker(
     agent: Any, name: str = "test"
-) -> AsyncIterator[tuple[worker_service_pb2_grpc.WorkerServiceStub, WorkerServicer]]:
+) -> AsyncIterator[tuple[WorkerServiceAsyncStub, WorkerServicer]]:
     servicer = WorkerServicer(agent, agent_name=name, worker_id="worker-1")
     server = grpc.aio.server(interceptors=[ErrorMappingInterceptor()])
     worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
@@ -129,7 +132,7 @@ def run_request(*messages: str, **kwargs: Any) -> worker_service_pb2.RunRequest:
 
 
 async def collect(
-    stub: worker_service_pb2_grpc.WorkerServiceStub, request: worker_service_pb2.RunRequest
+    stub: WorkerServiceAsyncStub, request: worker_service_pb2.RunRequest
 ) -> list[event_pb2.Event]:
     return [event async for response in stub.Run(request) for event in response.events]
 
