@@ -1,6 +1,7 @@
 """The baseline: a bare single-process grpc.aio server that streams the same
-events, of the same sizes, as the echo worker does for one turn. Nothing in
-Python can serve a streamed turn over one gRPC hop faster on this machine.
+events, of the same sizes, as a client of the mesh receives for one echo turn
+(RUN_STARTED to RUN_FINISHED, numbered). Nothing in Python can serve a
+streamed turn over one gRPC hop faster on this machine.
 
 Usage: python -m bench.baseline --port 0 --ready-file PATH
 """

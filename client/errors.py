@@ -4,7 +4,7 @@ One class per row of the server's error table (``turnmesh.runtime.errors``),
 found by the status's ``ErrorInfo.reason`` first, then by its code::
 
     TurnmeshClientError            (any other status; .code, .reason, .retry_after)
-    ├── CancelledError             CANCELLED
+    ├── RequestCancelledError      CANCELLED (not asyncio's CancelledError)
     ├── InvalidArgumentError       INVALID_ARGUMENT (.violations: field -> description)
     ├── DeadlineExceededError      DEADLINE_EXCEEDED
     ├── NotFoundError              NOT_FOUND
@@ -49,7 +49,7 @@ class TurnmeshClientError(Exception):
         self.retry_after: int | None = None
 
 
-class CancelledError(TurnmeshClientError):
+class RequestCancelledError(TurnmeshClientError):
     pass
 
 
@@ -119,7 +119,7 @@ class TurnFailedError(TurnmeshClientError):
 # UNKNOWN, DATA_LOSS, and the worker-only HISTORY_MISS) are TurnmeshClientError
 # or the class of the row they descend from.
 CLIENT_CLASSES: dict[type, type[TurnmeshClientError]] = {
-    errors.Cancelled: CancelledError,
+    errors.Cancelled: RequestCancelledError,
     errors.InvalidArgument: InvalidArgumentError,
     errors.DeadlineExceeded: DeadlineExceededError,
     errors.NotFound: NotFoundError,
@@ -148,13 +148,18 @@ def client_class(kind: type[errors.TurnmeshError]) -> type[TurnmeshClientError]:
 def from_rpc_error(exc: grpc.RpcError) -> TurnmeshClientError:
     """A failed call as the client error of its row in the error table."""
     domain = errors.from_rpc_error(exc)
+    details = errors.status_details(_trailers(exc))
     error = client_class(type(domain))(domain.detail or domain.code.name, domain.code)
-    error.reason = domain.reason
-    error.metadata = dict(domain.metadata)
-    error.retry_after = domain.retry_after
-    if isinstance(domain, errors.InvalidArgument):
-        error.violations = {v.field: v.description for v in domain.violations}
+    error.reason = details.reason
+    error.metadata = dict(details.metadata)
+    error.retry_after = details.retry_after
+    error.violations = {v.field: v.description for v in details.violations}
     return error
+
+
+def _trailers(exc: grpc.RpcError) -> tuple[tuple[str, str | bytes], ...]:
+    trailing = getattr(exc, "trailing_metadata", None)
+    return tuple(trailing() or ()) if callable(trailing) else ()
 
 
 @contextlib.contextmanager

@@ -133,7 +133,7 @@ function envoy_on_response(handle)
   local code = tonumber(text:match('^%s*{%s*"code"%s*:%s*(%d+)'))
   if code == nil then return end
   local quoted = member(text, "reason")
-  local reason = quoted and quoted:match('^"([%w_]+)"$')
+  local reason = quoted and quoted:match('^"([^"\\]+)"$')
   local row = row_for(code, reason)
   local shape = handle:streamInfo():dynamicMetadata():get("turnmesh")
   if shape ~= nil and shape["error_shape"] == "openai" then

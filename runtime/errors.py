@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, cast
 
 import grpc
@@ -304,7 +304,7 @@ class Unimplemented(TurnmeshError):
     http_status = 501
     slug = "unimplemented"
     title = "Not implemented"
-    openai_type = "invalid_request_error"
+    openai_type = "server_error"
 
 
 class Unavailable(TurnmeshError):
@@ -387,13 +387,20 @@ def edge_problems() -> dict[int, tuple[str, str, str]]:
     return dict(sorted({**problems, **_EDGE_ONLY}.items()))
 
 
-def from_status(
-    code: grpc.StatusCode,
-    message: str,
-    trailing_metadata: Sequence[tuple[str, str | bytes]] = (),
-) -> TurnmeshError:
-    """A status (code, message, trailers with google.rpc details) as the error
-    it was raised as: the inverse of ``TurnmeshError.to_status``."""
+@dataclass(frozen=True)
+class StatusDetails:
+    """What a status's trailers say beyond its code and message."""
+
+    # google.rpc.ErrorInfo's reason ("" when the status had none) and metadata.
+    reason: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    # google.rpc.BadRequest's field violations.
+    violations: list[FieldViolation] = field(default_factory=list)
+    # The retry-after trailer, in seconds.
+    retry_after: int | None = None
+
+
+def status_details(trailing_metadata: Sequence[tuple[str, str | bytes]]) -> StatusDetails:
     reason = ""
     metadata: dict[str, str] = {}
     violations: list[FieldViolation] = []
@@ -414,15 +421,29 @@ def from_status(
                         reason, metadata = info.reason, dict(info.metadata)
         elif key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
             retry_after = int(value)
-    kind = kind_for(code, reason)
+    return StatusDetails(reason, metadata, violations, retry_after)
+
+
+def from_status(
+    code: grpc.StatusCode,
+    message: str,
+    trailing_metadata: Sequence[tuple[str, str | bytes]] = (),
+) -> TurnmeshError:
+    """A status (code, message, trailers with google.rpc details) as the error
+    it was raised as: the inverse of ``TurnmeshError.to_status``."""
+    details = status_details(trailing_metadata)
+    kind = kind_for(code, details.reason)
     # Built without the rows' own constructors (InvalidArgument's, HistoryMiss's):
     # the error is rebuilt exactly as it was sent.
     error = TurnmeshError.__new__(kind)
-    TurnmeshError.__init__(error, message, reason=reason or None, metadata=metadata)
+    TurnmeshError.__init__(
+        error, message, reason=details.reason or None, metadata=dict(details.metadata)
+    )
     if isinstance(error, InvalidArgument):
-        error.violations = violations
-    if retry_after is not None:
-        error.retry_after = retry_after
+        error.violations = list(details.violations)
+    # As sent: a RESOURCE_EXHAUSTED that gRPC raised itself (a message over
+    # the size limit) asks for no wait.
+    error.retry_after = details.retry_after
     return error
 
 

@@ -29,18 +29,23 @@ def wrap(
     unary: Callable[[Unary], Unary],
     stream: Callable[[Stream], Stream],
 ) -> MethodHandler:
-    """The handler with its behaviour wrapped by ``unary`` or ``stream`` (the
-    kinds turnmesh serves); any other kind comes back unchanged."""
+    """The handler with its behaviour wrapped: ``unary`` for a method with
+    one response, ``stream`` for a streamed one. A streamed request (reflection
+    is a bidi stream) passes through as the first argument, so every kind of
+    method is wrapped: none slips past an interceptor."""
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            cast(Any, unary(cast(Unary, handler.unary_unary))),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        behaviour = unary(cast(Unary, handler.unary_unary))
+        return grpc.unary_unary_rpc_method_handler(cast(Any, behaviour), **codec)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            cast(Any, stream(cast(Stream, handler.unary_stream))),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    return handler
+        streamed = stream(cast(Stream, handler.unary_stream))
+        return grpc.unary_stream_rpc_method_handler(cast(Any, streamed), **codec)
+    if handler.stream_unary is not None:
+        behaviour = unary(cast(Unary, handler.stream_unary))
+        return grpc.stream_unary_rpc_method_handler(cast(Any, behaviour), **codec)
+    assert handler.stream_stream is not None
+    streamed = stream(cast(Stream, handler.stream_stream))
+    return grpc.stream_stream_rpc_method_handler(cast(Any, streamed), **codec)

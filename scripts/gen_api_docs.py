@@ -129,6 +129,11 @@ CHANGED_TYPES = [
     ("`internal-error` (Envoy's own 500)", "`internal`"),
     ("`gateway-timeout` (Envoy's own 504)", '`deadline-exceeded` ("Deadline exceeded")'),
     (
+        "OpenAI paths, Envoy's own 401 and 403: `invalid_request_error`",
+        "`authentication_error` and `permission_error`, as the rows say",
+    ),
+    ("OpenAI paths, Envoy's own 499: `invalid_request_error`", "`server_error`"),
+    (
         "HTTP 500 `server_error` on the OpenAI, AG-UI and chat surfaces for a full server "
         "(the session and turn limits) and for the other codes their client did not know",
         "HTTP 429 with `Retry-After` (`rate_limit_error`), like the native API",

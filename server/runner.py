@@ -299,6 +299,8 @@ class TurnRunner:
                 if response.files:
                     run.file_refs = list(response.files)
                 for event in response.events:
+                    if event.type == event_pb2.RUN_STARTED:
+                        continue  # an older worker's: the server started the run
                     if event.type == event_pb2.RUN_FINISHED:
                         return WorkerEnd(
                             ok=True,

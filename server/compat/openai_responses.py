@@ -121,6 +121,8 @@ class Response:
         self.item_id = ""
         self.created_at = int(time.time())
         self.answer = Answer()
+        # Streamed: every delta sent (a content part's text is its deltas).
+        self.streamed: list[str] | None = None
         self.status = "in_progress"
         self.error: dict[str, str] | None = None
         self.files: list[message_pb2.File] = []
@@ -131,7 +133,7 @@ class Response:
 
     @property
     def text(self) -> str:
-        return self.answer.text
+        return "".join(self.streamed) if self.streamed is not None else self.answer.text
 
     @property
     def usage(self) -> dict[str, int]:
@@ -252,6 +254,7 @@ async def create(mesh: Mesh, request: ResponseRequest) -> httpbody_pb2.HttpBody:
 
 async def stream(mesh: Mesh, request: ResponseRequest) -> AsyncIterator[httpbody_pb2.HttpBody]:
     response, message = await open_response(mesh, request)
+    response.streamed = []
     sequence = 0
 
     def emit(kind: str, **fields: Any) -> httpbody_pb2.HttpBody:
@@ -275,6 +278,7 @@ async def stream(mesh: Mesh, request: ResponseRequest) -> AsyncIterator[httpbody
                 **where,
             )
         elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+            response.streamed.append(event.delta)
             yield emit(
                 "response.output_text.delta",
                 item_id=response.item_id,

@@ -198,3 +198,15 @@ def test_every_error_on_openai_paths_has_openais_shape(shared_mesh: SharedMesh) 
     for error in (bad_json.json()["error"], json.loads(body)["error"]):
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "invalid_request_error"
+
+
+def test_a_streamed_responses_text_is_its_deltas(sdk: openai.OpenAI) -> None:
+    # The demo agent calls its calculator: text streams before and after the tool.
+    with sdk.responses.stream(model="demo", input="What is 6*7?") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert done.text == deltas
+    assert final.output_text == deltas
+    assert "42" in deltas

@@ -11,9 +11,15 @@ import grpc
 import pytest
 
 from turnmesh.runtime.errors import Unavailable
-from turnmesh.server.forwarding import Forwarder, OwnerFailed
+from turnmesh.runtime.interceptors import MESH_KEY_METADATA
+from turnmesh.server.config import SessionLimits
+from turnmesh.server.core import SessionCore
+from turnmesh.server.forwarding import FORWARDED_METADATA, Forwarder, OwnerFailed
 from turnmesh.server.ownership import LOCAL, Forward, Owner, SessionOwnership
+from turnmesh.server.service import SessionServicer
+from turnmesh.server.store import MemoryStore
 from turnmesh.v1 import event_pb2
+from turnmesh.v1 import session_service_pb2 as spb
 
 ME = Owner("server-me", "127.0.0.1:1")
 B = Owner("server-b", "127.0.0.1:2")
@@ -346,3 +352,62 @@ async def test_a_stream_on_a_silent_owner_follows_the_session() -> None:
     stream = forwarder.stream("s", Forward(B), owners.forward_stream, _local_events)
     assert await _collect(stream) == [7]
     assert silent.cancelled
+
+
+# The servicer's side: where a call lands -------------------------------------
+
+
+class FakeContext:
+    """What SessionServicer reads of a call: its metadata; records headers sent."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+        self.headers_sent: list[tuple[tuple[str, str], ...]] = []
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    async def send_initial_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.headers_sent.append(metadata)
+
+
+def _servicer(router: FakeRouter, mesh_key: str | None) -> SessionServicer:
+    ownership = SessionOwnership(ME.member_id, router)
+    forwarder = Forwarder(ownership, Owners({}).stub)
+    core = SessionCore(MemoryStore(), cast(Any, None), "demo", SessionLimits(), ownership)
+    return SessionServicer(
+        core, ownership, forwarder, lambda: spb.LIFECYCLE_STATE_READY, mesh_key=mesh_key
+    )
+
+
+async def test_a_forwarded_call_is_handled_here_and_answered_at_once() -> None:
+    router = FakeRouter({"s": B})  # the router says B owns it; the call came from B
+    servicer = _servicer(router, mesh_key="k")
+    context = FakeContext(((FORWARDED_METADATA, B.member_id), (MESH_KEY_METADATA, "k")))
+    placement = await servicer._place("s", cast(Any, context), assign=False)
+    assert placement == LOCAL
+    assert context.headers_sent == [()]  # the forwarding server knows we took it
+    assert router.calls == []  # a stale route never bounces a forwarded call
+
+
+async def test_the_forwarded_marker_counts_only_with_the_mesh_key() -> None:
+    router = FakeRouter({"s": B})
+    servicer = _servicer(router, mesh_key="k")
+    for metadata in (
+        ((FORWARDED_METADATA, B.member_id),),
+        ((FORWARDED_METADATA, B.member_id), (MESH_KEY_METADATA, "wrong")),
+    ):
+        context = FakeContext(metadata)
+        placement = await servicer._place("s", cast(Any, context), assign=False)
+        assert placement == Forward(B)  # routed as any outside call
+        assert context.headers_sent == []
+
+
+async def test_a_forwarding_server_marks_and_keys_its_call() -> None:
+    servicer = _servicer(FakeRouter(), mesh_key="k")
+    context = FakeContext((("authorization", "Bearer user-key"), ("x-other", "dropped")))
+    metadata = dict(servicer._forward_metadata(cast(Any, context)))
+    assert metadata[FORWARDED_METADATA] == ME.member_id
+    assert metadata[MESH_KEY_METADATA] == "k"
+    assert metadata["authorization"] == "Bearer user-key"  # the caller's key goes along
+    assert "x-other" not in metadata

@@ -331,6 +331,8 @@ async def test_an_agent_error_code_is_kept(runner: TurnRunner, pool: FakePool) -
     "broken",
     [
         [rpc_error()],
+        # An older worker's RUN_STARTED is not content: the server started the run.
+        [worker_event(ET.RUN_STARTED), rpc_error()],
         [],  # the stream ended without RUN_FINISHED or RUN_ERROR
     ],
 )
