@@ -50,63 +50,63 @@ class TurnmeshClientError(Exception):
 
 
 class RequestCancelledError(TurnmeshClientError):
-    pass
+    """The call was cancelled before it finished."""
 
 
 class InvalidArgumentError(TurnmeshClientError):
-    pass
+    """The request was refused as invalid; ``.violations`` names each bad field."""
 
 
 class DeadlineExceededError(TurnmeshClientError):
-    pass
+    """The call's deadline passed before an answer."""
 
 
 class NotFoundError(TurnmeshClientError):
-    pass
+    """No such session, turn or agent (or not yours to see)."""
 
 
 class AlreadyExistsError(TurnmeshClientError):
-    pass
+    """A session with that id exists already."""
 
 
 class PermissionDeniedError(TurnmeshClientError):
-    pass
+    """The caller may not do this."""
 
 
 class ResourceExhaustedError(TurnmeshClientError):
-    pass
+    """A server's limit was reached; retry after ``.retry_after`` seconds."""
 
 
 class RateLimitedError(ResourceExhaustedError):
-    pass
+    """This API key's request rate was exceeded; retry after ``.retry_after``."""
 
 
 class FailedPreconditionError(TurnmeshClientError):
-    pass
+    """The request cannot be served in the current state."""
 
 
 class AbortedError(TurnmeshClientError):
-    pass
+    """The call conflicted with another."""
 
 
 class SessionBusyError(AbortedError):
-    pass
+    """A turn runs on the session and the REJECT policy refused this one."""
 
 
 class OutOfRangeError(TurnmeshClientError):
-    pass
+    """A resume asked for events no longer kept."""
 
 
 class UnimplementedError(TurnmeshClientError):
-    pass
+    """The server does not offer this call."""
 
 
 class UnavailableError(TurnmeshClientError):
-    pass
+    """The mesh cannot serve the call now; retry (any server will do)."""
 
 
 class UnauthenticatedError(TurnmeshClientError):
-    pass
+    """No API key, or one the mesh does not know."""
 
 
 class TurnFailedError(TurnmeshClientError):
@@ -147,19 +147,14 @@ def client_class(kind: type[errors.TurnmeshError]) -> type[TurnmeshClientError]:
 
 def from_rpc_error(exc: grpc.RpcError) -> TurnmeshClientError:
     """A failed call as the client error of its row in the error table."""
-    domain = errors.from_rpc_error(exc)
-    details = errors.status_details(_trailers(exc))
-    error = client_class(type(domain))(domain.detail or domain.code.name, domain.code)
+    code, message, trailers = errors.call_status(exc)
+    details = errors.status_details(trailers)
+    error = client_class(errors.kind_for(code, details.reason))(message or code.name, code)
     error.reason = details.reason
     error.metadata = dict(details.metadata)
     error.retry_after = details.retry_after
     error.violations = {v.field: v.description for v in details.violations}
     return error
-
-
-def _trailers(exc: grpc.RpcError) -> tuple[tuple[str, str | bytes], ...]:
-    trailing = getattr(exc, "trailing_metadata", None)
-    return tuple(trailing() or ()) if callable(trailing) else ()
 
 
 @contextlib.contextmanager

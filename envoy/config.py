@@ -307,17 +307,14 @@ def lua_error_table() -> str:
     def row(r: errors.Row) -> str:
         return f'"{r.slug}", "{r.title}", "{r.openai_type}", {r.code.value[0]}'
 
-    rows = errors.rows()
-    by_code = [r for r in rows if r.reason == errors.kind_for(r.code).reason_name()]
-    by_reason = [r for r in rows if r not in by_code]
     return "\n".join(
         [
             f'local BASE = "{errors.PROBLEM_BASE}"',
             "local BY_CODE = {",
-            *(f"  [{r.code.value[0]}] = {{{row(r)}}}," for r in by_code),
+            *(f"  [{r.code.value[0]}] = {{{row(r)}}}," for r in errors.code_rows()),
             "}",
             "local BY_REASON = {",
-            *(f"  {r.reason} = {{{row(r)}}}," for r in by_reason),
+            *(f"  {r.reason} = {{{row(r)}}}," for r in errors.reason_rows()),
             "}",
         ]
     )

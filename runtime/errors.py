@@ -140,10 +140,6 @@ class TurnmeshError(Exception):
             cls.__name__,
         )
 
-    @property
-    def problem_type(self) -> str:
-        return PROBLEM_BASE + self.slug
-
     def details(self) -> list[any_pb2.Any]:
         """google.rpc detail messages for this error."""
         info = error_details_pb2.ErrorInfo(
@@ -333,7 +329,6 @@ class Unauthenticated(TurnmeshError):
 
 
 _BY_CODE[grpc.StatusCode.INTERNAL] = TurnmeshError
-_BY_REASON[TurnmeshError.reason_name()] = TurnmeshError
 
 
 def kind_for(code: grpc.StatusCode, reason: str | None = None) -> type[TurnmeshError]:
@@ -344,12 +339,19 @@ def kind_for(code: grpc.StatusCode, reason: str | None = None) -> type[TurnmeshE
     return _BY_CODE.get(code, TurnmeshError)
 
 
+def code_rows() -> list[Row]:
+    """One row per status code, in the codes' order."""
+    return [_BY_CODE[code].row() for code in grpc.StatusCode if code in _BY_CODE]
+
+
+def reason_rows() -> list[Row]:
+    """The rows of the reasons that have one of their own (RATE_LIMITED …)."""
+    return [kind.row() for kind in _BY_REASON.values()]
+
+
 def rows() -> list[Row]:
     """Every row: one per status code, then one per reason of its own."""
-    by_code = [_BY_CODE[code].row() for code in grpc.StatusCode if code in _BY_CODE]
-    by_reason = [k.row() for k in _BY_REASON.values()]
-    seen = {(r.code, r.reason) for r in by_code}
-    return by_code + [r for r in by_reason if (r.code, r.reason) not in seen]
+    return code_rows() + reason_rows()
 
 
 # Envoy's own replies (it never asked a server): the row each HTTP status
@@ -453,13 +455,20 @@ class _FailedCall(Protocol):
     def trailing_metadata(self) -> Iterable[tuple[str, str | bytes]] | None: ...
 
 
-def from_rpc_error(exc: grpc.RpcError) -> TurnmeshError:
-    """A failed call's status as the error the other side raised."""
+def call_status(
+    exc: grpc.RpcError,
+) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str | bytes], ...]]:
+    """A failed call's code, message and trailers."""
     if not callable(getattr(exc, "code", None)):
-        return Unknown("the call failed without a status")
+        return grpc.StatusCode.UNKNOWN, "the call failed without a status", ()
     # Every RpcError grpc raises (sync and aio) carries its status like this.
     call = cast(_FailedCall, exc)
-    return from_status(call.code(), call.details() or "", tuple(call.trailing_metadata() or ()))
+    return call.code(), call.details() or "", tuple(call.trailing_metadata() or ())
+
+
+def from_rpc_error(exc: grpc.RpcError) -> TurnmeshError:
+    """A failed call's status as the error the other side raised."""
+    return from_status(*call_status(exc))
 
 
 @contextlib.contextmanager

@@ -31,23 +31,20 @@ def sum_usage(usage: Iterable[event_pb2.TokenUsage]) -> event_pb2.TokenUsage:
 
 class Answer:
     """A turn's events folded into its answer: the text after its last tool
-    result (text before a tool call is the agent thinking aloud), the usage of
-    RUN_FINISHED summed, and how the turn ended.
+    result (text before a tool call is the agent thinking aloud) and the usage
+    of RUN_FINISHED summed.
 
     ::
 
         answer = Answer()
         for event in events:
             answer.feed(event)
-        answer.text, answer.usage.total_tokens, answer.error
+        answer.text, answer.usage.total_tokens
     """
 
     def __init__(self) -> None:
         self._parts: list[str] = []
         self.usage = event_pb2.TokenUsage()
-        # The terminal event, once seen.
-        self.finished: event_pb2.Event | None = None
-        self.error: event_pb2.Event | None = None
 
     def feed(self, event: event_pb2.Event) -> None:
         kind = event.type
@@ -56,15 +53,8 @@ class Answer:
         elif kind == event_pb2.TOOL_CALL_RESULT:
             self._parts.clear()
         elif kind == event_pb2.RUN_FINISHED:
-            self.finished = event
             self.usage = sum_usage(event.usage)
-        elif kind == event_pb2.RUN_ERROR:
-            self.error = event
 
     @property
     def text(self) -> str:
         return "".join(self._parts)
-
-    @property
-    def done(self) -> bool:
-        return self.finished is not None or self.error is not None

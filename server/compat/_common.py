@@ -49,6 +49,10 @@ class Mesh:
         self, channel: grpc.aio.Channel | None = None, metadata: Sequence[tuple[str, str]] = ()
     ) -> None:
         self._channel = channel
+        # One stub for the channel, shared by every caller's view.
+        self._stubs: SessionServiceAsyncStub | None = (
+            SessionServiceStub(channel) if channel is not None else None
+        )
         self._internal_token: str | None = None
         self._metadata = tuple(metadata)
 
@@ -56,6 +60,7 @@ class Mesh:
         self, address: str, internal_token: str | None = None, transport: Transport = PLAINTEXT
     ) -> None:
         self._channel = mesh_channel(address, transport)
+        self._stubs = SessionServiceStub(self._channel)
         self._internal_token = internal_token
 
     def for_caller(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Mesh:
@@ -69,13 +74,15 @@ class Mesh:
         extra = [("authorization", f"Bearer {key}")] if key else []
         if self._internal_token:
             extra.append((INTERNAL_METADATA, self._internal_token))
-        return Mesh(self._channel, (*extra, *tracing.inject()))
+        view = Mesh(metadata=(*extra, *tracing.inject()))
+        view._channel, view._stubs = self._channel, self._stubs
+        return view
 
     @property
     def _stub(self) -> SessionServiceAsyncStub:
-        if self._channel is None:
+        if self._stubs is None:
             raise Unavailable("this server is still starting")
-        return SessionServiceStub(self._channel)
+        return self._stubs
 
     async def close(self) -> None:
         if self._channel is not None:
