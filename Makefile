@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 # Programs the tests use that come from Debian, not PyPI: command:package.
-SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server wrk:wrk tesseract:tesseract-ocr ip:iproute2 chromium:chromium chromedriver:chromium-driver
+SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server redis-cli:redis-tools wrk:wrk tesseract:tesseract-ocr ip:iproute2 chromium:chromium chromedriver:chromium-driver
 # From npm, each pinned by its package-lock.json: the real AG-UI client and
 # grpc-js (tests), and buf (the proto module's build, lint and breaking check).
 NODE_DIRS := clients/agui clients/grpc-js tools

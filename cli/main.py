@@ -15,6 +15,7 @@ from typing import Any, cast, get_args
 from pydantic import BaseModel, ValidationError
 
 from turnmesh.runtime.tls import TlsConfigError, tls_files
+from turnmesh.server.store import StoreInUse
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -127,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(router, RouterConfig, 7000)
     _setting(router, "--heartbeat-interval", RouterConfig, "heartbeat_interval")
     _setting(router, "--heartbeat-timeout", RouterConfig, "heartbeat_timeout")
+    _setting(router, "--orphan-seconds", RouterConfig, "orphan_seconds")
+    _setting(router, "--max-request-bytes", RouterConfig, "max_request_bytes")
 
     server = sub.add_parser("server", help="run a session server (the public SessionService)")
     _common(server, ServerConfig, 7100)
@@ -139,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(server, "--rate-limit", ServerConfig, "rate_limit")
     _setting(server, "--api-keys-file", ServerConfig, "api_keys_file")
     _setting(server, "--store", ServerConfig, "store")
+    _setting(server, "--lease-seconds", ServerConfig, "lease_seconds")
+    _setting(server, "--report-page-size", ServerConfig, "report_page_size")
     _setting(server, "--keepalive", ServerConfig, "keepalive_seconds", env="keepalive")
     _setting(server, "--grace-seconds", ServerConfig, "grace_seconds")
 
@@ -289,4 +294,6 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(KeyboardInterrupt):
             run_event_loop(serve(config))
     except TlsConfigError as exc:  # a file named in the flags is unreadable
+        sys.exit(f"turnmesh {args.command}: {exc}")
+    except StoreInUse as exc:
         sys.exit(f"turnmesh {args.command}: {exc}")

@@ -33,11 +33,11 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = rpb.DESCRIPTOR.services_by_name["RouterService"].full_name
 
-# Everything but ListMembers needs the key: Route assigns ownership (and its
-# unreachable hint evicts servers), so it is as sensitive as a write.
+# Every method needs the key when one is set: Route assigns ownership (and
+# its unreachable hint evicts servers), and ListMembers tells who is where.
 PROTECTED_METHODS: frozenset[str] = frozenset(
     f"/{SERVICE_NAME}/{method}"
-    for method in ("Register", "Heartbeat", "Unregister", "Route", "RemoveSession")
+    for method in rpb.DESCRIPTOR.services_by_name["RouterService"].methods_by_name
 )
 
 
@@ -51,6 +51,17 @@ class RouterConfig(MemberConfig):
         default=3.0, gt=0, description="seconds without a heartbeat before a member is dropped"
     )
     grace_seconds: float = Field(default=2.0, ge=0, description="how long SIGTERM waits")
+    orphan_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "how long the sessions of a server that left or went silent wait for it to come"
+            " back before they are forgotten (default: ten heartbeat timeouts)"
+        ),
+    )
+    max_request_bytes: int = Field(
+        default=MAX_ROUTER_REQUEST_BYTES, gt=0, description="largest request the router takes"
+    )
 
     @model_validator(mode="after")
     def _timeout_exceeds_interval(self) -> RouterConfig:
@@ -78,7 +89,7 @@ def build_process(config: RouterConfig, state: RouterState) -> GrpcProcess:
         register=register,
         interceptors=[MeshKeyInterceptor(config.mesh_key, PROTECTED_METHODS)],
         transport=Transport.from_files(config.tls),
-        max_receive_bytes=MAX_ROUTER_REQUEST_BYTES,
+        max_receive_bytes=config.max_request_bytes,
     )
 
 
@@ -95,7 +106,7 @@ async def serve(config: RouterConfig) -> None:
     setup_logging("router", config.log_level)
     stop_tracing = setup_tracing("router", config.otlp_endpoint)
     check_bind_host(config.host, bool(config.mesh_key or config.tls), config.allow_open)
-    state = RouterState(config.heartbeat_timeout)
+    state = RouterState(config.heartbeat_timeout, orphan_ttl=config.orphan_seconds)
     process = build_process(config, state)
     await process.start()
     sweeper = asyncio.create_task(

@@ -21,6 +21,7 @@ from turnmesh.v1 import router_service_pb2_grpc
 MAX_ID_LENGTH = 256
 MAX_ADDRESS_LENGTH = 1024
 MAX_UNREACHABLE = 64
+MAX_REPORTED_SESSIONS = 10_000
 
 _ROLES: dict[int, Role] = {role.value: role for role in Role}
 
@@ -47,9 +48,7 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
             violations.append(FieldViolation("member.agent_name", "too long"))
         if m.inflight_turns < 0:
             violations.append(FieldViolation("member.inflight_turns", "must not be negative"))
-        for index, session_id in enumerate(request.session_ids):
-            violations += _check_session_id(f"session_ids[{index}]", session_id)
-        _raise_if(violations[:20])
+        _raise_if(violations)
         record = self.state.register(
             MemberSpec(
                 member_id=m.member_id,
@@ -58,8 +57,8 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
                 agent_name=m.agent_name,
                 inflight_turns=m.inflight_turns,
                 accepting=m.accepting,
+                shared_store=m.shared_store,
             ),
-            sessions=request.session_ids,
             rejoining=request.rejoining,
         )
         return rpb.RegisterResponse(
@@ -109,6 +108,21 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
         self.state.remove_session(request.session_id)  # idempotent
         return rpb.RemoveSessionResponse()
 
+    async def ReportSessions(
+        self, request: rpb.ReportSessionsRequest, context: ServicerContext
+    ) -> rpb.ReportSessionsResponse:
+        violations = _check_member_id("member_id", request.member_id)
+        if len(request.session_ids) > MAX_REPORTED_SESSIONS:
+            violations.append(
+                FieldViolation("session_ids", f"at most {MAX_REPORTED_SESSIONS} a call")
+            )
+        else:
+            for index, session_id in enumerate(request.session_ids):
+                violations += _check_session_id(f"session_ids[{index}]", session_id)
+        _raise_if(violations[:20])
+        self.state.report_sessions(request.member_id, request.session_ids)
+        return rpb.ReportSessionsResponse()
+
     async def ListMembers(
         self, request: rpb.ListMembersRequest, context: ServicerContext
     ) -> rpb.ListMembersResponse:
@@ -131,6 +145,7 @@ def to_proto(record: MemberRecord) -> rpb.Member:
         registered_at=_timestamp(record.registered_at),
         last_heartbeat=_timestamp(record.last_heartbeat),
         accepting=record.accepting,
+        shared_store=record.shared_store,
     )
 
 

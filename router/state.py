@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
+# The reason of the UNAVAILABLE a lookup gets while the session's owner (of a
+# store of its own) is away: callers fail fast instead of waiting on it.
+OWNER_AWAY = "OWNER_AWAY"
+
 # How many heartbeat timeouts a dropped member's ownership entries are kept,
 # so that a member dropped by mistake (a network blip, a wrong unreachable
 # hint) gets its sessions back when it re-registers under the same id.
@@ -45,6 +49,7 @@ class MemberSpec:
     agent_name: str = ""
     inflight_turns: int = 0
     accepting: bool = True
+    shared_store: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class MemberRecord:
     registered_at: float  # wall clock, seconds since the epoch
     last_heartbeat: float  # wall clock, seconds since the epoch
     last_seen: float  # monotonic clock
+    # Servers: sessions live in a store every server shares, so they can move.
+    shared_store: bool = False
 
 
 class RouterState:
@@ -89,21 +96,20 @@ class RouterState:
         self._owner: dict[str, str] = {}  # session_id -> member_id
         # Reverse index, so dropping or purging a member costs O(its sessions).
         self._owned: dict[str, set[str]] = {}  # member_id -> session_ids
-        # Members dropped while still owning sessions -> monotonic drop time.
-        self._departed: dict[str, float] = {}
+        # Members dropped while still owning sessions -> monotonic drop time,
+        # and their last record (whether their sessions can move, a shared
+        # store, or stay theirs; their address).
+        self._departed: dict[str, tuple[float, MemberRecord]] = {}
         # Round-robin cursor: the server last assigned. Keyed by id rather
         # than an index so joins and departures do not skew the rotation.
         self._last_assigned: str | None = None
 
     # -- membership ---------------------------------------------------------
 
-    def register(
-        self, member: MemberSpec, sessions: Iterable[str] = (), *, rejoining: bool = False
-    ) -> MemberRecord:
+    def register(self, member: MemberSpec, *, rejoining: bool = False) -> MemberRecord:
         """Add a member, or refresh it if its id is live. A member coming back
-        under a dropped id keeps the sessions nobody took over meanwhile; a
-        server also claims the ``sessions`` it says it owns (after a router
-        restart), unless another live server owns them."""
+        under a dropped id keeps the sessions nobody took over meanwhile (and
+        reports the ones it owns with ``report_sessions``)."""
         now, wall = self._clock(), self._wall_clock()
         role = Role(member.role)
         previous = self._members.get(member.member_id)
@@ -117,17 +123,21 @@ class RouterState:
             registered_at=previous.registered_at if previous else wall,
             last_heartbeat=wall,
             last_seen=now,
+            shared_store=member.shared_store,
         )
         self._members[member.member_id] = record
         self._departed.pop(member.member_id, None)
+        for gone, (_, last) in list(self._departed.items()):
+            if last.address == member.address:
+                # Another process serves its address now: it is dead for sure,
+                # and what only it held is gone (a restarted memory server).
+                log.info(
+                    "member %s was replaced at %s; forgetting its sessions", gone, last.address
+                )
+                self._forget_sessions_of(gone)
         if rejoining:
             # Other members will re-register within a heartbeat timeout.
             self._warm_until = max(self._warm_until, now + self.heartbeat_timeout)
-        if role == Role.SERVER:
-            for session_id in sessions:
-                owner = self._owner.get(session_id)
-                if owner is None or owner not in self._members:
-                    self._assign(session_id, member.member_id)
         if previous is None:
             log.info(
                 "member joined: %s role=%s address=%s agent=%r sessions=%d",
@@ -150,6 +160,17 @@ class RouterState:
                 member.agent_name,
             )
         return record
+
+    def report_sessions(self, member_id: str, sessions: Iterable[str]) -> None:
+        """A live server owns these sessions (its store says so: a shared
+        store's lease, or a store of its own), so they route to it, whatever
+        this table said. NotFound if the member is not live."""
+        record = self._members.get(member_id)
+        if record is None or record.role != Role.SERVER:
+            raise NotFound("unknown server; register again", reason="UNKNOWN_MEMBER")
+        for session_id in sessions:
+            if self._owner.get(session_id) != member_id:
+                self._assign(session_id, member_id)
 
     def heartbeat(self, member_id: str, inflight: int, accepting: bool) -> bool:
         """Mark a member alive. False if unknown, including a member that
@@ -185,7 +206,7 @@ class RouterState:
         ]
         for member_id in dropped:
             self._drop(member_id, "missed heartbeats")
-        for member_id, since in list(self._departed.items()):
+        for member_id, (since, _) in list(self._departed.items()):
             if now - since > self._orphan_ttl:
                 self._forget_sessions_of(member_id)
         return sorted(dropped)
@@ -229,6 +250,13 @@ class RouterState:
             owner = self._members.get(owner_id)
             if owner is not None and owner.role == Role.SERVER:
                 return owner, False
+            departed = self._departed.get(owner_id)
+            if departed is not None and not departed[1].shared_store:
+                # Its sessions live only in its own store: they wait for it.
+                raise Unavailable(
+                    f"the server that holds session {session_id!r} is unreachable; retry",
+                    reason=OWNER_AWAY,
+                )
         elif lookup_only:
             if self._clock() < self._warm_until or (caller and caller not in self._members):
                 raise Unavailable("the router restarted and is still learning who owns what")
@@ -286,9 +314,10 @@ class RouterState:
             return False
         owned = len(self._owned.get(member_id, ()))
         if owned:
-            # Kept, not reassigned now: each moves lazily on its next route,
-            # and the member gets them back if it re-registers first.
-            self._departed[member_id] = self._clock()
+            # Kept, not reassigned now: each moves lazily on its next route
+            # (with a shared store), and the member gets them back if it
+            # re-registers first.
+            self._departed[member_id] = (self._clock(), record)
         log.info(
             "member dropped (%s): %s role=%s owned_sessions=%d",
             reason,

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
 
+from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.runtime.tls import PLAINTEXT, Transport
@@ -31,6 +32,17 @@ class MemberInfo:
     role: rpb.MemberRole.ValueType
     address: str
     agent_name: str = ""
+    # Servers: whether their session store is shared (their sessions can move).
+    shared_store: bool = False
+
+
+# Sessions a server reports in one ReportSessions call (the router takes at
+# most 10,000): a few hundred KiB, far below any message limit.
+REPORT_PAGE_SIZE = 5_000
+
+
+async def _no_sessions() -> list[str]:
+    return []
 
 
 class Membership:
@@ -42,10 +54,11 @@ class Membership:
         mesh_key: str | None = None,
         inflight: Callable[[], int] = lambda: 0,
         accepting: Callable[[], bool] = lambda: True,
-        owned_sessions: Callable[[], list[str]] = list,
+        owned_sessions: Callable[[], Awaitable[list[str]]] = _no_sessions,
         on_rejoined: Callable[[], None] = lambda: None,
         heartbeat_interval: float = 1.0,
         transport: Transport = PLAINTEXT,
+        report_page_size: int = REPORT_PAGE_SIZE,
     ) -> None:
         self.member = member
         # Servers open their channels to workers and other servers with it too.
@@ -57,6 +70,7 @@ class Membership:
         self._accepting = accepting
         self._owned_sessions = owned_sessions
         self._on_rejoined = on_rejoined
+        self._page_size = report_page_size
         self._interval = heartbeat_interval
         self._task: asyncio.Task[None] | None = None
         self.registered = asyncio.Event()
@@ -82,13 +96,26 @@ class Membership:
                     agent_name=m.agent_name,
                     inflight_turns=self._inflight(),
                     accepting=self._accepting(),
+                    shared_store=m.shared_store,
                 ),
-                session_ids=self._owned_sessions(),
                 rejoining=self._forgotten,
             ),
             metadata=self._metadata,
             timeout=5,
         )
+        # What we own, in pages, before we count as registered: a router that
+        # forgot us learns our sessions before it routes anything to us.
+        owned = await self._owned_sessions()
+        for start in range(0, len(owned), self._page_size):
+            await self.router.ReportSessions(
+                rpb.ReportSessionsRequest(
+                    member_id=m.member_id, session_ids=owned[start : start + self._page_size]
+                ),
+                metadata=self._metadata,
+                timeout=5,
+            )
+        if owned:
+            log.info("reported %d owned sessions to the router", len(owned))
         interval = response.heartbeat_interval.ToTimedelta().total_seconds()
         if interval > 0:
             self._interval = interval
@@ -125,6 +152,8 @@ class Membership:
                 if not unreachable:
                     log.warning("router unreachable (%s); retrying", exc.code().name)
                 unreachable = True
+            except Unavailable as exc:  # what we own cannot be checked yet
+                log.warning("cannot register yet: %s", exc)
             else:
                 if unreachable:
                     log.info("router reachable again")

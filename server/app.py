@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
+from typing import cast
 
 import grpc
 
@@ -27,6 +29,7 @@ from turnmesh.server.compat import CompatServicer, Mesh
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import Forwarder
+from turnmesh.server.leases import Leases, LeaseStore
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.routing import RouterClient
 from turnmesh.server.service import SessionServicer
@@ -85,25 +88,43 @@ class SessionServer:
         secured = bool(c.mesh_key or c.tls) and self.api_keys.configured
         check_bind_host(c.host, secured, c.allow_open)
         transport = Transport.from_files(c.tls)
+        self.store = open_store(c.store, c.event_log_ttl_seconds)
+        self._opened.push_async_callback(self.store.close)
+        await self.store.open()
+        # A shared store decides who owns a session, by lease.
+        self.leases = (
+            Leases(cast(LeaseStore, self.store), self.member_id, c.lease_seconds)
+            if self.store.shared
+            else None
+        )
         # The address is known only after binding, so membership is built after.
-        placeholder = MemberInfo(self.member_id, rpb.MEMBER_ROLE_SERVER, "")
+        placeholder = MemberInfo(
+            self.member_id, rpb.MEMBER_ROLE_SERVER, "", shared_store=self.store.shared
+        )
         self._membership = Membership(
             c.router_address,
             placeholder,
             mesh_key=c.mesh_key,
             inflight=lambda: self.core.running_turns,
             accepting=lambda: self.state != spb.LIFECYCLE_STATE_SHUTTING_DOWN,
-            owned_sessions=lambda: self.ownership.owned(),
-            on_rejoined=lambda: self.ownership.forget_all(),
+            owned_sessions=lambda: self.ownership.verified(),
+            on_rejoined=lambda: self.ownership.forget_routes(),
             transport=transport,
+            report_page_size=c.report_page_size,
         )
         self.workers = WorkerPool(self._membership)
         self.router = RouterClient(self._membership)
         self.ownership = SessionOwnership(
-            self.member_id, self.router, holds=lambda session_id: self.core.holds(session_id)
+            self.member_id,
+            self.router,
+            holds=lambda session_id: self.core.holds(session_id),
+            leases=self.leases,
         )
-        self.store = open_store(c.store, c.event_log_ttl_seconds)
-        self._opened.push_async_callback(self.store.close)
+        if not self.store.shared:
+            # A store no other server has (SQLite, locked to us): every
+            # session in it is ours, and the router learns so when we register.
+            for session_id in await self.store.idle_sessions(math.inf):
+                self.ownership.claim(session_id)
         self._opened.push_async_callback(self.router.close)
         # The config is the core's limits (a ServerConfig is a SessionLimits).
         self.core = SessionCore(self.store, self.workers, c.default_agent, c, self.ownership)
@@ -151,6 +172,11 @@ class SessionServer:
         if c.advertise_host:
             address = f"{c.advertise_host}:{self._process.bound_port}"
         placeholder.address = address
+        if self.leases is not None:
+            # Held before the router can route anything here; given up (last
+            # thing before the store closes) so our sessions move at once.
+            await self.leases.start(address)
+            self._opened.push_async_callback(self.leases.stop)
         self._membership.start()
         self._opened.push_async_callback(self._membership.stop)
         self.workers.start()

@@ -40,7 +40,10 @@ class SessionLimits(BaseModel):
     max_sessions: int = Field(
         default=100_000,
         gt=0,
-        description="sessions held before new ones get RESOURCE_EXHAUSTED (429)",
+        description=(
+            "sessions held before new ones get RESOURCE_EXHAUSTED (429); with a Redis"
+            " store, sessions in the whole mesh"
+        ),
     )
     max_queued_per_session: int = Field(
         default=64, gt=0, description="turns waiting on one session before new ones get 429"
@@ -52,7 +55,18 @@ class ServerConfig(MemberConfig, SessionLimits):
 
     router_address: str = Field(description="the router, host:port")
     default_agent: str = Field(default="demo", description="the agent of sessions that name none")
-    store: str = Field(default="memory", description="memory, sqlite:PATH, or redis://HOST:PORT/DB")
+    store: str = Field(
+        default="memory",
+        description="memory, sqlite:PATH, redis://HOST:PORT/DB or redis+cluster://HOST:PORT",
+    )
+    lease_seconds: float = Field(
+        default=6.0,
+        gt=0,
+        description=(
+            "with a shared store: how long a server's hold on its sessions outlasts its"
+            " last renewal (a dead server's sessions move after this)"
+        ),
+    )
     # Public API keys (plain; kept hashed in memory) and/or a file of them.
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = Field(
@@ -61,6 +75,12 @@ class ServerConfig(MemberConfig, SessionLimits):
     )
     rate_limit: float | None = Field(
         default=None, gt=0, description="requests a second allowed per API key (429 beyond it)"
+    )
+    report_page_size: int = Field(
+        default=5_000,
+        gt=0,
+        le=10_000,
+        description="sessions per message when telling a restarted router what this server owns",
     )
     advertise_host: str | None = Field(
         default=None, description="how other members reach this server, if not `host`"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from turnmesh.runtime import metrics
-from turnmesh.runtime.errors import NotFound, ResourceExhausted, Unavailable
+from turnmesh.runtime.errors import AlreadyExists, NotFound, ResourceExhausted, Unavailable
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.eventlog import EventLogs, TurnLog
@@ -58,11 +58,12 @@ class SessionCore:
             limits.event_log_ttl_seconds,
             store,
         )
-        self.runner = TurnRunner(store, workers)
         self._turns: dict[str, SessionTurns] = {}
         self.draining = False
         # Told when sessions are created here and when they go.
         self.ownership = ownership or SessionOwnership("")
+        # A turn whose commit was fenced off: the session is no longer ours.
+        self.runner = TurnRunner(store, workers, on_lost=self.ownership.release)
 
     # Sessions ---------------------------------------------------------------
 
@@ -82,6 +83,22 @@ class SessionCore:
         metadata: struct_pb2.Struct,
         messages: list[message_pb2.Message] | None = None,
     ) -> spb.Session:
+        try:
+            return await self._create(session_id, agent_name, metadata, messages)
+        except AlreadyExists:
+            raise
+        except Exception:
+            # Refused (full, no agent, store down): the route given for it goes too.
+            await self.ownership.unassign(session_id)
+            raise
+
+    async def _create(
+        self,
+        session_id: str,
+        agent_name: str,
+        metadata: struct_pb2.Struct,
+        messages: list[message_pb2.Message] | None,
+    ) -> spb.Session:
         agent = await self.require_agent(agent_name)
         if await self.store.count() >= self.limits.max_sessions:
             raise ResourceExhausted(
@@ -94,9 +111,10 @@ class SessionCore:
             created_at=t,
             last_activity=t,
             metadata=json_format.MessageToDict(metadata),
+            owner=self.ownership.new_token(),
         )
         await self.store.create(record, messages)
-        self.ownership.claim(record.session_id)
+        self.ownership.claim(record.session_id, record.owner)
         metrics.ACTIVE_SESSIONS.set(await self.store.count())
         return self._to_proto(record)
 
@@ -147,6 +165,7 @@ class SessionCore:
         if self.draining:
             raise Unavailable("this server is shutting down; retry on another")
         record = await self.get_record(request.session_id)
+        fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
         key = request.idempotency_key
         earlier: str | None = None
@@ -181,7 +200,7 @@ class SessionCore:
             turns.rejoin(arrived)
             return self.logs.get(record.session_id, arrived)
         turn = turns.submit(
-            request.message, list(request.files), request.metadata, request.policy, key
+            request.message, list(request.files), request.metadata, request.policy, key, fence
         )
         if key:
             await self.store.set_key(record.session_id, key, turn.turn_id)

@@ -2,9 +2,11 @@
 the owner to take it, and follow the session when its owner is unreachable
 (rerouted at once) or silent (asked about until the session moves).
 
-An owner sends its response headers as soon as it takes a forwarded call, so
-a forwarding server can tell "took it and is working" from "frozen or cut
-off" long before TCP or gRPC keepalives would.
+An owner sends its response headers (with ``TOOK_CALL_METADATA``) as soon as
+it takes a forwarded call, so a forwarding server can tell "took it and is
+working" from "frozen or cut off" long before TCP or gRPC keepalives would,
+and an owner's own UNAVAILABLE answer (draining, held elsewhere: passed to the
+caller, who retries) from an owner it cannot reach (reported to the router).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ Event = event_pb2.Event
 # Set on calls one server forwards to another: the receiver handles them
 # locally, so a stale route can never bounce a call around.
 FORWARDED_METADATA = "x-turnmesh-forwarded"
+# In the headers of an owner that took a forwarded call.
+TOOK_CALL_METADATA = "x-turnmesh-owner"
 
 # How long a forwarding server waits for the owner's response headers before
 # it asks the router whether the session moved, and for how long in all.
@@ -94,7 +98,7 @@ class Forwarder:
                 response: Response = await call
                 return response
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or retried:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or retried or await _took(call):
                     raise OwnerFailed(exc) from exc
                 retried = True
                 placement = await self._ownership.after_unreachable(session_id, placement.owner)
@@ -126,7 +130,7 @@ class Forwarder:
                 return
             except grpc.aio.AioRpcError as exc:
                 unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
-                if not unreachable or retried:
+                if not unreachable or retried or await _took(call):
                     raise OwnerFailed(exc) from exc
                 retried = True
                 placement = await self._ownership.after_unreachable(session_id, placement.owner)
@@ -145,10 +149,21 @@ class Forwarder:
                 return Answered()
             except TimeoutError:
                 pass
-            moved = await self._ownership.after_silence(session_id, owner)
+            try:
+                moved = await self._ownership.after_silence(session_id, owner)
+            except Unavailable:
+                call.cancel()
+                raise
             if moved is not None:
                 call.cancel()
                 return Moved(moved)
             if time.monotonic() > give_up:
                 call.cancel()
                 raise Unavailable("the server that owns this session does not answer")
+
+
+async def _took(call: grpc.aio.Call) -> bool:
+    """Whether the owner took the call (its headers say so): its errors are
+    its answers, not signs that it is unreachable."""
+    metadata = await call.initial_metadata()
+    return any(key == TOOK_CALL_METADATA for key, _ in metadata or ())

@@ -5,6 +5,14 @@ a session, here (``Local``) or the owner it is forwarded to (``Forward``).
 owns (created here or routed here; reported when it re-registers with a
 restarted router) and the cached routes to other servers' sessions (from the
 router, which assigns owners). Nothing else keeps either.
+
+With a shared store (Redis) the router only suggests: a session is this
+server's when the store says so under its lease (``server.leases``), checked
+before a session is served here the first time, after this server's lease
+lapsed, and at every commit. Without the router a server serves the sessions
+it holds, forwards calls for sessions another live server holds, and refuses
+the rest (UNAVAILABLE, retryable); it never takes a session over without the
+router. With a store of one server (memory, SQLite) sessions never move.
 """
 
 from __future__ import annotations
@@ -14,17 +22,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from turnmesh.router.state import OWNER_AWAY
 from turnmesh.runtime.errors import Unavailable
+from turnmesh.server.leases import HeldBy, Leases, Mine, Missing, Owner
+
+__all__ = ["LOCAL", "Forward", "Local", "Owner", "Placement", "Router", "SessionOwnership"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Owner:
-    """A session server that owns sessions: its member id and address."""
-
-    member_id: str
-    address: str
 
 
 @dataclass(frozen=True)
@@ -64,28 +68,38 @@ class SessionOwnership:
         member_id: str,
         router: Router | None = None,
         holds: Callable[[str], Awaitable[bool]] | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.member_id = member_id
         self._router = router
-        # Whether this server's store holds the session (the fallback while
-        # the router is unreachable).
+        # Whether this server's store holds the session: the fallback, while
+        # the router is unreachable, of a store no other server shares.
         self._holds = holds
-        self._owned: set[str] = set()
+        self._leases = leases
+        # Owned session -> the lease token it carries ("" without leases).
+        self._owned: dict[str, str] = {}
         self._routes: dict[str, Owner] = {}
+        if leases is not None:
+            leases.on_lapse = self._recheck
 
     # What this server owns --------------------------------------------------
 
     def owns(self, session_id: str) -> bool:
         return session_id in self._owned
 
-    def claim(self, session_id: str) -> None:
+    def new_token(self) -> str:
+        """The owner token a session created here carries ("" without leases)."""
+        return self._leases.new_token() if self._leases is not None else ""
+
+    def claim(self, session_id: str, token: str = "") -> None:
         """This server owns the session (it created it, or the router said so)."""
-        self._owned.add(session_id)
+        self._owned[session_id] = token
         self._routes.pop(session_id, None)
 
     def release(self, session_id: str) -> None:
-        """The session is gone from this server (deleted, expired, not found)."""
-        self._owned.discard(session_id)
+        """The session is gone from this server (deleted, expired, not found,
+        or taken over)."""
+        self._owned.pop(session_id, None)
         self._routes.pop(session_id, None)
 
     async def drop(self, session_id: str) -> None:
@@ -94,14 +108,49 @@ class SessionOwnership:
         if self._router is not None:
             await self._router.remove_session(session_id)
 
+    async def unassign(self, session_id: str) -> None:
+        """A create routed here failed: the router forgets the route it gave,
+        so refused creates leave nothing behind."""
+        if session_id not in self._owned and self._router is not None:
+            await self._router.remove_session(session_id)
+
+    def fence(self, session_id: str, owner: str) -> str:
+        """The token a turn on the session commits under. ``owner``: the
+        token the store's record carries now. Unavailable (retry: the call is
+        placed again) if the session is no longer this server's."""
+        if self._leases is None:
+            return ""
+        token = self._owned.get(session_id)
+        if token is None or token != owner:
+            self.release(session_id)
+            raise Unavailable(f"session {session_id!r} moved to another server; retry")
+        return token
+
     def owned(self) -> list[str]:
-        """The sessions this server owns, for re-registering with the router."""
+        """The sessions this server owns."""
         return sorted(self._owned)
 
-    def forget_all(self) -> None:
-        """The router restarted and may have moved sessions: ask it again."""
-        self._owned.clear()
+    async def verified(self) -> list[str]:
+        """The sessions this server owns, checked against the store if our
+        lease lapsed: what it reports to a router that forgot it."""
+        if self._leases is not None:
+            await self._leases.ensure()
+        return sorted(self._owned)
+
+    def forget_routes(self) -> None:
+        """The router restarted and may have moved sessions: ask it again.
+        What this server owns stays: its store (and lease) say so."""
         self._routes.clear()
+
+    async def _recheck(self) -> None:
+        """Our lease lapsed: keep only the sessions that still carry our token."""
+        assert self._leases is not None
+        kept = await self._leases.still_mine(dict(self._owned))
+        lost = [s for s in self._owned if s not in kept]
+        for session_id in lost:
+            self.release(session_id)
+        if lost:
+            log.warning("%d sessions were taken over while this server was away", len(lost))
 
     # Where a call runs ------------------------------------------------------
 
@@ -110,18 +159,38 @@ class SessionOwnership:
         session an owner (creating it); else an unknown session is handled
         here (and is not found)."""
         if session_id in self._owned:
-            return LOCAL
+            if self._leases is None or self._leases.fresh():
+                return LOCAL
+            await self._leases.ensure()  # lapsed: rechecks what we own
+            if session_id in self._owned:
+                return LOCAL
         cached = self._routes.get(session_id)
         if cached is not None:
             return Forward(cached)
         try:
             owner = await self._ask(session_id, assign=assign)
-        except Unavailable:
-            # Without the router, serve what this server's store holds rather than fail.
-            if self._holds is not None and await self._holds(session_id):
-                return LOCAL
-            raise
-        return self._placement(session_id, owner)
+        except Unavailable as exc:
+            if exc.reason == OWNER_AWAY:
+                raise  # its owner is away, and nobody else has it: retry later
+            return await self._without_router(session_id, assign=assign)
+        return await self._placement(session_id, owner, assign=assign)
+
+    async def accept_forwarded(self, session_id: str) -> None:
+        """Another server forwarded a call here (the router named us): take
+        the session if nobody's lease holds it. Unavailable if another live
+        server holds it (the caller retries once the router knows)."""
+        if self._leases is None:
+            return
+        if session_id in self._owned and self._leases.fresh():
+            return
+        # The router named us: a holder it moved the session from is dead to it.
+        claim = await self._leases.claim(session_id, take=True, wait=True)
+        if isinstance(claim, Mine):
+            self.claim(session_id, claim.token)
+        elif isinstance(claim, HeldBy):
+            raise Unavailable(
+                f"session {session_id!r} is held by another server ({claim.owner.member_id}); retry"
+            )
 
     async def after_unreachable(self, session_id: str, unreachable: Owner) -> Placement:
         """The owner could not be reached: tell the router (it drops that
@@ -129,7 +198,7 @@ class SessionOwnership:
         for sid in [s for s, o in self._routes.items() if o.member_id == unreachable.member_id]:
             del self._routes[sid]
         owner = await self._ask(session_id, unreachable=unreachable)
-        return self._placement(session_id, owner)
+        return await self._placement(session_id, owner, unreachable=unreachable)
 
     async def after_silence(self, session_id: str, silent: Owner) -> Placement | None:
         """The owner took a call but says nothing (frozen, or cut off). Ask the
@@ -139,12 +208,17 @@ class SessionOwnership:
         self._routes.pop(session_id, None)
         try:
             owner = await self._ask(session_id)
-        except Unavailable:
+        except Unavailable as exc:
+            if exc.reason == OWNER_AWAY:
+                raise  # the router dropped it, and nobody else can serve it
             return None
         if owner is not None and owner.member_id == silent.member_id:
             self._routes[session_id] = owner
             return None
-        return self._placement(session_id, owner)
+        placement = await self._placement(session_id, owner)
+        if isinstance(placement, Forward) and placement.owner.member_id == silent.member_id:
+            return None  # its lease still holds it: keep waiting
+        return placement
 
     async def _ask(
         self, session_id: str, *, unreachable: Owner | None = None, assign: bool = False
@@ -153,11 +227,53 @@ class SessionOwnership:
             raise Unavailable("this server has no router")
         return await self._router.route(session_id, unreachable=unreachable, assign=assign)
 
-    def _placement(self, session_id: str, owner: Owner | None) -> Placement:
-        if owner is None:
-            return LOCAL  # nobody owns it: here it is not found (or created)
-        if owner.member_id == self.member_id:
-            self.claim(session_id)
+    async def _without_router(self, session_id: str, *, assign: bool) -> Placement:
+        """The router cannot be asked: serve what this server holds, forward
+        what another live server holds, refuse the rest."""
+        if assign:
+            raise Unavailable("the mesh router is unavailable; retry")
+        if self._leases is not None:
+            claim = await self._leases.claim(session_id, take=False)
+            if isinstance(claim, Mine):
+                self.claim(session_id, claim.token)
+                return LOCAL
+            if isinstance(claim, HeldBy):
+                self._routes[session_id] = claim.owner
+                return Forward(claim.owner)
+            return LOCAL  # no such session: not found here
+        if self._holds is not None and await self._holds(session_id):
+            return LOCAL  # a store no other server shares: ours
+        raise Unavailable("the mesh router is unavailable; retry")
+
+    async def _placement(
+        self,
+        session_id: str,
+        owner: Owner | None,
+        *,
+        assign: bool = False,
+        unreachable: Owner | None = None,
+    ) -> Placement:
+        if owner is not None and owner.member_id != self.member_id:
+            self._routes[session_id] = owner
+            return Forward(owner)
+        if assign:
+            return LOCAL  # created here: owned once the create succeeds
+        if self._leases is None:
+            if owner is not None:
+                self.claim(session_id)
+            return LOCAL  # nobody owns it: here it is not found
+        # Routed here, or known to nobody: the store's lease decides (and an
+        # owner found unreachable gets the rest of its lease to come back).
+        claim = await self._leases.claim(session_id, take=True, wait=unreachable is not None)
+        if isinstance(claim, Mine):
+            self.claim(session_id, claim.token)
             return LOCAL
-        self._routes[session_id] = owner
-        return Forward(owner)
+        if isinstance(claim, Missing):
+            return LOCAL  # not found here
+        if unreachable is not None and claim.owner.member_id == unreachable.member_id:
+            raise Unavailable(
+                f"the server holding session {session_id!r} cannot be reached and its lease"
+                " has not lapsed; retry"
+            )
+        self._routes[session_id] = claim.owner
+        return Forward(claim.owner)

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from turnmesh.router.state import OWNER_AWAY
 from turnmesh.runtime import tracing
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import Unavailable, from_rpc_error
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.server.ownership import Owner
@@ -51,6 +52,9 @@ class RouterClient:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return None
+            error = from_rpc_error(exc)
+            if error.reason == OWNER_AWAY:
+                raise Unavailable(error.detail, reason=OWNER_AWAY) from exc
             log.warning("router could not route %s: %s", session_id, exc.code())
             raise Unavailable("the mesh router is unavailable") from exc
         return Owner(response.owner.member_id, response.owner.address)

@@ -13,6 +13,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -80,9 +81,15 @@ class _Run:
 
 
 class TurnRunner:
-    def __init__(self, store: SessionStore, workers: WorkerPool) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        workers: WorkerPool,
+        on_lost: Callable[[str], None] = lambda session_id: None,
+    ) -> None:
         self._store = store
         self._workers = workers
+        self._on_lost = on_lost
         self.inflight = 0
 
     async def run(self, session_id: str, agent_name: str, turn: PendingTurn) -> None:
@@ -122,6 +129,7 @@ class TurnRunner:
             # declared it lost and its caller ran it again there. Nothing of
             # it was written; its result is void.
             log.warning("turn %s was taken over elsewhere; its result is discarded", turn.turn_id)
+            self._on_lost(session_id)
             if not tlog.done:
                 tlog.append(
                     TurnError.OWNER_LOST.event(
@@ -151,7 +159,9 @@ class TurnRunner:
         if end.usage:
             messages[-1].usage.CopyFrom(sum_usage(end.usage))
         final = tlog.stamp(_finished_event(run.started, end))
-        commit = asyncio.ensure_future(self._write(session_id, messages, final, tlog))
+        commit = asyncio.ensure_future(
+            self._write(session_id, messages, final, tlog, run.turn.fence)
+        )
         cancelled = False
         while not commit.done():
             try:
@@ -189,10 +199,11 @@ class TurnRunner:
         messages: list[message_pb2.Message],
         final: event_pb2.Event,
         tlog: TurnLog,
+        fence: str,
     ) -> None:
         await tlog.flush()
         with metrics.STORE_SECONDS.labels("commit_turn").time():
-            await self._store.commit_turn(session_id, messages, final, now())
+            await self._store.commit_turn(session_id, messages, final, now(), fence)
 
     def _account(self, session_id: str, run: _Run) -> None:
         """Metrics and the one log line a turn gets: ids, status, latency;

@@ -17,7 +17,12 @@ from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.server import validation
 from turnmesh.server.core import SessionCore
-from turnmesh.server.forwarding import FORWARDED_METADATA, Forwarder, OwnerFailed
+from turnmesh.server.forwarding import (
+    FORWARDED_METADATA,
+    TOOK_CALL_METADATA,
+    Forwarder,
+    OwnerFailed,
+)
 from turnmesh.server.ownership import Local, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -62,8 +67,10 @@ class SessionServicer(SessionServiceServicer):
 
     async def _place(self, session_id: str, context: Context, *, assign: bool) -> Placement:
         if self._forwarded(context):
-            # The forwarding server waits for these to know we took the call.
-            await context.send_initial_metadata(())
+            # The forwarding server waits for these to know we took the call
+            # (and that an error from here on is our answer).
+            await context.send_initial_metadata(((TOOK_CALL_METADATA, self._ownership.member_id),))
+            await self._ownership.accept_forwarded(session_id)
             return Local()
         return await self._ownership.place(session_id, assign=assign)
 

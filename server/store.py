@@ -1,9 +1,13 @@
 """Where sessions live: one interface, three backends.
 
 ``memory`` (this module), ``sqlite:PATH`` (``store_sqlite``) and
-``redis://HOST:PORT/DB`` (``store_redis``); ``open_store`` picks one from a
-URL. The contract every backend keeps: a turn is committed atomically (all of
-its messages and its terminal event, or nothing), and committing costs the
+``redis://HOST:PORT/DB`` or ``redis+cluster://HOST:PORT`` (``store_redis``);
+``open_store`` picks one from a URL. Only Redis is ``shared``: with it a
+session can move between servers, and leases (``server.leases``) say which
+one owns it; memory and SQLite belong to one server.
+
+The contract every backend keeps: a turn is committed atomically (all of its
+messages and its terminal event, or nothing), and committing costs the
 same whatever the history's length. Durable backends also keep each turn's
 events (``persists_events``), so a stream can be resumed after its server is
 gone, and idempotency keys, so a retried turn never runs twice.
@@ -30,9 +34,19 @@ class SessionRecord:
     last_activity: float
     metadata: dict[str, Any] = field(default_factory=dict)
     message_count: int = 0
+    # The lease token of the server that owns the session (shared stores only).
+    owner: str = ""
 
 
 class SessionStore(Protocol):
+    @property
+    def shared(self) -> bool:
+        """Whether every server sees the sessions (so a session can move to
+        another server, under a lease: ``server.leases``)."""
+
+    async def open(self) -> None:
+        """Connect, and bring data of an older layout up to date."""
+
     async def create(
         self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
     ) -> None:
@@ -58,10 +72,13 @@ class SessionStore(Protocol):
         messages: list[message_pb2.Message],
         final_event: event_pb2.Event,
         now: float,
+        fence: str = "",
     ) -> None:
         """Append a finished turn's messages and its RUN_FINISHED event in one
         atomic step; NotFound if the session is gone; TurnAbandoned (nothing
-        written) if another server gave the turn up for lost and re-ran it."""
+        written) if another server gave the turn up for lost and re-ran it, or
+        if ``fence`` (the owner token the turn started under) is no longer the
+        session's owner."""
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         """Make sure the turn never commits (its owner vanished, so a retry
@@ -93,6 +110,10 @@ class SessionStore(Protocol):
     async def close(self) -> None: ...
 
 
+class StoreInUse(RuntimeError):
+    """The store belongs to another server (a SQLite file is one server's)."""
+
+
 class TurnAbandoned(Exception):
     """The turn was given up for lost and re-run elsewhere: its result is void."""
 
@@ -105,6 +126,13 @@ class MemoryStore:
         # Serialized: a few hundred bytes less per message than live protobuf
         # objects, and turns read only the tail they need.
         self._messages: dict[str, list[bytes]] = {}
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    async def open(self) -> None:
+        return None
 
     async def create(
         self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
@@ -147,8 +175,10 @@ class MemoryStore:
         messages: list[message_pb2.Message],
         final_event: event_pb2.Event,
         now: float,
+        fence: str = "",
     ) -> None:
-        # The event log of this process holds the final event.
+        # The event log of this process holds the final event; no other
+        # server can own the session, so there is nothing to fence.
         await self.append_messages(session_id, messages, now)
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
@@ -200,6 +230,7 @@ class TurnCommits(abc.ABC):
         messages: list[message_pb2.Message],
         final_event: event_pb2.Event | None,
         now: float,
+        fence: str = "",
     ) -> None: ...
 
     async def append_messages(
@@ -213,8 +244,9 @@ class TurnCommits(abc.ABC):
         messages: list[message_pb2.Message],
         final_event: event_pb2.Event,
         now: float,
+        fence: str = "",
     ) -> None:
-        await self._commit(session_id, messages, final_event, now)
+        await self._commit(session_id, messages, final_event, now, fence)
 
     @abc.abstractmethod
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool: ...
@@ -225,15 +257,19 @@ def now() -> float:
 
 
 def open_store(url: str, event_ttl_seconds: float) -> SessionStore:
-    """A store from ``memory``, ``sqlite:PATH`` or ``redis://HOST:PORT/DB``."""
+    """A store from ``memory``, ``sqlite:PATH``, ``redis://HOST:PORT/DB`` or
+    ``redis+cluster://HOST:PORT`` (any node of a Redis Cluster)."""
     if url in ("", "memory"):
         return MemoryStore()
     if url.startswith("sqlite:"):
         from turnmesh.server.store_sqlite import SqliteStore
 
         return SqliteStore(url.removeprefix("sqlite:"), event_ttl_seconds)
-    if url.startswith(("redis://", "rediss://")):
+    if url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
         from turnmesh.server.store_redis import RedisStore
 
         return RedisStore(url, event_ttl_seconds)
-    raise ValueError(f"unknown store {url!r}: use memory, sqlite:PATH or redis://HOST:PORT/DB")
+    raise ValueError(
+        f"unknown store {url!r}: use memory, sqlite:PATH, redis://HOST:PORT/DB"
+        " or redis+cluster://HOST:PORT"
+    )

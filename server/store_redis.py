@@ -1,12 +1,26 @@
-"""SessionStore on Redis: shared by every server, so a session survives the
-loss of its owner and a stream can be resumed on any server.
+"""SessionStore on Redis (one node or a Redis Cluster): shared by every
+server, so a session survives the loss of its owner and a stream can be
+resumed on any server.
 
-Keys, per session S: ``tm:s:S`` (hash: the record), ``tm:h:S`` (list: history,
-one protobuf per message, appended with RPUSH), ``tm:e:S:TURN`` (list: the
-turn's events, expiring), ``tm:k:S`` (hash: idempotency key -> turn),
-``tm:t:S`` (set: turns with events, for deletion); ``tm:idle`` (sorted set by
-last activity). Creating a session and committing a turn are Lua scripts, so
-each is atomic and a commit to a deleted session cannot resurrect it.
+Keys. Every key of session S carries the hash tag ``{S'}`` (S with ``%``,
+``{`` and ``}`` percent-escaped, so the encoding is injective), so all of a
+session's keys live on one cluster slot and its scripts never cross slots:
+``tm:{S'}:s`` (hash: the record, and ``owner``, the lease token of the server
+that owns it), ``tm:{S'}:h`` (list: history, one protobuf per message),
+``tm:{S'}:e:T`` (list: turn T's events, expiring), ``tm:{S'}:x:T`` (turn T's
+commit status, expiring), ``tm:{S'}:k`` (hash: idempotency key -> turn),
+``tm:{S'}:t`` (set: turns with events, for deletion). Turn ids come last, so
+``S`` + ``T`` never reads another session's keys.
+
+Indexes that span sessions are sharded, each shard its own slot and written
+beside (not inside) the per-session scripts: ``tm:idle:{N}`` (N in 0..15,
+sorted sets of sessions by last activity; their total is the mesh-wide
+session count), ``tm:m:{M'}`` (member M's lease: its address, expiring).
+
+Creating a session, committing a turn and taking a session over are Lua
+scripts, each atomic on its slot: a commit to a deleted session cannot
+resurrect it, and a commit whose lease token is no longer the session's owner
+writes nothing (``TurnAbandoned``).
 """
 
 from __future__ import annotations
@@ -15,51 +29,68 @@ import functools
 import inspect
 import json
 import logging
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
 from turnmesh.server.store import SessionRecord, TurnAbandoned, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
-IDLE = "tm:idle"
-# Redis refusing service (auth, protected mode, loading, a read-only replica).
-REFUSALS = ("DENIED", "NOAUTH", "WRONGPASS", "LOADING", "READONLY", "MASTERDOWN")
+IDLE_SHARDS = 16
+SCHEMA_KEY = "tm:schema"
+SCHEMA_VERSION = 2
+# Redis refusing service (auth, protected mode, loading, a read-only replica,
+# a cluster that is down or resharding).
+REFUSALS = (
+    "DENIED",
+    "NOAUTH",
+    "WRONGPASS",
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+)
 T = TypeVar("T")
+Client = redis.Redis | RedisCluster
 log = logging.getLogger(__name__)
 
-# KEYS: record, history, idle. ARGV: id, agent, created, activity, metadata, n, messages...
+# KEYS: record, history. ARGV: agent, created, activity, metadata, n, owner, messages...
 CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'agent_name', ARGV[2], 'created_at', ARGV[3],
-           'last_activity', ARGV[4], 'metadata', ARGV[5], 'message_count', ARGV[6])
+redis.call('HSET', KEYS[1], 'agent_name', ARGV[1], 'created_at', ARGV[2],
+           'last_activity', ARGV[3], 'metadata', ARGV[4], 'message_count', ARGV[5],
+           'owner', ARGV[6])
 for i = 7, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 return 1
 """
 
-# KEYS: record, history, idle, events, turns, turn status.
-# ARGV: id, activity, ttl, final event or '', turn, messages...
+# KEYS: record, history, events, turns, turn status.
+# ARGV: activity, ttl, final event or '', turn, fence or '', messages...
+# 0: no session; 2: void (another server owns the session now, or the turn
+# was given up for lost); 1: committed.
 COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[4] ~= '' then
-  if redis.call('GET', KEYS[6]) == 'abandoned' then return 2 end
-  redis.call('SET', KEYS[6], 'committed', 'EX', ARGV[3])
+if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5] then return 2 end
+if ARGV[3] ~= '' then
+  if redis.call('GET', KEYS[5]) == 'abandoned' then return 2 end
+  redis.call('SET', KEYS[5], 'committed', 'EX', ARGV[2])
 end
 for i = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 5)
-redis.call('HSET', KEYS[1], 'last_activity', ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-if ARGV[4] ~= '' then
-  redis.call('RPUSH', KEYS[4], ARGV[4])
-  redis.call('EXPIRE', KEYS[4], ARGV[3])
-  redis.call('SADD', KEYS[5], ARGV[5])
+redis.call('HSET', KEYS[1], 'last_activity', ARGV[1])
+if ARGV[3] ~= '' then
+  redis.call('RPUSH', KEYS[3], ARGV[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
+  redis.call('SADD', KEYS[4], ARGV[4])
 end
 return 1
 """
-
 
 # KEYS: turn status. ARGV: ttl. 1: abandoned (now or before), 0: committed.
 ABANDON = """
@@ -68,6 +99,58 @@ if status == 'committed' then return 0 end
 redis.call('SET', KEYS[1], 'abandoned', 'EX', ARGV[1])
 return 1
 """
+
+# KEYS: record. ARGV: the owner expected, the new owner. 1: swapped; 0: the
+# owner was not the one expected; -1: no session.
+SWAP_OWNER = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local owner = redis.call('HGET', KEYS[1], 'owner') or ''
+if owner ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'owner', ARGV[2])
+return 1
+"""
+
+# KEYS: record. ARGV: activity. Touches only a session that exists.
+TOUCH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'last_activity', ARGV[1])
+return 1
+"""
+
+
+def tag(value: str) -> str:
+    """``value`` as a hash tag: percent-escaped so that it holds no brace
+    (which would end the tag early) and two values never share a tag."""
+    escaped = value.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    return "{" + escaped + "}"
+
+
+class Keys:
+    """The keys of one session (all on the slot of its hash tag)."""
+
+    __slots__ = ("_prefix", "history", "keys", "record", "turns")
+
+    def __init__(self, session_id: str) -> None:
+        self._prefix = f"tm:{tag(session_id)}:"
+        self.record = self._prefix + "s"
+        self.history = self._prefix + "h"
+        self.keys = self._prefix + "k"
+        self.turns = self._prefix + "t"
+
+    def events(self, turn_id: str) -> str:
+        return f"{self._prefix}e:{turn_id}"
+
+    def status(self, turn_id: str) -> str:
+        return f"{self._prefix}x:{turn_id}"
+
+
+def idle_key(session_id: str) -> str:
+    """The shard of the idle index that holds the session."""
+    return f"tm:idle:{{{zlib.crc32(session_id.encode()) % IDLE_SHARDS}}}"
+
+
+def member_key(member_id: str) -> str:
+    return f"tm:m:{tag(member_id)}"
 
 
 def _unavailable_when_down(cls: type[T]) -> type[T]:
@@ -87,6 +170,9 @@ def _unavailable_when_down(cls: type[T]) -> type[T]:
                         raise  # our own mistake (a script error): internal, logged as such
                     log.warning("the session store failed: %s", type(exc).__name__)
                     raise Unavailable("the session store is unavailable") from exc
+                except RedisClusterException as exc:
+                    log.warning("the session store's cluster failed: %s", exc)
+                    raise Unavailable("the session store is unavailable") from exc
 
             return guarded
 
@@ -94,34 +180,61 @@ def _unavailable_when_down(cls: type[T]) -> type[T]:
     return cls
 
 
+def connect(url: str) -> Client:
+    """A client for ``redis://``, ``rediss://`` or ``redis+cluster://`` (a
+    Redis Cluster, found from any one of its nodes)."""
+    # Bounded waits: a Redis behind a cut link must fail calls, not hang them.
+    timeouts: dict[str, Any] = {"socket_timeout": 10, "socket_connect_timeout": 5}
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        plain = url.replace("+cluster://", "://", 1)
+        return RedisCluster.from_url(plain, **timeouts)
+    return redis.Redis.from_url(url, **timeouts)
+
+
 @_unavailable_when_down
 class RedisStore(TurnCommits):
     def __init__(self, url: str, event_ttl_seconds: float) -> None:
-        # Bounded waits: a Redis behind a cut link must fail calls, not hang them.
-        self._redis = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        self._redis = connect(url)
         self._ttl = max(1, int(event_ttl_seconds))
         self._create = self._redis.register_script(CREATE)
         self._commit_script = self._redis.register_script(COMMIT)
         self._abandon_script = self._redis.register_script(ABANDON)
+        self._swap_script = self._redis.register_script(SWAP_OWNER)
+        self._touch_script = self._redis.register_script(TOUCH)
 
-    @staticmethod
-    def _keys(session_id: str) -> tuple[str, str]:
-        return f"tm:s:{session_id}", f"tm:h:{session_id}"
+    @property
+    def shared(self) -> bool:
+        return True
+
+    async def open(self) -> None:
+        """Check the server answers and bring data of an older layout up to date."""
+        from turnmesh.server.store_redis_migrate import migrate
+
+        await migrate(self._redis)
+
+    # Sessions ---------------------------------------------------------------
 
     async def create(
-        self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
+        self,
+        record: SessionRecord,
+        messages: list[message_pb2.Message] | None = None,
     ) -> None:
         initial = list(messages or [])
-        record_key, history_key = self._keys(record.session_id)
+        keys = Keys(record.session_id)
+        # Indexed first: a crash in between leaves an index entry without a
+        # session (dropped at its expiry), never a session nobody expires.
+        await self._redis.zadd(
+            idle_key(record.session_id), {record.session_id: record.last_activity}, nx=True
+        )
         created = await self._create(
-            keys=[record_key, history_key, IDLE],
+            keys=[keys.record, keys.history],
             args=[
-                record.session_id,
                 record.agent_name,
                 repr(record.created_at),
                 repr(record.last_activity),
                 json.dumps(record.metadata),
                 len(initial),
+                record.owner,
                 *(m.SerializeToString() for m in initial),
             ],
         )
@@ -130,7 +243,7 @@ class RedisStore(TurnCommits):
         record.message_count = len(initial)
 
     async def get(self, session_id: str) -> SessionRecord | None:
-        fields = cast(dict[bytes, bytes], await self._redis.hgetall(self._keys(session_id)[0]))
+        fields = cast(dict[bytes, bytes], await self._redis.hgetall(Keys(session_id).record))
         if not fields:
             return None
         return SessionRecord(
@@ -140,25 +253,25 @@ class RedisStore(TurnCommits):
             last_activity=float(fields[b"last_activity"]),
             metadata=json.loads(fields[b"metadata"]),
             message_count=int(fields[b"message_count"]),
+            owner=fields.get(b"owner", b"").decode(),
         )
 
     async def delete(self, session_id: str) -> bool:
-        record_key, history_key = self._keys(session_id)
-        turns = await self._redis.smembers(f"tm:t:{session_id}")
-        event_keys = [f"tm:e:{session_id}:{_text(t)}" for t in turns]
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(record_key, history_key, f"tm:k:{session_id}", f"tm:t:{session_id}")
-            if event_keys:
-                pipe.delete(*event_keys)
-            pipe.zrem(IDLE, session_id)
-            results: list[Any] = await pipe.execute()
-        return bool(results[0])
+        keys = Keys(session_id)
+        turns = await self._redis.smembers(keys.turns)
+        # One slot: a multi-key DEL is allowed on a cluster too.
+        turn_keys = [k for t in turns for k in (keys.events(_text(t)), keys.status(_text(t)))]
+        deleted = await self._redis.delete(
+            keys.record, keys.history, keys.keys, keys.turns, *turn_keys
+        )
+        await self._redis.zrem(idle_key(session_id), session_id)
+        return bool(deleted)
 
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
-        record_key, history_key = self._keys(session_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.exists(record_key)
-            pipe.lrange(history_key, start, -1)
+        keys = Keys(session_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.exists(keys.record)
+            pipe.lrange(keys.history, start, -1)
             exists, rows = await pipe.execute()
         if not exists:
             raise NotFound(f"session {session_id!r} not found")
@@ -170,24 +283,24 @@ class RedisStore(TurnCommits):
         messages: list[message_pb2.Message],
         final_event: event_pb2.Event | None,
         now: float,
+        fence: str = "",
     ) -> None:
-        record_key, history_key = self._keys(session_id)
+        keys = Keys(session_id)
         turn_id = final_event.run_id if final_event is not None else ""
         committed = await self._commit_script(
             keys=[
-                record_key,
-                history_key,
-                IDLE,
-                f"tm:e:{session_id}:{turn_id}",
-                f"tm:t:{session_id}",
-                f"tm:ts:{session_id}:{turn_id}",
+                keys.record,
+                keys.history,
+                keys.events(turn_id),
+                keys.turns,
+                keys.status(turn_id),
             ],
             args=[
-                session_id,
                 repr(now),
                 self._ttl,
                 final_event.SerializeToString() if final_event is not None else "",
                 turn_id,
+                fence,
                 *(m.SerializeToString() for m in messages),
             ],
         )
@@ -195,27 +308,35 @@ class RedisStore(TurnCommits):
             raise NotFound(f"session {session_id!r} not found")
         if committed == 2:
             raise TurnAbandoned(turn_id)
+        await self._redis.zadd(idle_key(session_id), {session_id: now}, xx=True)
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         abandoned = await self._abandon_script(
-            keys=[f"tm:ts:{session_id}:{turn_id}"], args=[self._ttl]
+            keys=[Keys(session_id).status(turn_id)], args=[self._ttl]
         )
         return bool(abandoned)
 
     async def touch(self, session_id: str, now: float) -> None:
-        record_key, _ = self._keys(session_id)
-        if await self._redis.exists(record_key):
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(record_key, "last_activity", repr(now))
-                pipe.zadd(IDLE, {session_id: now})
-                await pipe.execute()
+        if await self._touch_script(keys=[Keys(session_id).record], args=[repr(now)]):
+            await self._redis.zadd(idle_key(session_id), {session_id: now}, xx=True)
 
     async def idle_sessions(self, last_activity_before: float) -> list[str]:
-        rows = await self._redis.zrangebyscore(IDLE, "-inf", f"({last_activity_before}")
-        return [_text(r) for r in rows]
+        found: list[str] = []
+        for shard in range(IDLE_SHARDS):
+            key = f"tm:idle:{{{shard}}}"
+            rows = await self._redis.zrangebyscore(key, "-inf", f"({last_activity_before}")
+            found += [_text(r) for r in rows]
+        return found
 
     async def count(self) -> int:
-        return int(await self._redis.zcard(IDLE))
+        """Sessions in the whole mesh (every server shares this store)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for shard in range(IDLE_SHARDS):
+                pipe.zcard(f"tm:idle:{{{shard}}}")
+            counts: list[int] = await pipe.execute()
+        return sum(counts)
+
+    # Events and keys ----------------------------------------------------------
 
     @property
     def persists_events(self) -> bool:
@@ -224,25 +345,68 @@ class RedisStore(TurnCommits):
     async def append_events(
         self, session_id: str, turn_id: str, events: list[event_pb2.Event]
     ) -> None:
-        key = f"tm:e:{session_id}:{turn_id}"
-        async with self._redis.pipeline(transaction=True) as pipe:
+        keys = Keys(session_id)
+        key = keys.events(turn_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
             pipe.rpush(key, *(e.SerializeToString() for e in events))
             pipe.expire(key, self._ttl)
-            pipe.sadd(f"tm:t:{session_id}", turn_id)
+            pipe.sadd(keys.turns, turn_id)
             await pipe.execute()
 
     async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None:
-        rows = await self._redis.lrange(f"tm:e:{session_id}:{turn_id}", 0, -1)
+        rows = await self._redis.lrange(Keys(session_id).events(turn_id), 0, -1)
         if not rows:
             return None
         return [event_pb2.Event.FromString(cast(bytes, r)) for r in rows]
 
     async def get_key(self, session_id: str, key: str) -> str | None:
-        value = await self._redis.hget(f"tm:k:{session_id}", key)
+        value = await self._redis.hget(Keys(session_id).keys, key)
         return _text(value) if value else None
 
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
-        await self._redis.hset(f"tm:k:{session_id}", key, turn_id)
+        await self._redis.hset(Keys(session_id).keys, key, turn_id)
+
+    # Leases ---------------------------------------------------------------------
+
+    async def owner_of(self, session_id: str) -> str | None:
+        """The session's owner token ("" if none); None if there is no session."""
+        agent, owner = await self._redis.hmget(Keys(session_id).record, ["agent_name", "owner"])
+        if agent is None:
+            return None
+        return _text(owner) if owner else ""
+
+    async def owners_of(self, session_ids: list[str]) -> list[str | None]:
+        """``owner_of`` for many sessions in one round trip (per node)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for session_id in session_ids:
+                pipe.hget(Keys(session_id).record, "owner")
+            rows: list[bytes | None] = await pipe.execute()
+        return [_text(r) if r else None for r in rows]
+
+    async def swap_owner(self, session_id: str, expected: str, new: str) -> bool | None:
+        """Make ``new`` the owner if ``expected`` still is: True if swapped,
+        False if the owner changed meanwhile, None if there is no session."""
+        swapped = await self._swap_script(keys=[Keys(session_id).record], args=[expected, new])
+        return None if swapped == -1 else bool(swapped)
+
+    async def hold_member(self, member_id: str, address: str, ttl_ms: int) -> None:
+        """Start or renew a member's lease."""
+        await self._redis.set(member_key(member_id), address, px=ttl_ms)
+
+    async def member_lease(self, member_id: str) -> tuple[str, float] | None:
+        """The member's address and the seconds its lease has left; None
+        once it lapsed."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(member_key(member_id))
+            pipe.pttl(member_key(member_id))
+            address, left_ms = await pipe.execute()
+        if not address or left_ms < 0:
+            return None
+        return _text(address), left_ms / 1000
+
+    async def drop_member(self, member_id: str) -> None:
+        """End a member's lease now (it is leaving): its sessions can be taken."""
+        await self._redis.delete(member_key(member_id))
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -1,5 +1,9 @@
 """SessionStore on SQLite: one node, sessions survive a restart of the server.
 
+One server per file: the store holds an exclusive lock on ``PATH.lock`` while
+open, so a second server on the same file refuses to start (StoreInUse)
+instead of silently running two owners of every session.
+
 WAL mode; every statement runs on one dedicated thread (sqlite3 connections
 belong to their thread), so the event loop never blocks on disk. A turn is
 one transaction; history rows are appended, never rewritten.
@@ -8,7 +12,9 @@ one transaction; history rows are appended, never rewritten.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -17,7 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.store import SessionRecord, TurnAbandoned, TurnCommits
+from turnmesh.server.store import SessionRecord, StoreInUse, TurnAbandoned, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
@@ -69,10 +75,18 @@ class SqliteStore(TurnCommits):
             raise ValueError("sqlite store needs a path: sqlite:PATH")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._path = path
+        self._lock = _lock_file(f"{path}.lock")
         self._event_ttl = event_ttl_seconds
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._db: sqlite3.Connection | None = None
         self._executor.submit(self._open).result()
+
+    @property
+    def shared(self) -> bool:
+        return False
+
+    async def open(self) -> None:
+        return None
 
     def _open(self) -> None:
         db = sqlite3.connect(self._path, isolation_level=None)
@@ -168,7 +182,9 @@ class SqliteStore(TurnCommits):
         messages: list[message_pb2.Message],
         final_event: event_pb2.Event | None,
         now: float,
+        fence: str = "",
     ) -> None:
+        # One server per file (the lock): no other owner to fence against.
         def commit(db: sqlite3.Connection) -> bool | None:
             with _transaction(db):
                 row = db.execute(
@@ -294,6 +310,22 @@ class SqliteStore(TurnCommits):
 
         await self._run(close)
         self._executor.shutdown(wait=True)
+        os.close(self._lock)
+
+
+def _lock_file(path: str) -> int:
+    """An exclusive lock on ``path``, held while the returned descriptor is
+    open (the kernel drops it if the process dies)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUse(
+            f"the SQLite store {path.removesuffix('.lock')} is in use by another server;"
+            " SQLite serves one server (use Redis to run several)"
+        ) from None
+    return fd
 
 
 class _transaction:

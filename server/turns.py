@@ -71,6 +71,9 @@ class PendingTurn:
     task: asyncio.Task[None] | None = None
     cancel_reason: CancelReason | None = None
     policy: str = "collect"
+    # The owner token the session carried when the turn was placed: its
+    # commit writes nothing if the session changed owner since.
+    fence: str = ""
     # The trace of the call that created the turn; the worker call joins it.
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
 
@@ -124,6 +127,7 @@ class SessionTurns:
         metadata: struct_pb2.Struct,
         policy: spb.TurnPolicy.ValueType,
         idempotency_key: str,
+        fence: str = "",
     ) -> PendingTurn:
         """Place a new message under the policy. Never awaits: decisions are atomic."""
         if policy == spb.TURN_POLICY_REJECT and self.busy:
@@ -140,7 +144,7 @@ class SessionTurns:
                 batch.waiters += 1
                 self._remember_key(batch, idempotency_key)
                 return batch
-        turn = self._new_turn(message, files, metadata, policy)
+        turn = self._new_turn(message, files, metadata, policy, fence)
         turn.waiters = 1
         self._remember_key(turn, idempotency_key)
         if policy == spb.TURN_POLICY_INTERRUPT:
@@ -159,6 +163,7 @@ class SessionTurns:
         files: list[message_pb2.File],
         metadata: struct_pb2.Struct,
         policy: spb.TurnPolicy.ValueType,
+        fence: str,
     ) -> PendingTurn:
         turn_id = new_id()
         meta = struct_pb2.Struct()
@@ -171,6 +176,7 @@ class SessionTurns:
             metadata=meta,
             collecting=policy in COLLECTING,
             policy=POLICY_LABELS.get(policy, "collect"),
+            fence=fence,
         )
         self._turns[turn_id] = turn
         span = trace.get_current_span()

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from tests.support.mesh import Component, Mesh, RedisServer
+from tests.support.redis_cluster import RedisCluster
 from turnmesh.client import AsyncClient
 
 
@@ -77,6 +78,15 @@ async def client(shared_mesh: SharedMesh) -> AsyncIterator[AsyncClient]:
 async def client2(shared_mesh: SharedMesh) -> AsyncIterator[AsyncClient]:
     async with AsyncClient(shared_mesh.servers[1].address) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from tests.support.mesh import Mesh, eventually, until
-from turnmesh.client import AsyncClient, NotFoundError
+from turnmesh.client import AsyncClient, NotFoundError, UnavailableError
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -84,7 +84,7 @@ async def test_router_drops_a_killed_server_and_reassigns_its_sessions(
     mesh_factory: Mesh,
 ) -> None:
     mesh = mesh_factory
-    mesh.start_router()
+    mesh.start_router("--orphan-seconds", "2")
     assert mesh.router is not None
     worker = mesh.spawn_worker("echo", "echo")
     servers = [mesh.spawn_server(f"server-{i}") for i in (1, 2)]
@@ -112,9 +112,27 @@ async def test_router_drops_a_killed_server_and_reassigns_its_sessions(
 
         await eventually(dropped, what="the router to drop the killed server")
 
-        # The memory store died with its server: NOT_FOUND, never a hang.
-        with pytest.raises(NotFoundError):
+        # A memory store is its server's alone: while the server might come
+        # back (it may be stalled, not dead) its sessions answer UNAVAILABLE
+        # (retry) and are never given to another server...
+        with pytest.raises(UnavailableError):
             await client.get_session(lost[0])
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await router.Route(rpb.RouteRequest(session_id=lost[0]))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        # ...until the router gives up on it (--orphan-seconds): then they
+        # are gone (NOT_FOUND, never a hang) and their ids free.
+        async def forgotten() -> bool:
+            try:
+                await client.get_session(lost[0])
+            except NotFoundError:
+                return True
+            except UnavailableError:
+                return False
+            raise AssertionError("a lost session was found")
+
+        await eventually(forgotten, what="the router to forget the dead server's sessions")
         route = await router.Route(rpb.RouteRequest(session_id=lost[0]))
         assert route.owner.member_id == survivor.member_id
         # Sessions of the survivor are untouched; new sessions work.

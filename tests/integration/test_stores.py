@@ -1,4 +1,7 @@
-"""The SessionStore contract, on every backend: memory, SQLite, real Redis."""
+"""The SessionStore contract, on every backend: memory, SQLite, real Redis
+and a real three-node Redis Cluster; and what only Redis does: keys that
+cannot collide, owner tokens that fence commits, the move from the old
+layout."""
 
 from __future__ import annotations
 
@@ -9,21 +12,48 @@ from pathlib import Path
 import pytest
 
 from tests.support.mesh import RedisServer
+from tests.support.redis_cluster import RedisCluster
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.store import SessionRecord, SessionStore, TurnAbandoned, open_store
+from turnmesh.server.store import (
+    SessionRecord,
+    SessionStore,
+    StoreInUse,
+    TurnAbandoned,
+    open_store,
+)
+from turnmesh.server.store_redis import RedisStore
 from turnmesh.v1 import event_pb2, message_pb2
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, redis_server: RedisServer
 ) -> AsyncIterator[SessionStore]:
-    url = {
-        "memory": "memory",
-        "sqlite": f"sqlite:{tmp_path / 'sessions.db'}",
-        "redis": redis_server.url,
-    }[request.param]
+    if request.param == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster").url
+    else:
+        url = {
+            "memory": "memory",
+            "sqlite": f"sqlite:{tmp_path / 'sessions.db'}",
+            "redis": redis_server.url,
+        }[request.param]
     opened = open_store(url, event_ttl_seconds=600)
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+async def redis_store(
+    request: pytest.FixtureRequest, redis_server: RedisServer
+) -> AsyncIterator[RedisStore]:
+    url = (
+        request.getfixturevalue("redis_cluster").url
+        if request.param == "redis-cluster"
+        else redis_server.url
+    )
+    opened = RedisStore(url, event_ttl_seconds=600)
+    await opened.open()
     yield opened
     await opened.close()
 
@@ -166,3 +196,140 @@ async def test_a_turn_either_commits_or_is_abandoned_never_both(store: SessionSt
         assert await store.read_events(sid, "t2") is None
         record = await store.get(sid)
         assert record is not None and record.message_count == 1
+
+
+def _final(sid: str, turn_id: str, seq: int = 2) -> event_pb2.Event:
+    return event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=seq, thread_id=sid, run_id=turn_id)
+
+
+async def test_ids_that_share_a_prefix_never_share_keys(redis_store: RedisStore) -> None:
+    """Session "team" + turn "alice:T" once read (and abandoned) session
+    "team:alice"'s turn T; ids with braces or percents once could end a
+    hash tag early. Each session's keys are its own."""
+    base = _sid()
+    team, team_alice = base, f"{base}:alice"
+    for sid in (team, team_alice, f"{base}{{x}}", f"{base}%7Bx%7D", f"{base}%"):
+        await redis_store.create(_record(sid))
+    events = [event_pb2.Event(type=event_pb2.RUN_STARTED, seq=1, run_id="T")]
+    await redis_store.append_events(team_alice, "T", events)
+    await redis_store.set_key(team_alice, "k", "T")
+    assert await redis_store.read_events(team, "alice:T") is None
+    assert await redis_store.get_key(team, "k") is None
+    # Abandoning "team"'s turn "alice:T" leaves "team:alice"'s turn T alone.
+    assert await redis_store.abandon_turn(team, "alice:T") is True
+    await redis_store.commit_turn(
+        team_alice, [_message("user", "kept")], _final(team_alice, "T"), 1
+    )
+    assert [m.content for m in await redis_store.history(team_alice)] == ["kept"]
+    # Braces and percents are escaped, so these are five distinct sessions.
+    await redis_store.commit_turn(f"{base}{{x}}", [_message("user", "brace")], _final(base, "a"), 1)
+    assert await redis_store.history(f"{base}%7Bx%7D") == []
+    assert await redis_store.history(f"{base}%") == []
+    assert await redis_store.delete(team) is True
+    assert await redis_store.get(team_alice) is not None
+
+
+async def test_a_commit_under_a_replaced_owner_token_writes_nothing(
+    redis_store: RedisStore,
+) -> None:
+    sid = _sid()
+    record = _record(sid)
+    record.owner = "server-a/1"
+    await redis_store.create(record)
+    assert await redis_store.owner_of(sid) == "server-a/1"
+    await redis_store.commit_turn(sid, [_message("user", "a")], _final(sid, "t1"), 1, "server-a/1")
+    # Server B takes the session over (A's lease lapsed): A's late commit is void.
+    assert await redis_store.swap_owner(sid, "server-a/0", "server-b/1") is False
+    assert await redis_store.swap_owner(sid, "server-a/1", "server-b/1") is True
+    with pytest.raises(TurnAbandoned):
+        await redis_store.commit_turn(
+            sid, [_message("user", "late")], _final(sid, "t2"), 2, "server-a/1"
+        )
+    await redis_store.commit_turn(sid, [_message("user", "b")], _final(sid, "t3"), 3, "server-b/1")
+    assert [m.content for m in await redis_store.history(sid)] == ["a", "b"]
+    assert await redis_store.read_events(sid, "t2") is None
+    assert await redis_store.owners_of([sid, _sid()]) == ["server-b/1", None]
+    assert await redis_store.swap_owner(_sid(), "", "x") is None
+    # Member leases: an address while they last, gone when dropped.
+    member = f"server-{uuid.uuid4().hex}"
+    await redis_store.hold_member(member, "127.0.0.1:5", 60_000)
+    lease = await redis_store.member_lease(member)
+    assert lease is not None and lease[0] == "127.0.0.1:5" and 0 < lease[1] <= 60
+    await redis_store.drop_member(member)
+    assert await redis_store.member_lease(member) is None
+
+
+async def test_a_cluster_spreads_sessions_over_its_nodes(redis_cluster: RedisCluster) -> None:
+    store = RedisStore(redis_cluster.url, event_ttl_seconds=600)
+    await store.open()
+    try:
+        before = await store.count()
+        sids = [_sid() for _ in range(60)]
+        for sid in sids:
+            await store.create(_record(sid))
+            await store.commit_turn(sid, [_message("user", sid)], _final(sid, "t"), 2000)
+        assert await store.count() == before + 60
+        assert set(sids) <= set(await store.idle_sessions(2001))
+        for sid in sids[:5]:
+            assert [m.content for m in await store.history(sid)] == [sid]
+            assert await store.delete(sid)
+        assert await store.count() == before + 55
+    finally:
+        await store.close()
+    assert all(keys > 0 for keys in redis_cluster.keys_per_node())
+
+
+async def test_a_store_of_the_old_layout_is_moved(redis_server: RedisServer) -> None:
+    """Data written before hash tags (layout 1) is renamed in place when the
+    first server opens the store, and reads back whole."""
+    import redis.asyncio as redis
+
+    raw = redis.Redis.from_url(redis_server.url)
+    sid = f"old:{uuid.uuid4().hex}"
+    final = _final(sid, "T1", seq=5)
+    try:
+        await raw.delete("tm:schema")
+        await raw.hset(
+            f"tm:s:{sid}",
+            mapping={
+                "agent_name": "demo",
+                "created_at": "1000.0",
+                "last_activity": "1001.0",
+                "metadata": "{}",
+                "message_count": "1",
+            },
+        )
+        await raw.rpush(f"tm:h:{sid}", _message("user", "from before").SerializeToString())
+        await raw.rpush(f"tm:e:{sid}:T1", final.SerializeToString())
+        await raw.sadd(f"tm:t:{sid}", "T1")
+        await raw.hset(f"tm:k:{sid}", "key-1", "T1")
+        await raw.zadd("tm:idle", {sid: 1001.0})
+
+        store = RedisStore(redis_server.url, event_ttl_seconds=600)
+        await store.open()
+        try:
+            record = await store.get(sid)
+            assert record is not None and record.message_count == 1
+            assert [m.content for m in await store.history(sid)] == ["from before"]
+            assert await store.read_events(sid, "T1") == [final]
+            assert await store.get_key(sid, "key-1") == "T1"
+            assert sid in await store.idle_sessions(1002)
+            assert not await raw.exists("tm:idle", f"tm:s:{sid}", f"tm:h:{sid}")
+            assert await raw.get("tm:schema") == b"2"
+            # A moved session takes new turns (it has no owner token yet).
+            await store.commit_turn(sid, [_message("user", "after")], _final(sid, "T2"), 1003)
+            assert len(await store.history(sid)) == 2
+        finally:
+            await store.close()
+    finally:
+        await raw.aclose()
+
+
+async def test_a_sqlite_file_serves_one_server(tmp_path: Path) -> None:
+    path = tmp_path / "one.db"
+    first = open_store(f"sqlite:{path}", 600)
+    with pytest.raises(StoreInUse, match="in use by another server"):
+        open_store(f"sqlite:{path}", 600)
+    await first.close()
+    second = open_store(f"sqlite:{path}", 600)  # free again once the first closed
+    await second.close()

@@ -113,7 +113,7 @@ class Mesh:
                 time.sleep(POLL)
             c.info = json.loads(c.ready_file.read_text())
 
-    def start_router(self, port: int = 0, name: str = "router") -> Component:
+    def start_router(self, *extra: str, port: int = 0, name: str = "router") -> Component:
         self.router = self.spawn(
             name,
             "router",
@@ -121,6 +121,7 @@ class Mesh:
             str(self.heartbeat_interval),
             "--heartbeat-timeout",
             str(self.heartbeat_interval * 8),  # slack for a loaded 2-core machine
+            *extra,
             port=port,
         )
         self.wait_ready(self.router)
@@ -247,11 +248,11 @@ async def eventually(
 class RedisServer:
     """A throwaway redis-server on a free loopback port, no persistence."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, port: int = 0, extra: list[str] | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is installed by `make install` (system-deps)")
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.log_path = workdir / f"redis-{self.port}.log"
         self.proc = subprocess.Popen(
             [
@@ -268,6 +269,7 @@ class RedisServer:
                 str(workdir),
                 "--logfile",
                 str(self.log_path),
+                *(extra or []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -44,6 +44,11 @@ class ProbeAgent:
                 parts.append(part)
                 await emitter.emit_delta(part)
                 await asyncio.sleep(delay)
+                if i == 0 and (gate := request.metadata.get("gate")):
+                    # Running until the test opens the gate (creates the file,
+                    # from another process: no Event can carry that).
+                    while not (probe / f"gate-{gate}").exists():  # noqa: ASYNC110
+                        await asyncio.sleep(0.02)
         except asyncio.CancelledError:
             (probe / f"{request.turn_id}.cancelled").write_text(str(os.getpid()))
             raise

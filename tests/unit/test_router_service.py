@@ -81,6 +81,7 @@ def server_member(member_id: str, port: int = 7001) -> rpb.Member:
         role=rpb.MEMBER_ROLE_SERVER,
         address=f"127.0.0.1:{port}",
         accepting=True,
+        shared_store=True,
     )
 
 
@@ -201,7 +202,7 @@ async def test_route_without_servers_is_unavailable(router: Router) -> None:
     assert info.value.details() == "no live session server"
 
 
-async def test_mesh_key_guards_everything_but_list_members(keyed_router: Router) -> None:
+async def test_mesh_key_guards_every_method(keyed_router: Router) -> None:
     stub = keyed_router.stub
     request = rpb.RegisterRequest(member=server_member("s-a"))
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -217,8 +218,38 @@ async def test_mesh_key_guards_everything_but_list_members(keyed_router: Router)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert (await stub.Route(rpb.RouteRequest(session_id="sess"), metadata=KEY)).assigned
 
-    listed = await stub.ListMembers(rpb.ListMembersRequest())
+    # Who is where is for the mesh only, as is reporting sessions.
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ListMembers(rpb.ListMembersRequest())
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ReportSessions(rpb.ReportSessionsRequest(member_id="s-a", session_ids=["x"]))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    listed = await stub.ListMembers(rpb.ListMembersRequest(), metadata=KEY)
     assert [m.member_id for m in listed.members] == ["s-a"]
+
+
+async def test_report_sessions_in_pages(router: Router) -> None:
+    stub = router.stub
+    await stub.Register(rpb.RegisterRequest(member=server_member("s-a", 7001)))
+    await stub.Register(rpb.RegisterRequest(member=server_member("s-b", 7002)))
+    await stub.ReportSessions(
+        rpb.ReportSessionsRequest(member_id="s-b", session_ids=[f"s{i}" for i in range(10_000)])
+    )
+    for session_id in ("s0", "s9999"):
+        route = await stub.Route(rpb.RouteRequest(session_id=session_id, lookup_only=True))
+        assert route.owner.member_id == "s-b"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ReportSessions(
+            rpb.ReportSessionsRequest(member_id="s-b", session_ids=["x"] * 10_001)
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ReportSessions(rpb.ReportSessionsRequest(member_id="s-b", session_ids=["a b"]))
+    assert field_violations(info.value) == [("session_ids[0]", "must match [A-Za-z0-9._:-]{1,128}")]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ReportSessions(rpb.ReportSessionsRequest(member_id="ghost", session_ids=["x"]))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_serve_announces_address_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from turnmesh.router.state import MemberSpec, Role, RouterState
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import NotFound, Unavailable
 
 TIMEOUT = 3.0
 
@@ -31,8 +31,15 @@ def state(clock: FakeClock) -> RouterState:
     return RouterState(TIMEOUT, clock=clock, wall_clock=lambda: 1_700_000_000.0)
 
 
-def server(member_id: str, *, accepting: bool = True) -> MemberSpec:
-    return MemberSpec(member_id, Role.SERVER, f"{member_id}.local:50051", accepting=accepting)
+def server(member_id: str, *, accepting: bool = True, shared: bool = True) -> MemberSpec:
+    """A server; by default one whose sessions can move (a shared store)."""
+    return MemberSpec(
+        member_id,
+        Role.SERVER,
+        f"{member_id}.local:50051",
+        accepting=accepting,
+        shared_store=shared,
+    )
 
 
 def worker(member_id: str, agent: str) -> MemberSpec:
@@ -120,6 +127,42 @@ def test_reregistering_after_a_drop_keeps_unclaimed_sessions(
     assert state.expire() == ["s-a"]
     state.register(server("s-a"))
     assert state.route("mine")[1] is False
+
+
+def test_sessions_of_a_server_with_its_own_store_wait_for_it(
+    state: RouterState, clock: FakeClock
+) -> None:
+    """Memory or SQLite: another server does not have the session, so it is
+    never reassigned while its owner is away; the owner has it back."""
+    state.register(server("s-a", shared=False))
+    state.register(server("s-b", shared=False))
+    assert owners(state, ["mine"]) == ["s-a"]
+    clock.advance(TIMEOUT - 1)
+    state.heartbeat("s-b", 0, True)
+    clock.advance(2)
+    assert state.expire() == ["s-a"]
+    for _ in range(3):
+        with pytest.raises(Unavailable, match="unreachable"):
+            state.route("mine")
+    with pytest.raises(Unavailable, match="unreachable"):
+        state.route("mine", ["s-a"])
+    assert state.owner_of("mine") == "s-a"
+    state.register(server("s-a", shared=False))
+    assert state.route("mine")[0].member_id == "s-a"
+
+
+def test_reported_sessions_route_to_the_reporter(state: RouterState) -> None:
+    state.register(server("s-a"))
+    state.register(server("s-b"))
+    assert owners(state, ["x", "y"]) == ["s-a", "s-b"]
+    state.report_sessions("s-b", ["x", "z"])  # its store's lease says so
+    assert owners(state, ["x", "y", "z"]) == ["s-b", "s-b", "s-b"]
+    with pytest.raises(NotFound):
+        state.report_sessions("ghost", ["x"])
+    state.register(worker("w-1", "demo"))
+    with pytest.raises(NotFound):
+        state.report_sessions("w-1", ["x"])
+    assert state.owner_of("x") == "s-b"
 
 
 def test_orphaned_ownership_is_forgotten_after_ttl(state: RouterState, clock: FakeClock) -> None:

@@ -9,12 +9,18 @@ from typing import Any, cast
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import AlreadyExists, ResourceExhausted, Unavailable
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
-from turnmesh.server.forwarding import FORWARDED_METADATA, Forwarder, OwnerFailed
+from turnmesh.server.forwarding import (
+    FORWARDED_METADATA,
+    TOOK_CALL_METADATA,
+    Forwarder,
+    OwnerFailed,
+)
 from turnmesh.server.ownership import LOCAL, Forward, Owner, SessionOwnership
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.store import MemoryStore
@@ -24,6 +30,16 @@ from turnmesh.v1 import session_service_pb2 as spb
 ME = Owner("server-me", "127.0.0.1:1")
 B = Owner("server-b", "127.0.0.1:2")
 C = Owner("server-c", "127.0.0.1:3")
+
+
+class FakeWorkers:
+    """A pool that serves the demo agent."""
+
+    def has_agent(self, agent: str) -> bool:
+        return agent == "demo"
+
+    async def refresh(self) -> None:
+        return None
 
 
 class FakeRouter:
@@ -168,10 +184,13 @@ async def test_owned_sessions_are_local_and_routes_are_cached() -> None:
     assert ownership.owned() == ["mine"]
 
 
-async def test_a_session_the_router_gives_this_server_is_claimed() -> None:
+async def test_a_session_assigned_here_is_owned_once_created() -> None:
     router = FakeRouter()
     ownership = SessionOwnership(ME.member_id, router)
     assert await ownership.place("new", assign=True) is LOCAL
+    assert not ownership.owns("new")  # only a create that succeeds claims it
+    core = SessionCore(MemoryStore(), cast(Any, FakeWorkers()), "demo", SessionLimits(), ownership)
+    await core.create_session("new", "", struct_pb2.Struct())
     assert ownership.owns("new")
     # An unknown session is handled here (and is not found), never assigned.
     assert await ownership.place("unknown") is LOCAL
@@ -191,13 +210,32 @@ async def test_without_the_router_only_what_the_store_holds_is_served() -> None:
         await ownership.place("elsewhere")
 
 
-async def test_forget_all_and_release_drop_owned_and_cached() -> None:
+async def test_refused_creates_leave_no_route_and_nothing_owned() -> None:
+    router = FakeRouter()
+    ownership = SessionOwnership(ME.member_id, router)
+    store = MemoryStore()
+    limits = SessionLimits(max_sessions=1)
+    core = SessionCore(store, cast(Any, FakeWorkers()), "demo", limits, ownership)
+    await core.create_session("first", "", struct_pb2.Struct())
+    for index in range(3):
+        assert await ownership.place(f"refused-{index}", assign=True) is LOCAL
+        with pytest.raises(ResourceExhausted):
+            await core.create_session(f"refused-{index}", "", struct_pb2.Struct())
+    assert ownership.owned() == ["first"]
+    assert router.removed == ["refused-0", "refused-1", "refused-2"]
+    roomy = SessionCore(store, cast(Any, FakeWorkers()), "demo", SessionLimits(), ownership)
+    with pytest.raises(AlreadyExists):  # an existing session keeps its route
+        await roomy.create_session("first", "", struct_pb2.Struct())
+    assert router.removed == ["refused-0", "refused-1", "refused-2"]
+
+
+async def test_forget_routes_and_release_drop_cached_and_owned() -> None:
     router = FakeRouter({"s1": B})
     ownership = SessionOwnership(ME.member_id, router)
     ownership.claim("mine")
     await ownership.place("s1")
-    ownership.forget_all()
-    assert ownership.owned() == []
+    ownership.forget_routes()
+    assert ownership.owned() == ["mine"]  # the store says so: kept
     await ownership.place("s1")
     assert len(router.calls) == 2  # asked again: nothing was cached
     ownership.claim("x")
@@ -386,7 +424,8 @@ async def test_a_forwarded_call_is_handled_here_and_answered_at_once() -> None:
     context = FakeContext(((FORWARDED_METADATA, B.member_id), (MESH_KEY_METADATA, "k")))
     placement = await servicer._place("s", cast(Any, context), assign=False)
     assert placement == LOCAL
-    assert context.headers_sent == [()]  # the forwarding server knows we took it
+    # The forwarding server knows we took it (and that errors are our answers).
+    assert context.headers_sent == [((TOOK_CALL_METADATA, ME.member_id),)]
     assert router.calls == []  # a stale route never bounces a forwarded call
 
 

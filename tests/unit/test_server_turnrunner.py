@@ -148,6 +148,7 @@ class FakeStore:
         messages: list[message_pb2.Message],
         final_event: event_pb2.Event,
         now: float,
+        fence: str = "",
     ) -> None:
         await self.append_messages(session_id, messages, now)
 

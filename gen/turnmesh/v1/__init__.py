@@ -43,6 +43,8 @@ from turnmesh.v1.router_service_pb2 import RouteRequest as RouteRequest
 from turnmesh.v1.router_service_pb2 import RouteResponse as RouteResponse
 from turnmesh.v1.router_service_pb2 import RemoveSessionRequest as RemoveSessionRequest
 from turnmesh.v1.router_service_pb2 import RemoveSessionResponse as RemoveSessionResponse
+from turnmesh.v1.router_service_pb2 import ReportSessionsRequest as ReportSessionsRequest
+from turnmesh.v1.router_service_pb2 import ReportSessionsResponse as ReportSessionsResponse
 from turnmesh.v1.router_service_pb2 import ListMembersRequest as ListMembersRequest
 from turnmesh.v1.router_service_pb2 import ListMembersResponse as ListMembersResponse
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub as RouterServiceStub
@@ -127,6 +129,8 @@ __all__ = [
     "RegisterResponse",
     "RemoveSessionRequest",
     "RemoveSessionResponse",
+    "ReportSessionsRequest",
+    "ReportSessionsResponse",
     "RouteRequest",
     "RouteResponse",
     "RouterService",

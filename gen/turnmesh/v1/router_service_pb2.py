@@ -26,41 +26,45 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/router_service.proto\x12\x0bturnmesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf9\x01\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12%\n\x04role\x18\x02 \x01(\x0e\x32\x17.turnmesh.v1.MemberRole\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nagent_name\x18\x04 \x01(\t\x12\x16\n\x0einflight_turns\x18\x05 \x01(\x05\x12\x31\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_heartbeat\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\taccepting\x18\x08 \x01(\x08\"^\n\x0fRegisterRequest\x12#\n\x06member\x18\x01 \x01(\x0b\x32\x13.turnmesh.v1.Member\x12\x13\n\x0bsession_ids\x18\x02 \x03(\t\x12\x11\n\trejoining\x18\x03 \x01(\x08\"\xa4\x01\n\x10RegisterResponse\x12#\n\x06member\x18\x01 \x01(\x0b\x32\x13.turnmesh.v1.Member\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11heartbeat_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"P\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x16\n\x0einflight_turns\x18\x02 \x01(\x05\x12\x11\n\taccepting\x18\x03 \x01(\x08\"\x13\n\x11HeartbeatResponse\"&\n\x11UnregisterRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\"\x14\n\x12UnregisterResponse\"q\n\x0cRouteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1e\n\x16unreachable_member_ids\x18\x02 \x03(\t\x12\x13\n\x0blookup_only\x18\x03 \x01(\x08\x12\x18\n\x10\x63\x61ller_member_id\x18\x04 \x01(\t\"E\n\rRouteResponse\x12\"\n\x05owner\x18\x01 \x01(\x0b\x32\x13.turnmesh.v1.Member\x12\x10\n\x08\x61ssigned\x18\x02 \x01(\x08\"*\n\x14RemoveSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x17\n\x15RemoveSessionResponse\"O\n\x12ListMembersRequest\x12%\n\x04role\x18\x01 \x01(\x0e\x32\x17.turnmesh.v1.MemberRole\x12\x12\n\nagent_name\x18\x02 \x01(\t\";\n\x13ListMembersResponse\x12$\n\x07members\x18\x01 \x03(\x0b\x32\x13.turnmesh.v1.Member*Y\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMBER_ROLE_SERVER\x10\x01\x12\x16\n\x12MEMBER_ROLE_WORKER\x10\x02\x32\xdd\x03\n\rRouterService\x12G\n\x08Register\x12\x1c.turnmesh.v1.RegisterRequest\x1a\x1d.turnmesh.v1.RegisterResponse\x12J\n\tHeartbeat\x12\x1d.turnmesh.v1.HeartbeatRequest\x1a\x1e.turnmesh.v1.HeartbeatResponse\x12M\n\nUnregister\x12\x1e.turnmesh.v1.UnregisterRequest\x1a\x1f.turnmesh.v1.UnregisterResponse\x12>\n\x05Route\x12\x19.turnmesh.v1.RouteRequest\x1a\x1a.turnmesh.v1.RouteResponse\x12V\n\rRemoveSession\x12!.turnmesh.v1.RemoveSessionRequest\x1a\".turnmesh.v1.RemoveSessionResponse\x12P\n\x0bListMembers\x12\x1f.turnmesh.v1.ListMembersRequest\x1a .turnmesh.v1.ListMembersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/router_service.proto\x12\x0bturnmesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x02\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12%\n\x04role\x18\x02 \x01(\x0e\x32\x17.turnmesh.v1.MemberRole\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nagent_name\x18\x04 \x01(\t\x12\x16\n\x0einflight_turns\x18\x05 \x01(\x05\x12\x31\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_heartbeat\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\taccepting\x18\x08 \x01(\x08\x12\x14\n\x0cshared_store\x18\t \x01(\x08\"\\\n\x0fRegisterRequest\x12#\n\x06member\x18\x01 \x01(\x0b\x32\x13.turnmesh.v1.Member\x12\x11\n\trejoining\x18\x03 \x01(\x08J\x04\x08\x02\x10\x03R\x0bsession_ids\"\xa4\x01\n\x10RegisterResponse\x12#\n\x06member\x18\x01 \x01(\x0b\x32\x13.turnmesh.v1.Member\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11heartbeat_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"P\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x16\n\x0einflight_turns\x18\x02 \x01(\x05\x12\x11\n\taccepting\x18\x03 \x01(\x08\"\x13\n\x11HeartbeatResponse\"&\n\x11UnregisterRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\"\x14\n\x12UnregisterResponse\"q\n\x0cRouteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1e\n\x16unreachable_member_ids\x18\x02 \x03(\t\x12\x13\n\x0blookup_only\x18\x03 \x01(\x08\x12\x18\n\x10\x63\x61ller_member_id\x18\x04 \x01(\t\"E\n\rRouteResponse\x12\"\n\x05owner\x18\x01 \x01(\x0b\x32\x13.turnmesh.v1.Member\x12\x10\n\x08\x61ssigned\x18\x02 \x01(\x08\"*\n\x14RemoveSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x17\n\x15RemoveSessionResponse\"?\n\x15ReportSessionsRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x13\n\x0bsession_ids\x18\x02 \x03(\t\"\x18\n\x16ReportSessionsResponse\"O\n\x12ListMembersRequest\x12%\n\x04role\x18\x01 \x01(\x0e\x32\x17.turnmesh.v1.MemberRole\x12\x12\n\nagent_name\x18\x02 \x01(\t\";\n\x13ListMembersResponse\x12$\n\x07members\x18\x01 \x03(\x0b\x32\x13.turnmesh.v1.Member*Y\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x16\n\x12MEMBER_ROLE_SERVER\x10\x01\x12\x16\n\x12MEMBER_ROLE_WORKER\x10\x02\x32\xb8\x04\n\rRouterService\x12G\n\x08Register\x12\x1c.turnmesh.v1.RegisterRequest\x1a\x1d.turnmesh.v1.RegisterResponse\x12J\n\tHeartbeat\x12\x1d.turnmesh.v1.HeartbeatRequest\x1a\x1e.turnmesh.v1.HeartbeatResponse\x12M\n\nUnregister\x12\x1e.turnmesh.v1.UnregisterRequest\x1a\x1f.turnmesh.v1.UnregisterResponse\x12>\n\x05Route\x12\x19.turnmesh.v1.RouteRequest\x1a\x1a.turnmesh.v1.RouteResponse\x12V\n\rRemoveSession\x12!.turnmesh.v1.RemoveSessionRequest\x1a\".turnmesh.v1.RemoveSessionResponse\x12Y\n\x0eReportSessions\x12\".turnmesh.v1.ReportSessionsRequest\x1a#.turnmesh.v1.ReportSessionsResponse\x12P\n\x0bListMembers\x12\x1f.turnmesh.v1.ListMembersRequest\x1a .turnmesh.v1.ListMembersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'turnmesh.v1.router_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMBERROLE']._serialized_start=1191
-  _globals['_MEMBERROLE']._serialized_end=1280
+  _globals['_MEMBERROLE']._serialized_start=1302
+  _globals['_MEMBERROLE']._serialized_end=1391
   _globals['_MEMBER']._serialized_start=115
-  _globals['_MEMBER']._serialized_end=364
-  _globals['_REGISTERREQUEST']._serialized_start=366
-  _globals['_REGISTERREQUEST']._serialized_end=460
-  _globals['_REGISTERRESPONSE']._serialized_start=463
-  _globals['_REGISTERRESPONSE']._serialized_end=627
-  _globals['_HEARTBEATREQUEST']._serialized_start=629
-  _globals['_HEARTBEATREQUEST']._serialized_end=709
-  _globals['_HEARTBEATRESPONSE']._serialized_start=711
-  _globals['_HEARTBEATRESPONSE']._serialized_end=730
-  _globals['_UNREGISTERREQUEST']._serialized_start=732
-  _globals['_UNREGISTERREQUEST']._serialized_end=770
-  _globals['_UNREGISTERRESPONSE']._serialized_start=772
-  _globals['_UNREGISTERRESPONSE']._serialized_end=792
-  _globals['_ROUTEREQUEST']._serialized_start=794
-  _globals['_ROUTEREQUEST']._serialized_end=907
-  _globals['_ROUTERESPONSE']._serialized_start=909
-  _globals['_ROUTERESPONSE']._serialized_end=978
-  _globals['_REMOVESESSIONREQUEST']._serialized_start=980
-  _globals['_REMOVESESSIONREQUEST']._serialized_end=1022
-  _globals['_REMOVESESSIONRESPONSE']._serialized_start=1024
-  _globals['_REMOVESESSIONRESPONSE']._serialized_end=1047
-  _globals['_LISTMEMBERSREQUEST']._serialized_start=1049
-  _globals['_LISTMEMBERSREQUEST']._serialized_end=1128
-  _globals['_LISTMEMBERSRESPONSE']._serialized_start=1130
-  _globals['_LISTMEMBERSRESPONSE']._serialized_end=1189
-  _globals['_ROUTERSERVICE']._serialized_start=1283
-  _globals['_ROUTERSERVICE']._serialized_end=1760
+  _globals['_MEMBER']._serialized_end=386
+  _globals['_REGISTERREQUEST']._serialized_start=388
+  _globals['_REGISTERREQUEST']._serialized_end=480
+  _globals['_REGISTERRESPONSE']._serialized_start=483
+  _globals['_REGISTERRESPONSE']._serialized_end=647
+  _globals['_HEARTBEATREQUEST']._serialized_start=649
+  _globals['_HEARTBEATREQUEST']._serialized_end=729
+  _globals['_HEARTBEATRESPONSE']._serialized_start=731
+  _globals['_HEARTBEATRESPONSE']._serialized_end=750
+  _globals['_UNREGISTERREQUEST']._serialized_start=752
+  _globals['_UNREGISTERREQUEST']._serialized_end=790
+  _globals['_UNREGISTERRESPONSE']._serialized_start=792
+  _globals['_UNREGISTERRESPONSE']._serialized_end=812
+  _globals['_ROUTEREQUEST']._serialized_start=814
+  _globals['_ROUTEREQUEST']._serialized_end=927
+  _globals['_ROUTERESPONSE']._serialized_start=929
+  _globals['_ROUTERESPONSE']._serialized_end=998
+  _globals['_REMOVESESSIONREQUEST']._serialized_start=1000
+  _globals['_REMOVESESSIONREQUEST']._serialized_end=1042
+  _globals['_REMOVESESSIONRESPONSE']._serialized_start=1044
+  _globals['_REMOVESESSIONRESPONSE']._serialized_end=1067
+  _globals['_REPORTSESSIONSREQUEST']._serialized_start=1069
+  _globals['_REPORTSESSIONSREQUEST']._serialized_end=1132
+  _globals['_REPORTSESSIONSRESPONSE']._serialized_start=1134
+  _globals['_REPORTSESSIONSRESPONSE']._serialized_end=1158
+  _globals['_LISTMEMBERSREQUEST']._serialized_start=1160
+  _globals['_LISTMEMBERSREQUEST']._serialized_end=1239
+  _globals['_LISTMEMBERSRESPONSE']._serialized_start=1241
+  _globals['_LISTMEMBERSRESPONSE']._serialized_end=1300
+  _globals['_ROUTERSERVICE']._serialized_start=1394
+  _globals['_ROUTERSERVICE']._serialized_end=1962
 # @@protoc_insertion_point(module_scope)

@@ -54,6 +54,7 @@ class Member(_message.Message):
     REGISTERED_AT_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_FIELD_NUMBER: _builtins.int
     ACCEPTING_FIELD_NUMBER: _builtins.int
+    SHARED_STORE_FIELD_NUMBER: _builtins.int
     member_id: _builtins.str
     """Unique per process, e.g. "server-01J..."."""
     role: Global___MemberRole.ValueType
@@ -66,6 +67,12 @@ class Member(_message.Message):
     accepting: _builtins.bool
     """False while the member drains: it keeps its sessions but takes no new
     ones.
+    """
+    shared_store: _builtins.bool
+    """Servers: whether their session store is shared with the other servers
+    (Redis). A session of a server without one never moves to another
+    server: while its owner is unreachable it answers UNAVAILABLE, and the
+    owner has it again when it comes back.
     """
     @_builtins.property
     def registered_at(self) -> _timestamp_pb2.Timestamp: ...
@@ -82,10 +89,11 @@ class Member(_message.Message):
         registered_at: _timestamp_pb2.Timestamp | None = ...,
         last_heartbeat: _timestamp_pb2.Timestamp | None = ...,
         accepting: _builtins.bool = ...,
+        shared_store: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["last_heartbeat", b"last_heartbeat", "registered_at", b"registered_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepting", b"accepting", "address", b"address", "agent_name", b"agent_name", "inflight_turns", b"inflight_turns", "last_heartbeat", b"last_heartbeat", "member_id", b"member_id", "registered_at", b"registered_at", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepting", b"accepting", "address", b"address", "agent_name", b"agent_name", "inflight_turns", b"inflight_turns", "last_heartbeat", b"last_heartbeat", "member_id", b"member_id", "registered_at", b"registered_at", "role", b"role", "shared_store", b"shared_store"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -96,7 +104,6 @@ class RegisterRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMBER_FIELD_NUMBER: _builtins.int
-    SESSION_IDS_FIELD_NUMBER: _builtins.int
     REJOINING_FIELD_NUMBER: _builtins.int
     rejoining: _builtins.bool
     """True when the member was registered before and the router forgot it
@@ -105,23 +112,15 @@ class RegisterRequest(_message.Message):
     """
     @_builtins.property
     def member(self) -> Global___Member: ...
-    @_builtins.property
-    def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Servers: the sessions they own. A restarted router rebuilds its ownership
-        table from these, so routes to live owners are not reshuffled; a session
-        already owned by another live server stays with it.
-        """
-
     def __init__(
         self,
         *,
         member: Global___Member | None = ...,
-        session_ids: _abc.Iterable[_builtins.str] | None = ...,
         rejoining: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["member", b"member"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "rejoining", b"rejoining", "session_ids", b"session_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "rejoining", b"rejoining"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -331,6 +330,47 @@ class RemoveSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveSessionResponse: _TypeAlias = RemoveSessionResponse  # noqa: Y015
+
+@_typing.final
+class ReportSessionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    SESSION_IDS_FIELD_NUMBER: _builtins.int
+    member_id: _builtins.str
+    """The reporting server (registered)."""
+    @_builtins.property
+    def session_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """At most 10,000."""
+
+    def __init__(
+        self,
+        *,
+        member_id: _builtins.str = ...,
+        session_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_id", b"member_id", "session_ids", b"session_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportSessionsRequest: _TypeAlias = ReportSessionsRequest  # noqa: Y015
+
+@_typing.final
+class ReportSessionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportSessionsResponse: _TypeAlias = ReportSessionsResponse  # noqa: Y015
 
 @_typing.final
 class ListMembersRequest(_message.Message):

@@ -61,6 +61,11 @@ class RouterServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_router__service__pb2.RemoveSessionRequest.SerializeToString,
                 response_deserializer=turnmesh_dot_v1_dot_router__service__pb2.RemoveSessionResponse.FromString,
                 _registered_method=True)
+        self.ReportSessions = channel.unary_unary(
+                '/turnmesh.v1.RouterService/ReportSessions',
+                request_serializer=turnmesh_dot_v1_dot_router__service__pb2.ReportSessionsRequest.SerializeToString,
+                response_deserializer=turnmesh_dot_v1_dot_router__service__pb2.ReportSessionsResponse.FromString,
+                _registered_method=True)
         self.ListMembers = channel.unary_unary(
                 '/turnmesh.v1.RouterService/ListMembers',
                 request_serializer=turnmesh_dot_v1_dot_router__service__pb2.ListMembersRequest.SerializeToString,
@@ -111,8 +116,18 @@ class RouterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSessions(self, request, context):
+        """A server says it owns these sessions (after the router forgot it), in
+        pages of at most 10,000: the router routes them to it. Servers report only
+        what their store says is theirs (a shared store's lease, or a store no
+        other server has), so the report wins over the router's own table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListMembers(self, request, context):
-        """Lists live members.
+        """Lists live members. Needs the mesh key when one is set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,6 +160,11 @@ def add_RouterServiceServicer_to_server(servicer, server):
                     servicer.RemoveSession,
                     request_deserializer=turnmesh_dot_v1_dot_router__service__pb2.RemoveSessionRequest.FromString,
                     response_serializer=turnmesh_dot_v1_dot_router__service__pb2.RemoveSessionResponse.SerializeToString,
+            ),
+            'ReportSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSessions,
+                    request_deserializer=turnmesh_dot_v1_dot_router__service__pb2.ReportSessionsRequest.FromString,
+                    response_serializer=turnmesh_dot_v1_dot_router__service__pb2.ReportSessionsResponse.SerializeToString,
             ),
             'ListMembers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMembers,
@@ -289,6 +309,33 @@ class RouterService:
             '/turnmesh.v1.RouterService/RemoveSession',
             turnmesh_dot_v1_dot_router__service__pb2.RemoveSessionRequest.SerializeToString,
             turnmesh_dot_v1_dot_router__service__pb2.RemoveSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.RouterService/ReportSessions',
+            turnmesh_dot_v1_dot_router__service__pb2.ReportSessionsRequest.SerializeToString,
+            turnmesh_dot_v1_dot_router__service__pb2.ReportSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,8 +50,14 @@ class RouterServiceStub:
     """
     RemoveSession: _grpc.UnaryUnaryMultiCallable[_router_service_pb2.RemoveSessionRequest, _router_service_pb2.RemoveSessionResponse]
     """Forgets a session's owner."""
+    ReportSessions: _grpc.UnaryUnaryMultiCallable[_router_service_pb2.ReportSessionsRequest, _router_service_pb2.ReportSessionsResponse]
+    """A server says it owns these sessions (after the router forgot it), in
+    pages of at most 10,000: the router routes them to it. Servers report only
+    what their store says is theirs (a shared store's lease, or a store no
+    other server has), so the report wins over the router's own table.
+    """
     ListMembers: _grpc.UnaryUnaryMultiCallable[_router_service_pb2.ListMembersRequest, _router_service_pb2.ListMembersResponse]
-    """Lists live members."""
+    """Lists live members. Needs the mesh key when one is set."""
 
 @_typing.type_check_only
 class RouterServiceAsyncStub(RouterServiceStub):
@@ -75,8 +81,14 @@ class RouterServiceAsyncStub(RouterServiceStub):
     """
     RemoveSession: _aio.UnaryUnaryMultiCallable[_router_service_pb2.RemoveSessionRequest, _router_service_pb2.RemoveSessionResponse]  # type: ignore[assignment]
     """Forgets a session's owner."""
+    ReportSessions: _aio.UnaryUnaryMultiCallable[_router_service_pb2.ReportSessionsRequest, _router_service_pb2.ReportSessionsResponse]  # type: ignore[assignment]
+    """A server says it owns these sessions (after the router forgot it), in
+    pages of at most 10,000: the router routes them to it. Servers report only
+    what their store says is theirs (a shared store's lease, or a store no
+    other server has), so the report wins over the router's own table.
+    """
     ListMembers: _aio.UnaryUnaryMultiCallable[_router_service_pb2.ListMembersRequest, _router_service_pb2.ListMembersResponse]  # type: ignore[assignment]
-    """Lists live members."""
+    """Lists live members. Needs the mesh key when one is set."""
 
 class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
     """The control plane: who is in the mesh, and which server owns each session.
@@ -129,11 +141,23 @@ class RouterServiceServicer(metaclass=_abc_1.ABCMeta):
         """Forgets a session's owner."""
 
     @_abc_1.abstractmethod
+    def ReportSessions(
+        self,
+        request: _router_service_pb2.ReportSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_router_service_pb2.ReportSessionsResponse, _abc.Awaitable[_router_service_pb2.ReportSessionsResponse]]:
+        """A server says it owns these sessions (after the router forgot it), in
+        pages of at most 10,000: the router routes them to it. Servers report only
+        what their store says is theirs (a shared store's lease, or a store no
+        other server has), so the report wins over the router's own table.
+        """
+
+    @_abc_1.abstractmethod
     def ListMembers(
         self,
         request: _router_service_pb2.ListMembersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_router_service_pb2.ListMembersResponse, _abc.Awaitable[_router_service_pb2.ListMembersResponse]]:
-        """Lists live members."""
+        """Lists live members. Needs the mesh key when one is set."""
 
 def add_RouterServiceServicer_to_server(servicer: RouterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
