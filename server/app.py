@@ -87,6 +87,14 @@ class SessionServer:
         # mesh have keys.
         secured = bool(c.mesh_key or c.tls) and self.api_keys.configured
         check_bind_host(c.host, secured, c.allow_open)
+        if self.api_keys.configured and not (c.mesh_key or c.tls):
+            # Servers forward callers' calls to each other; without a mesh key
+            # (or mTLS) they could only do so by handing a caller's key to
+            # whatever registered with the router.
+            raise SystemExit(
+                "API keys need a mesh key (TURNMESH_MESH_KEY) or mutual TLS (--tls-*):"
+                " servers forward calls to each other with it, never with a caller's key"
+            )
         transport = Transport.from_files(c.tls)
         self.store = open_store(c.store, c.event_log_ttl_seconds)
         self._opened.push_async_callback(self.store.close)
@@ -134,6 +142,9 @@ class SessionServer:
             Forwarder(self.ownership, self.router.stub),
             self.lifecycle,
             mesh_key=c.mesh_key,
+            # mTLS alone proves a peer is in the mesh, but only a caller's key
+            # opens it; a mesh key opens it by itself.
+            forward_credentials=bool(c.tls) and not c.mesh_key,
         )
         # The compatibility surfaces are clients of this server's own public API.
         self._compat_mesh = Mesh()

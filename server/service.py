@@ -46,12 +46,14 @@ class SessionServicer(SessionServiceServicer):
         readiness: Callable[[], spb.LifecycleState.ValueType],
         *,
         mesh_key: str | None = None,
+        forward_credentials: bool = False,
     ) -> None:
         self._core = core
         self._ownership = ownership
         self._forwarder = forwarder
         self._state = readiness
         self._mesh_key = mesh_key
+        self._forward_credentials = forward_credentials
         self._started = time.monotonic()
 
     # Where a call runs ------------------------------------------------------
@@ -75,10 +77,12 @@ class SessionServicer(SessionServiceServicer):
         return await self._ownership.place(session_id, assign=assign)
 
     def _forward_metadata(self, context: Context) -> Metadata:
+        # The caller's key goes only to a peer proven in the mesh by mTLS, and
+        # only when no mesh key (which opens the owner by itself) is set.
         passed = tuple(
             (k, v)
             for k, v in context.invocation_metadata() or ()
-            if k == "authorization" and isinstance(v, str)
+            if k == "authorization" and isinstance(v, str) and self._forward_credentials
         )
         mesh = ((MESH_KEY_METADATA, self._mesh_key),) if self._mesh_key else ()
         member = self._ownership.member_id

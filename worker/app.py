@@ -28,7 +28,9 @@ from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker.service import WorkerServicer
 
-PROTECTED_METHODS = frozenset({"/turnmesh.v1.WorkerService/Run"})
+# Every method needs the mesh key when one is set (GetInfo tells who runs what).
+_SERVICE = worker_service_pb2.DESCRIPTOR.services_by_name["WorkerService"]
+PROTECTED_METHODS = frozenset(f"/{_SERVICE.full_name}/{name}" for name in _SERVICE.methods_by_name)
 
 __all__ = ["WorkerConfig", "serve"]
 

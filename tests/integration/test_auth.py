@@ -132,7 +132,9 @@ async def test_each_key_is_held_to_its_rate(mesh_factory: Mesh, tmp_path: Path) 
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("echo", "echo")
-    server = mesh.spawn_server("server", "--api-keys-file", str(keys), "--rate-limit", "0.2")
+    server = mesh.spawn_server(
+        "server", "--api-keys-file", str(keys), "--rate-limit", "0.2", "--mesh-key", MESH_KEY
+    )
     mesh.wait_ready(worker, server)
     envoy = mesh.start_envoy([server])
     async with httpx.AsyncClient(base_url=f"http://{envoy.listener_address}") as rest:
@@ -156,3 +158,19 @@ async def test_each_key_is_held_to_its_rate(mesh_factory: Mesh, tmp_path: Path) 
         assert other.status_code == 404
         for _ in range(5):
             assert (await rest.get("/health")).status_code == 200
+
+
+async def test_api_keys_without_a_mesh_key_refuse_to_start(
+    mesh_factory: Mesh, tmp_path: Path
+) -> None:
+    """Servers forward calls to each other: without a mesh key (or mTLS) the
+    only credential they could pass on is the caller's own key, to whatever
+    registered with the router. Refused at start, in one line."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY}\n")
+    mesh = mesh_factory
+    mesh.start_router()
+    server = mesh.spawn_server("server", "--api-keys-file", str(keys))
+    assert server.proc.wait(timeout=60) != 0
+    assert "API keys need a mesh key" in server.log()
+    assert KEY not in server.log()

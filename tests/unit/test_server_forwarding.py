@@ -448,5 +448,14 @@ async def test_a_forwarding_server_marks_and_keys_its_call() -> None:
     metadata = dict(servicer._forward_metadata(cast(Any, context)))
     assert metadata[FORWARDED_METADATA] == ME.member_id
     assert metadata[MESH_KEY_METADATA] == "k"
-    assert metadata["authorization"] == "Bearer user-key"  # the caller's key goes along
+    assert "authorization" not in metadata  # the mesh key opens the owner: no caller's key
     assert "x-other" not in metadata
+    tls_only = SessionServicer(
+        cast(Any, None),
+        SessionOwnership(ME.member_id),
+        cast(Any, None),
+        lambda: spb.LIFECYCLE_STATE_READY,
+        forward_credentials=True,
+    )
+    metadata = dict(tls_only._forward_metadata(cast(Any, context)))
+    assert metadata["authorization"] == "Bearer user-key"  # mTLS-proven peers only

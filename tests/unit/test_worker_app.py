@@ -14,6 +14,7 @@ import pydantic
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.serving import write_ready_file
 from turnmesh.v1 import worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker import WorkerConfig, app, serve
@@ -78,3 +79,34 @@ async def test_serves_until_sigterm_then_closes_the_agent(
     async with asyncio.timeout(10):
         await task
     assert ClosingAgent.closed == closed_before + 1
+
+
+async def test_with_a_mesh_key_every_worker_method_needs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ready = asyncio.Event()
+    write = write_ready_file
+
+    def write_and_flag(path: str | None, **info: Any) -> None:
+        write(path, **info)
+        ready.set()
+
+    monkeypatch.setattr(app, "write_ready_file", write_and_flag)
+    ready_file = tmp_path / "worker.json"
+    config = WorkerConfig(agent="echo", ready_file=str(ready_file), mesh_key="k" * 32)
+    task = asyncio.create_task(serve(config))
+    async with asyncio.timeout(10):
+        await ready.wait()
+    address = json.loads(ready_file.read_text())["address"]
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.GetInfo(worker_service_pb2.GetInfoRequest())
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        got = await stub.GetInfo(
+            worker_service_pb2.GetInfoRequest(), metadata=((MESH_KEY_METADATA, "k" * 32),)
+        )
+        assert got.agent_name == "echo"
+    os.kill(os.getpid(), signal.SIGTERM)
+    async with asyncio.timeout(10):
+        await task
