@@ -69,6 +69,10 @@ class AlreadyExistsError(TurnmeshClientError):
     """A session with that id exists already."""
 
 
+class IdempotencyKeyReusedError(AlreadyExistsError):
+    """The idempotency key was used for a turn with a different request."""
+
+
 class PermissionDeniedError(TurnmeshClientError):
     """The caller may not do this."""
 
@@ -124,6 +128,7 @@ CLIENT_CLASSES: dict[type, type[TurnmeshClientError]] = {
     errors.DeadlineExceeded: DeadlineExceededError,
     errors.NotFound: NotFoundError,
     errors.AlreadyExists: AlreadyExistsError,
+    errors.IdempotencyKeyReused: IdempotencyKeyReusedError,
     errors.PermissionDenied: PermissionDeniedError,
     errors.ResourceExhausted: ResourceExhaustedError,
     errors.RateLimited: RateLimitedError,

@@ -13,6 +13,7 @@ the typed client's exceptions and the compatibility surfaces.
     ├── DeadlineExceeded    DEADLINE_EXCEEDED    504  deadline-exceeded
     ├── NotFound            NOT_FOUND            404  not-found
     ├── AlreadyExists       ALREADY_EXISTS       409  already-exists
+    │   └── IdempotencyKeyReused  reason IDEMPOTENCY_KEY_REUSED  idempotency-key-reused
     ├── PermissionDenied    PERMISSION_DENIED    403  permission-denied
     ├── ResourceExhausted   RESOURCE_EXHAUSTED   429  resource-exhausted (Retry-After)
     │   └── RateLimited       reason RATE_LIMITED     rate-limited       (Retry-After)
@@ -228,6 +229,14 @@ class AlreadyExists(TurnmeshError):
     slug = "already-exists"
     title = "Already exists"
     openai_type = "invalid_request_error"
+
+
+class IdempotencyKeyReused(AlreadyExists):
+    """A turn's idempotency key came back with a different request: the key
+    names the first turn, which this request is not (never retryable)."""
+
+    slug = "idempotency-key-reused"
+    title = "Idempotency key reused"
 
 
 class PermissionDenied(TurnmeshError):

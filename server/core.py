@@ -7,6 +7,7 @@ everything here is the owner's side.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -14,14 +15,20 @@ from dataclasses import dataclass
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from turnmesh.runtime import metrics
-from turnmesh.runtime.errors import AlreadyExists, NotFound, ResourceExhausted, Unavailable
+from turnmesh.runtime.errors import (
+    AlreadyExists,
+    IdempotencyKeyReused,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from turnmesh.runtime.ids import new_id
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now
-from turnmesh.server.turns import CancelReason, SessionTurns
+from turnmesh.server.turns import CancelReason, KeyUse, SessionTurns
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -168,10 +175,13 @@ class SessionCore:
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
         key = request.idempotency_key
+        digest = request_digest(request) if key else ""
         earlier: str | None = None
         if key:
-            earlier = turns.turn_for_key(key) or await self.store.get_key(record.session_id, key)
-            if earlier is not None:
+            use = turns.turn_for_key(key) or await self._stored_key(record.session_id, key)
+            if use is not None:
+                _same_request(use, digest, key)
+                earlier = use.turn_id
                 try:
                     tlog = await self.logs.find(record.session_id, earlier)
                 except NotFound:
@@ -195,17 +205,29 @@ class SessionCore:
             raise ResourceExhausted(
                 f"session {record.session_id!r} has {turns.queued} turns waiting already"
             )
-        if key and (arrived := turns.turn_for_key(key)) not in (None, earlier):
+        arrived = turns.turn_for_key(key) if key else None
+        if arrived is not None and arrived.turn_id != earlier:
             # The same key arrived (and was submitted) while we looked in the store.
-            turns.rejoin(arrived)
-            return self.logs.get(record.session_id, arrived)
+            _same_request(arrived, digest, key)
+            turns.rejoin(arrived.turn_id)
+            return self.logs.get(record.session_id, arrived.turn_id)
         turn = turns.submit(
-            request.message, list(request.files), request.metadata, request.policy, key, fence
+            request.message,
+            list(request.files),
+            request.metadata,
+            request.policy,
+            key,
+            fence,
+            digest,
         )
         if key:
-            await self.store.set_key(record.session_id, key, turn.turn_id)
+            await self.store.set_key(record.session_id, key, KeyUse(turn.turn_id, digest).encode())
         await self.store.touch(record.session_id, now())
         return turn.log
+
+    async def _stored_key(self, session_id: str, key: str) -> KeyUse | None:
+        stored = await self.store.get_key(session_id, key)
+        return KeyUse.decode(stored) if stored else None
 
     def _session_turns(self, record: SessionRecord) -> SessionTurns:
         turns = self._turns.get(record.session_id)
@@ -292,6 +314,24 @@ class SessionCore:
         if record.metadata:
             json_format.ParseDict(record.metadata, session.metadata)
         return session
+
+
+def request_digest(request: spb.TurnRequest) -> str:
+    """What makes a turn the same turn: the request without its key and its
+    disconnect policy (a retry may come from a client that behaves otherwise)."""
+    same = spb.TurnRequest()
+    same.CopyFrom(request)
+    same.ClearField("idempotency_key")
+    same.ClearField("on_disconnect")
+    return hashlib.sha256(same.SerializeToString(deterministic=True)).hexdigest()[:32]
+
+
+def _same_request(use: KeyUse, digest: str, key: str) -> None:
+    if use.digest and use.digest != digest:
+        raise IdempotencyKeyReused(
+            f"idempotency key {key!r} was used for turn {use.turn_id!r} with a different"
+            " request; use a new key for a new request"
+        )
 
 
 def _ts(seconds: float) -> timestamp_pb2.Timestamp:

@@ -21,7 +21,7 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from google.protobuf import struct_pb2
 from opentelemetry import context as otel_context
@@ -78,6 +78,22 @@ class PendingTurn:
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
 
 
+class KeyUse(NamedTuple):
+    """The turn an idempotency key names, and a digest of the request that
+    first used it (a retry must send the same request)."""
+
+    turn_id: str
+    digest: str
+
+    def encode(self) -> str:
+        return f"{self.turn_id} {self.digest}"
+
+    @classmethod
+    def decode(cls, stored: str) -> KeyUse:
+        turn_id, _, digest = stored.partition(" ")
+        return cls(turn_id, digest)  # "" from an older server: not checked
+
+
 class Runner(Protocol):
     """What SessionTurns needs of ``turnmesh.server.runner.TurnRunner``."""
 
@@ -104,7 +120,7 @@ class SessionTurns:
         self._queue: deque[PendingTurn] = deque()
         self._drain_task: asyncio.Task[None] | None = None
         # idempotency key -> turn id, the most recent keys only.
-        self._by_key: OrderedDict[str, str] = OrderedDict()
+        self._by_key: OrderedDict[str, KeyUse] = OrderedDict()
         self._turns: dict[str, PendingTurn] = {}
 
     @property
@@ -116,7 +132,7 @@ class SessionTurns:
         """Turns waiting behind the running one."""
         return len(self._queue)
 
-    def turn_for_key(self, key: str) -> str | None:
+    def turn_for_key(self, key: str) -> KeyUse | None:
         """The turn a retried request with this idempotency key belongs to."""
         return self._by_key.get(key) if key else None
 
@@ -128,6 +144,7 @@ class SessionTurns:
         policy: spb.TurnPolicy.ValueType,
         idempotency_key: str,
         fence: str = "",
+        digest: str = "",
     ) -> PendingTurn:
         """Place a new message under the policy. Never awaits: decisions are atomic."""
         if policy == spb.TURN_POLICY_REJECT and self.busy:
@@ -142,11 +159,11 @@ class SessionTurns:
                 batch.files.extend(files)
                 batch.metadata.MergeFrom(metadata)
                 batch.waiters += 1
-                self._remember_key(batch, idempotency_key)
+                self._remember_key(batch, idempotency_key, digest)
                 return batch
         turn = self._new_turn(message, files, metadata, policy, fence)
         turn.waiters = 1
-        self._remember_key(turn, idempotency_key)
+        self._remember_key(turn, idempotency_key, digest)
         if policy == spb.TURN_POLICY_INTERRUPT:
             self._queue.appendleft(turn)
             if self.running is not None:
@@ -184,9 +201,9 @@ class SessionTurns:
         span.set_attribute("turnmesh.turn_id", turn_id)
         return turn
 
-    def _remember_key(self, turn: PendingTurn, key: str) -> None:
+    def _remember_key(self, turn: PendingTurn, key: str, digest: str) -> None:
         if key:
-            self._by_key[key] = turn.turn_id
+            self._by_key[key] = KeyUse(turn.turn_id, digest)
             while len(self._by_key) > MAX_IDEMPOTENCY_KEYS:
                 self._by_key.popitem(last=False)
 

@@ -155,3 +155,25 @@ async def test_attachments_up_to_the_limit_pass_through_envoy(rest: httpx.AsyncC
     assert events[-1]["type"] == "RUN_FINISHED"
     history = (await rest.get(f"/v1/sessions/{sid}/history")).json()["messages"]
     assert [f["size_bytes"] for f in history[0]["files"]] == [str(50 * 1024 * 1024)] * 2
+
+
+async def test_an_idempotency_key_reused_with_another_body_is_409(
+    rest: httpx.AsyncClient,
+) -> None:
+    """The key names its first turn: the same body replays it, another body
+    is a conflict (never silently the old turn, never retryable)."""
+    sid = await _create(rest, agentName="echo")
+    first = await _turn(rest, sid, "once", idempotencyKey="key-409")
+    again = await _turn(rest, sid, "once", idempotencyKey="key-409")
+    assert again == first
+    refused = await rest.post(
+        f"/v1/sessions/{sid}/turns", json={"message": "other", "idempotencyKey": "key-409"}
+    )
+    assert refused.status_code == 409
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert "retry-after" not in refused.headers
+    problem = refused.json()
+    assert problem["type"] == "https://turnmesh.dev/problems/idempotency-key-reused"
+    assert problem["reason"] == "IDEMPOTENCY_KEY_REUSED"
+    history = (await rest.get(f"/v1/sessions/{sid}/history")).json()["messages"]
+    assert [m["content"] for m in history] == ["once", "once"]

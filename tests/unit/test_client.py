@@ -19,6 +19,7 @@ def test_public_names_are_pinned() -> None:
         "DeadlineExceededError",
         "EventStream",
         "FailedPreconditionError",
+        "IdempotencyKeyReusedError",
         "InvalidArgumentError",
         "NotFoundError",
         "OutOfRangeError",

@@ -37,6 +37,7 @@ def test_every_status_code_has_a_row() -> None:
         "RateLimited",
         "SessionBusy",
         "HistoryMiss",
+        "IdempotencyKeyReused",
     }
 
 

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import FakeClock, FakeRunner, fake_time_module, spin, spin_until
-from turnmesh.runtime.errors import NotFound, Unavailable
+from turnmesh.runtime.errors import IdempotencyKeyReused, NotFound, Unavailable
 from turnmesh.server import eventlog
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
@@ -202,7 +202,7 @@ async def test_a_retried_idempotency_key_returns_the_same_log(
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
     first = await core.start_turn(request("one", key="k"))
-    again = await core.start_turn(request("one (retry)", key="k"))
+    again = await core.start_turn(request("one", key="k"))
     assert again is first
     other = await core.start_turn(request("two", key="k2"))
     assert other is not first
@@ -211,6 +211,48 @@ async def test_a_retried_idempotency_key_returns_the_same_log(
     await core._turns["s1"].wait_idle()
     # Still the same turn after it ended, while its log is kept.
     assert await core.start_turn(request("one", key="k")) is first
+
+
+class KeyedStore(MemoryStore):
+    """Keeps idempotency keys, as the durable stores do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: dict[tuple[str, str], str] = {}
+
+    async def get_key(self, session_id: str, key: str) -> str | None:
+        return self.keys.get((session_id, key))
+
+    async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
+        self.keys[(session_id, key)] = turn_id
+
+
+async def test_a_key_reused_with_another_request_is_refused(
+    pool: FakePool, runner: FakeRunner
+) -> None:
+    core = SessionCore(KeyedStore(), pool, "demo", SessionLimits())  # type: ignore[arg-type]
+    core.runner = runner  # type: ignore[assignment]
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    first = await core.start_turn(request("one", key="k"))
+    with pytest.raises(IdempotencyKeyReused, match="different request") as refused:
+        await core.start_turn(request("one, changed", key="k"))
+    assert refused.value.retry_after is None  # never retryable as it is
+    runner.finish(turn_of(core, first))
+    await core._turns["s1"].wait_idle()
+    # Also once the turn ended, and from the store alone (another server).
+    with pytest.raises(IdempotencyKeyReused):
+        await core.start_turn(request("one, changed", key="k"))
+    core._turns.pop("s1")
+    stored = await core.store.get_key("s1", "k")
+    assert stored is not None and stored.startswith(first.turn_id + " ")
+    with pytest.raises(IdempotencyKeyReused):
+        await core.start_turn(request("one, changed", key="k"))
+    # A key stored by an older server (no digest) is taken as the same request.
+    await core.store.set_key("s1", "old", first.turn_id)
+    assert (await core.start_turn(request("anything", key="old"))).turn_id == first.turn_id
+    for turns in core._turns.values():
+        turns.cancel_all(CancelReason.SHUTDOWN)
+        await turns.wait_idle()
 
 
 async def test_a_retried_key_whose_log_expired_runs_a_new_turn(

@@ -17,7 +17,13 @@ from google.protobuf import struct_pb2
 from tests.unit._server_fakes import FakeRunner, spin, spin_until
 from turnmesh.runtime.errors import NotFound, SessionBusy
 from turnmesh.server.eventlog import EventLogs, TurnLog
-from turnmesh.server.turns import MAX_IDEMPOTENCY_KEYS, CancelReason, PendingTurn, SessionTurns
+from turnmesh.server.turns import (
+    MAX_IDEMPOTENCY_KEYS,
+    CancelReason,
+    KeyUse,
+    PendingTurn,
+    SessionTurns,
+)
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -527,16 +533,16 @@ async def test_idempotency_key_maps_to_the_turn(turns: SessionTurns, runner: Fak
     await started(first)
     batch = submit(turns, "a", COLLECT, key="k2")
     submit(turns, "b", COLLECT, key="k3")
-    assert turns.turn_for_key("k1") == first.turn_id
-    assert turns.turn_for_key("k2") == batch.turn_id
-    assert turns.turn_for_key("k3") == batch.turn_id
+    assert _turn_id(turns.turn_for_key("k1")) == first.turn_id
+    assert _turn_id(turns.turn_for_key("k2")) == batch.turn_id
+    assert _turn_id(turns.turn_for_key("k3")) == batch.turn_id
     assert turns.turn_for_key("unknown") is None
     assert turns.turn_for_key("") is None
     runner.finish(first)
     runner.finish(batch)
     await turns.wait_idle()
     # Keys outlive the turn (the log stays for a retried request to follow).
-    assert turns.turn_for_key("k1") == first.turn_id
+    assert _turn_id(turns.turn_for_key("k1")) == first.turn_id
 
 
 async def test_an_empty_key_is_never_remembered(turns: SessionTurns, runner: FakeRunner) -> None:
@@ -556,12 +562,16 @@ async def test_idempotency_keys_are_bounded_keeping_the_most_recent(
         batch = submit(turns, f"m{i}", COLLECT, key=f"k{i}")
     assert len(turns._by_key) == MAX_IDEMPOTENCY_KEYS
     assert turns.turn_for_key("k-first") is None  # the oldest key went
-    assert turns.turn_for_key("k0") == batch.turn_id
-    assert turns.turn_for_key(f"k{MAX_IDEMPOTENCY_KEYS - 1}") == batch.turn_id
+    assert _turn_id(turns.turn_for_key("k0")) == batch.turn_id
+    assert _turn_id(turns.turn_for_key(f"k{MAX_IDEMPOTENCY_KEYS - 1}")) == batch.turn_id
     submit(turns, "one more", COLLECT, key="k-last")
     assert len(turns._by_key) == MAX_IDEMPOTENCY_KEYS
     assert turns.turn_for_key("k0") is None
-    assert turns.turn_for_key("k-last") == batch.turn_id
+    assert _turn_id(turns.turn_for_key("k-last")) == batch.turn_id
     runner.finish(first)
     runner.finish(batch)
     await turns.wait_idle()
+
+
+def _turn_id(use: KeyUse | None) -> str | None:
+    return use.turn_id if use is not None else None
