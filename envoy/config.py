@@ -54,6 +54,10 @@ ACCESS_LOG_FORMAT = (
 )
 
 
+HEALTH_CHECK_TIMEOUT = "5s"
+UNHEALTHY_THRESHOLD = 3
+
+
 @dataclass(frozen=True)
 class EdgeConfig:
     """Where Envoy listens and which session servers it sends calls to."""
@@ -499,11 +503,15 @@ def render(config: EdgeConfig) -> dict[str, Any]:
             ],
         },
         # A draining server answers NOT_SERVING and stops receiving new calls.
+        # A slow answer is not a dead server: a check may take HEALTH_CHECK_TIMEOUT
+        # and a server is removed only after UNHEALTHY_THRESHOLD failures in a
+        # row, so one check lost on a saturated server (the only one, maybe)
+        # never turns every call into "no healthy upstream".
         "health_checks": [
             {
-                "timeout": "1s",
+                "timeout": HEALTH_CHECK_TIMEOUT,
                 "interval": f"{config.health_check_interval_ms / 1000:.3f}s",
-                "unhealthy_threshold": 1,
+                "unhealthy_threshold": UNHEALTHY_THRESHOLD,
                 "healthy_threshold": 1,
                 "grpc_health_check": {},
                 # Keep checking at full rate while no traffic flows (default 60 s),

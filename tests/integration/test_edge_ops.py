@@ -3,6 +3,7 @@ the access log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 
@@ -95,3 +96,41 @@ async def test_access_log_has_the_original_method_and_path(
     log = shared_mesh.mesh.workdir / "envoy.log"
     expected = f'"GET /v1/sessions/{sid}/history HTTP/1.1" 200 grpc=OK'
     await until(lambda: expected in log.read_text(), what="the access log line")
+
+
+def _health_check_failures(envoy: RunningEnvoy) -> int:
+    stats = envoy.admin("/stats?filter=^cluster.session_servers.health_check.failure$")
+    return int(stats.split(":")[1]) if ":" in stats else 0
+
+
+async def test_one_missed_health_check_does_not_remove_the_only_server(
+    mesh_factory: Mesh,
+) -> None:
+    """A saturated server may answer a health check late. Frozen (SIGSTOP)
+    until Envoy has counted a failed check, the only server stays in the
+    cluster, and the call sent meanwhile is served once it answers again:
+    no 503 "no healthy upstream"."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("echo", "echo")
+    server = mesh.spawn_server("server")
+    mesh.wait_ready(worker, server)
+    envoy = mesh.start_envoy([server])
+    async with httpx.AsyncClient(base_url=f"http://{envoy.listener_address}", timeout=120) as rest:
+        created = await rest.post("/v1/sessions", json={"agentName": "echo"})
+        assert created.status_code == 200
+        failures = _health_check_failures(envoy)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            await until(
+                lambda: _health_check_failures(envoy) > failures,
+                timeout=120,
+                what="a failed health check",
+            )
+            assert server.address not in _unhealthy_hosts(envoy)
+            pending = asyncio.ensure_future(rest.post("/v1/sessions", json={"agentName": "echo"}))
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        response = await pending
+        assert response.status_code == 200, response.text
+        assert server.address not in _unhealthy_hosts(envoy)
