@@ -76,6 +76,13 @@ class Membership:
         self.registered = asyncio.Event()
         # Set when the router forgot us after a registration (it restarted).
         self._forgotten = False
+        # Registered, and the last call to the router went through.
+        self._reachable = False
+
+    @property
+    def connected(self) -> bool:
+        """Registered with a router that answered our last call."""
+        return self.registered.is_set() and self._reachable
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -152,9 +159,11 @@ class Membership:
                 if not unreachable:
                     log.warning("router unreachable (%s); retrying", exc.code().name)
                 unreachable = True
+                self._reachable = False
             except Unavailable as exc:  # what we own cannot be checked yet
                 log.warning("cannot register yet: %s", exc)
             else:
+                self._reachable = True
                 if unreachable:
                     log.info("router reachable again")
                 unreachable = False

@@ -18,6 +18,10 @@ FIRST_EVENT_SECONDS = Histogram(
 )
 TURNS_IN_FLIGHT = Gauge("turnmesh_turns_in_flight", "Turns running on this server")
 ACTIVE_SESSIONS = Gauge("turnmesh_active_sessions", "Sessions held by this server's store")
+SESSIONS_AVAILABLE = Gauge(
+    "turnmesh_sessions_available",
+    "Sessions that can still be created before creates get 429 (mesh-wide on Redis)",
+)
 WORKER_RETRIES = Counter(
     "turnmesh_worker_retries", "Turns moved to another worker after one failed before answering"
 )

@@ -141,6 +141,7 @@ class SessionServer:
             self.ownership,
             Forwarder(self.ownership, self.router.stub),
             self.lifecycle,
+            router_connected=lambda: self._membership is not None and self._membership.connected,
             mesh_key=c.mesh_key,
             # mTLS alone proves a peer is in the mesh, but only a caller's key
             # opens it; a mesh key opens it by itself.

@@ -44,6 +44,7 @@ class Health:
     agent_ready: bool
     sessions: int
     running_turns: int
+    sessions_available: int
 
 
 class SessionCore:
@@ -122,7 +123,7 @@ class SessionCore:
         )
         await self.store.create(record, messages)
         self.ownership.claim(record.session_id, record.owner)
-        metrics.ACTIVE_SESSIONS.set(await self.store.count())
+        self._count_sessions(await self.store.count())
         return self._to_proto(record)
 
     async def get_record(self, session_id: str) -> SessionRecord:
@@ -147,7 +148,7 @@ class SessionCore:
         self.workers.forget_session(session_id)
         deleted = await self.store.delete(session_id)
         await self.ownership.drop(session_id)
-        metrics.ACTIVE_SESSIONS.set(await self.store.count())
+        self._count_sessions(await self.store.count())
         return deleted
 
     async def history(self, session_id: str) -> list[message_pb2.Message]:
@@ -275,12 +276,21 @@ class SessionCore:
         return self.runner.inflight
 
     async def health(self) -> Health:
+        sessions = await self.store.count()
         return Health(
             default_agent=self.default_agent,
             agent_ready=self.workers.has_agent(self.default_agent),
-            sessions=await self.store.count(),
+            sessions=sessions,
             running_turns=self.runner.inflight,
+            sessions_available=self._count_sessions(sessions),
         )
+
+    def _count_sessions(self, sessions: int) -> int:
+        """Record the count; the sessions that can still be created."""
+        available = max(0, self.limits.max_sessions - sessions)
+        metrics.ACTIVE_SESSIONS.set(sessions)
+        metrics.SESSIONS_AVAILABLE.set(available)
+        return available
 
     async def drain(self, timeout: float) -> None:
         """Refuse new turns, then wait for running and queued ones to end."""

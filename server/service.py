@@ -45,6 +45,7 @@ class SessionServicer(SessionServiceServicer):
         forwarder: Forwarder,
         readiness: Callable[[], spb.LifecycleState.ValueType],
         *,
+        router_connected: Callable[[], bool] = lambda: False,
         mesh_key: str | None = None,
         forward_credentials: bool = False,
     ) -> None:
@@ -52,6 +53,7 @@ class SessionServicer(SessionServiceServicer):
         self._ownership = ownership
         self._forwarder = forwarder
         self._state = readiness
+        self._router_connected = router_connected
         self._mesh_key = mesh_key
         self._forward_credentials = forward_credentials
         self._started = time.monotonic()
@@ -275,6 +277,8 @@ class SessionServicer(SessionServiceServicer):
             uptime_seconds=round(time.monotonic() - self._started, 3),
             server_id=self._ownership.member_id,
             running_turns=health.running_turns,
+            sessions_available=health.sessions_available,
+            router_connected=self._router_connected(),
         )
 
     async def GetReadiness(

@@ -90,6 +90,11 @@ async def test_with_the_router_down_a_session_keeps_its_one_owner(
             with pytest.raises(UnavailableError):
                 await on_b.create_session(agent="probe")
 
+            async def disconnected() -> bool:
+                return not (await on_b.health()).router_connected
+
+            await eventually(disconnected, what="B to notice the router is gone")
+
             _open_gate(mesh, "router-down")
             events = [event async for event in stream]
         assert events[-1].type == event_pb2.RUN_FINISHED
@@ -183,6 +188,10 @@ async def test_refused_creates_leave_nothing_and_a_router_restart_recovers(
                 await client.create_session(agent="echo", session_id=f"refused-{index}")
             refused += 1
         assert refused == 1000
+        # Full, and says so apart from its health: it still serves its sessions.
+        health = await client.health()
+        assert (health.sessions_available, health.active_sessions) == (0, 300)
+        assert health.router_connected
         for probe in ("refused-0", "refused-999"):
             with pytest.raises(NotFoundError):
                 await client.get_session(probe)

@@ -504,6 +504,8 @@ class GetHealthResponse(_message.Message):
     UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
     SERVER_ID_FIELD_NUMBER: _builtins.int
     RUNNING_TURNS_FIELD_NUMBER: _builtins.int
+    SESSIONS_AVAILABLE_FIELD_NUMBER: _builtins.int
+    ROUTER_CONNECTED_FIELD_NUMBER: _builtins.int
     status: Global___LifecycleState.ValueType
     agent_name: _builtins.str
     """The mesh's default agent."""
@@ -513,6 +515,16 @@ class GetHealthResponse(_message.Message):
     uptime_seconds: _builtins.float
     server_id: _builtins.str
     running_turns: _builtins.int
+    sessions_available: _builtins.int
+    """How many more sessions can be created before creates get
+    RESOURCE_EXHAUSTED (--max-sessions minus the sessions held; with a Redis
+    store both count the whole mesh). Health stays SERVING when it is 0: a
+    full server still serves its sessions.
+    """
+    router_connected: _builtins.bool
+    """Whether this server is registered with a reachable router. Without it
+    the server serves the sessions it holds, but creates get UNAVAILABLE.
+    """
     def __init__(
         self,
         *,
@@ -523,10 +535,12 @@ class GetHealthResponse(_message.Message):
         uptime_seconds: _builtins.float = ...,
         server_id: _builtins.str = ...,
         running_turns: _builtins.int = ...,
+        sessions_available: _builtins.int = ...,
+        router_connected: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_sessions", b"active_sessions", "agent_name", b"agent_name", "agent_ready", b"agent_ready", "running_turns", b"running_turns", "server_id", b"server_id", "status", b"status", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_sessions", b"active_sessions", "agent_name", b"agent_name", "agent_ready", b"agent_ready", "router_connected", b"router_connected", "running_turns", b"running_turns", "server_id", b"server_id", "sessions_available", b"sessions_available", "status", b"status", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
