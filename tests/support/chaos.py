@@ -21,13 +21,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 from httpx_sse import aconnect_sse
 
 from tests.support.mesh import Component, Mesh, RedisServer
 from turnmesh.client import AsyncClient, TurnmeshClientError
+from turnmesh.runtime.serving import insecure_channel
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
 TERMINAL = ("RUN_FINISHED", "RUN_ERROR")
+# Turns that must finish after a fault before the next one: it took effect.
+LANDED_BETWEEN_FAULTS = 16
 REQUEST_TIMEOUT = 30.0  # a request that takes longer counts as hung
 RESUME_ATTEMPTS = 40
 
@@ -38,6 +44,7 @@ class Counts:
     turns_finished: int = 0
     turns_failed_cleanly: int = 0
     turns_retried_with_same_key: int = 0
+    turns_without_router: int = 0
     streams_resumed: int = 0
     resumed_seq_errors: int = 0
     hung: int = 0
@@ -76,6 +83,8 @@ class ChaosRun:
         self.rng = random.Random(7)
         # Set once every fault of the plan happened (or the fault loop ended).
         self.plan_done = asyncio.Event()
+        # Notified whenever a turn finishes: faults wait for turns to land.
+        self.landed = asyncio.Condition()
 
     # The mesh ----------------------------------------------------------------
 
@@ -98,16 +107,17 @@ class ChaosRun:
             self.redis.stop()
 
     async def faults(self, deadline: float) -> None:
-        """Every fault of the plan, in order, a couple of seconds apart: a
-        worker SIGKILLed (and a new one started), a server SIGKILLed and
-        restarted, another worker, the router restarted; then more workers
-        while time remains. Conversations go on until the plan is done, so a
-        slow machine stretches the run instead of skipping a fault."""
+        """Every fault of the plan, in order, each once the previous one took
+        effect and turns landed after it: a worker SIGKILLed (and a new one
+        started), a server SIGKILLed and restarted, another worker, the router
+        SIGKILLed during turns (turns keep landing without it) and started
+        again; then more workers while time remains. Nothing waits on the
+        clock: a slow machine stretches the run instead of skipping a fault."""
         start = time.monotonic()
         plan = ["worker", "server", "worker", "router"]
         step = 0
-        while step < len(plan) or time.monotonic() < deadline - 2:
-            await asyncio.sleep(2.0)
+        while step < len(plan) or time.monotonic() < deadline:
+            await self._turns_land(LANDED_BETWEEN_FAULTS)
             fault = plan[step] if step < len(plan) else "worker"
             step += 1
             if fault == "worker":
@@ -115,10 +125,43 @@ class ChaosRun:
             elif fault == "server":
                 await self._restart_server(self.servers[0], start)
             else:
-                await asyncio.to_thread(self.mesh.restart_router)
-                self.counts.faults.append(f"{time.monotonic() - start:.1f}s restart router")
+                await self._router_outage(start)
             if step == len(plan):
                 self.plan_done.set()
+
+    async def _turns_land(self, count: int) -> None:
+        """Wait until ``count`` more turns finished (the mesh works again)."""
+        target = self.counts.turns_finished + count
+        async with self.landed:
+            await self.landed.wait_for(lambda: self.counts.turns_finished >= target)
+
+    async def _router_outage(self, start: float) -> None:
+        """SIGKILL the router while turns run; turns go on landing without it
+        (servers serve what their leases hold and forward the rest); then a
+        new router on the same address, and every member back in it."""
+        assert self.mesh.router is not None
+        port = int(self.mesh.router.address.rsplit(":", 1)[1])
+        await asyncio.to_thread(self.mesh.kill, self.mesh.router)
+        self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGKILL router")
+        before = self.counts.turns_finished
+        await self._turns_land(LANDED_BETWEEN_FAULTS)
+        self.counts.turns_without_router += self.counts.turns_finished - before
+        await asyncio.to_thread(
+            self.mesh.start_router, port=port, name=f"router-{len(self.mesh.components)}"
+        )
+        await self._members_back(len(self.workers) + len(self.servers))
+        self.counts.faults.append(f"{time.monotonic() - start:.1f}s restart router")
+
+    async def _members_back(self, expected: int) -> None:
+        assert self.mesh.router is not None
+        async with insecure_channel(self.mesh.router.address) as channel:
+            router = RouterServiceStub(channel)
+            while True:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    listed = await router.ListMembers(rpb.ListMembersRequest())
+                    if len(listed.members) >= expected:
+                        return
+                await asyncio.sleep(0.05)
 
     async def _replace_worker(self, generation: int, start: float) -> None:
         victim = self.rng.choice(self.workers)
@@ -203,6 +246,8 @@ class ChaosRun:
             else:
                 self.counts.turns_finished += 1
                 c.finished.append(outcome)
+                async with self.landed:
+                    self.landed.notify_all()
 
     async def _one_turn(self, c: Conversation, message: str, key: str) -> str | None:
         """The turn id if it finished, None if it failed cleanly. Broken
