@@ -150,13 +150,11 @@ class Leases:
                 await self.on_lapse()
         self._valid_until = sent + self._seconds
 
-    async def claim(self, session_id: str, *, take: bool, wait: bool = False) -> Claim:
-        """Who owns the session; with ``take``, make it ours if nobody's
-        lease holds it. Without ``take`` a session nobody holds is refused
-        with Unavailable (only the router hands out sessions). ``wait``: the
-        holder is thought dead (unreachable, or the router moved its
-        sessions): wait, at most one lease time, for its lease to lapse, so
-        the caller's call fails over instead of failing."""
+    async def claim(self, session_id: str, *, wait: bool = False) -> Claim:
+        """Who owns the session, making it ours if nobody's lease holds it.
+        ``wait``: the holder is thought dead (unreachable, or the router
+        moved its sessions): wait, at most one lease time, for its lease to
+        lapse, so the caller's call fails over instead of failing."""
         await self.ensure()  # a token of ours counts only while our lease lasts
         give_up = self._clock() + self._seconds + 1.0
         attempts = 0
@@ -172,15 +170,11 @@ class Leases:
                 if lease is not None:
                     address, left = lease
                     pause = min(left + 0.05, give_up - self._clock())
-                    if not (take and wait) or pause <= 0:
+                    if not wait or pause <= 0:
                         return HeldBy(Owner(holder, address))
                     # Sleeping on the lease's own expiry: one wake-up, no polling.
                     await self._sleep(pause)
                     continue
-            if not take:
-                raise Unavailable(
-                    f"no live server holds session {session_id!r} and the router is unreachable"
-                )
             token = self.new_token()
             swapped = await self._store.swap_owner(session_id, current, token)
             if swapped is None:

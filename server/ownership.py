@@ -10,9 +10,10 @@ With a shared store (Redis) the router only suggests: a session is this
 server's when the store says so under its lease (``server.leases``), checked
 before a session is served here the first time, after this server's lease
 lapsed, and at every commit. Without the router a server serves the sessions
-it holds, forwards calls for sessions another live server holds, and refuses
-the rest (UNAVAILABLE, retryable); it never takes a session over without the
-router. With a store of one server (memory, SQLite) sessions never move.
+it holds, forwards calls for sessions another live server holds, and takes
+over only sessions whose holder's lease lapsed (the same rule as with the
+router: the lease, not the router, makes a takeover safe); it creates none.
+With a store of one server (memory, SQLite) sessions never move.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ class SessionOwnership:
         if session_id in self._owned and self._leases.fresh():
             return
         # The router named us: a holder it moved the session from is dead to it.
-        claim = await self._leases.claim(session_id, take=True, wait=True)
+        claim = await self._leases.claim(session_id, wait=True)
         if isinstance(claim, Mine):
             self.claim(session_id, claim.token)
         elif isinstance(claim, HeldBy):
@@ -228,12 +229,13 @@ class SessionOwnership:
         return await self._router.route(session_id, unreachable=unreachable, assign=assign)
 
     async def _without_router(self, session_id: str, *, assign: bool) -> Placement:
-        """The router cannot be asked: serve what this server holds, forward
-        what another live server holds, refuse the rest."""
+        """The router cannot be asked: serve what this server holds (or takes
+        over: its holder's lease lapsed), forward what another live server
+        holds. Creates wait for the router (it spreads sessions)."""
         if assign:
             raise Unavailable("the mesh router is unavailable; retry")
         if self._leases is not None:
-            claim = await self._leases.claim(session_id, take=False)
+            claim = await self._leases.claim(session_id)
             if isinstance(claim, Mine):
                 self.claim(session_id, claim.token)
                 return LOCAL
@@ -264,7 +266,7 @@ class SessionOwnership:
             return LOCAL  # nobody owns it: here it is not found
         # Routed here, or known to nobody: the store's lease decides (and an
         # owner found unreachable gets the rest of its lease to come back).
-        claim = await self._leases.claim(session_id, take=True, wait=unreachable is not None)
+        claim = await self._leases.claim(session_id, wait=unreachable is not None)
         if isinstance(claim, Mine):
             self.claim(session_id, claim.token)
             return LOCAL

@@ -4,6 +4,7 @@ loopback ports, joined with ``redis-cli --cluster create`` (no replicas)."""
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -11,6 +12,22 @@ from pathlib import Path
 from tests.support.mesh import POLL, READY_TIMEOUT, RedisServer, _free_port
 
 NODES = 3
+# A node also listens on its port + 10,000 (the cluster bus).
+BUS_OFFSET = 10_000
+
+
+def _cluster_port() -> int:
+    """A free port whose bus port (+10,000) is free and below 65,536."""
+    while True:
+        port = _free_port()
+        if port + BUS_OFFSET > 65_535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + BUS_OFFSET))
+            except OSError:
+                continue
+        return port
 
 
 class RedisCluster:
@@ -22,7 +39,7 @@ class RedisCluster:
         self.nodes: list[RedisServer] = []
         try:
             for _ in range(NODES):
-                port = _free_port()
+                port = _cluster_port()
                 node_dir = workdir / f"node-{port}"
                 node_dir.mkdir(parents=True)
                 self.nodes.append(

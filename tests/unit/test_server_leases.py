@@ -102,13 +102,13 @@ async def test_a_live_lease_cannot_be_taken_and_a_lapsed_one_can() -> None:
     b = await member(store, B, router)
     token = await created(store, a, "s")
     assert a._leases is not None and b._leases is not None
-    assert await b._leases.claim("s", take=True) == HeldBy(A)
-    assert await a._leases.claim("s", take=True) == Mine(token)
-    assert await b._leases.claim("ghost", take=True) == Missing()
+    assert await b._leases.claim("s") == HeldBy(A)
+    assert await a._leases.claim("s") == Mine(token)
+    assert await b._leases.claim("ghost") == Missing()
 
     store.now += TTL + 0.1  # A stalls; B keeps its lease
     await b._leases.renew()
-    taken = await b._leases.claim("s", take=True)
+    taken = await b._leases.claim("s")
     assert isinstance(taken, Mine) and taken.token.startswith("server-b/")
     assert store.owners["s"] == taken.token
     # A's turn started under its old token: its fence now refuses it.
@@ -136,7 +136,7 @@ async def test_a_stalled_owner_keeps_exactly_what_nobody_took() -> None:
     assert a.fence("kept", store.owners["kept"]).startswith("server-a/")
 
 
-async def test_without_the_router_a_server_serves_what_it_holds_and_takes_nothing() -> None:
+async def test_without_the_router_only_the_lease_decides() -> None:
     store = FakeLeaseStore()
     router = Router()
     a = await member(store, A, router)
@@ -149,13 +149,13 @@ async def test_without_the_router_a_server_serves_what_it_holds_and_takes_nothin
     b.release("b-s")  # as after a restart of its process' view: the store still says b
     assert await b.place("b-s") is LOCAL
     assert await b.place("a-s") == Forward(A)  # A holds it: forwarded, never served here
-    del store.members[B.member_id]  # B's lease gone: "orphan" is nobody's now
+    assert store.owners["a-s"].startswith("server-a/")
+    del store.members[B.member_id]  # B is gone: its lease with it
     c = await member(store, Owner("server-c", "127.0.0.1:3"), router)
+    assert await c.place("orphan") is LOCAL  # nobody's lease holds it: C takes it
+    assert store.owners["orphan"] != orphan and store.owners["orphan"].startswith("server-c/")
     with pytest.raises(Unavailable):
-        await c.place("orphan")
-    assert store.owners["orphan"] == orphan  # not taken without the router
-    with pytest.raises(Unavailable):
-        await c.place("new", assign=True)
+        await c.place("new", assign=True)  # creates wait for the router
     assert await c.place("ghost") is LOCAL  # no such session: not found here
 
 
@@ -201,7 +201,7 @@ async def test_a_leaving_server_gives_its_lease_up() -> None:
     await created(store, a, "s")
     assert a._leases is not None and b._leases is not None
     await a._leases.stop()
-    taken = await b._leases.claim("s", take=True)  # at once, not after the TTL
+    taken = await b._leases.claim("s")  # at once, not after the TTL
     assert isinstance(taken, Mine)
     with pytest.raises(Unavailable, match="leaving"):
         await a._leases.ensure()  # a stopped server never renews again
