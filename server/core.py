@@ -100,6 +100,20 @@ class SessionCore:
             await self.ownership.unassign(session_id)
             raise
 
+    async def check_capacity(self) -> None:
+        """Refuse a create at once when a store every server shares is full
+        (its count is the mesh's): no route is asked for, none is left."""
+        if self.store.shared:
+            await self._has_room()
+
+    async def _has_room(self) -> None:
+        if await self.store.count() >= self.limits.max_sessions:
+            raise ResourceExhausted(
+                f"the mesh holds its maximum of {self.limits.max_sessions} sessions"
+                if self.store.shared
+                else f"this server holds its maximum of {self.limits.max_sessions} sessions"
+            )
+
     async def _create(
         self,
         session_id: str,
@@ -108,10 +122,7 @@ class SessionCore:
         messages: list[message_pb2.Message] | None,
     ) -> spb.Session:
         agent = await self.require_agent(agent_name)
-        if await self.store.count() >= self.limits.max_sessions:
-            raise ResourceExhausted(
-                f"this server holds its maximum of {self.limits.max_sessions} sessions"
-            )
+        await self._has_room()
         t = now()
         record = SessionRecord(
             session_id=session_id or new_id(),

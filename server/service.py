@@ -150,8 +150,9 @@ class SessionServicer(SessionServiceServicer):
         validation.validate_create_session(request)
         if not request.session_id:
             request.session_id = new_id()
-        # Before an owner is assigned, so a refused create leaves no route behind.
+        # Before an owner is assigned, so a refused create costs the router nothing.
         await self._core.require_agent(request.agent_name)
+        await self._core.check_capacity()
 
         async def local() -> spb.CreateSessionResponse:
             session = await self._core.create_session(
