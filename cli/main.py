@@ -173,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--edge-tls-key", default=_env("edge_tls_key"), help="HTTPS: key")
     edge.add_argument("--otlp-endpoint", default=_env("otlp_endpoint"))
     edge.add_argument(
+        "--allow-open",
+        action="store_true",
+        default=_env("allow_open") == "1",
+        help="allow a non-loopback bind without HTTPS and mutual TLS to the servers "
+        "(TLS ends in front of Envoy, on a trusted network)",
+    )
+    edge.add_argument(
         "--cors-origins",
         default=_env("cors_origins", ",".join(DEFAULT_CORS_ORIGINS)),
         help="browser origins allowed to call the API, comma-separated ('*' for any)",
