@@ -123,7 +123,8 @@ class Ports:
     @classmethod
     def choose(cls, config: UpConfig) -> Ports:
         w, s = config.workers, config.servers
-        inner = free_ports(1 + w + s + 1)
+        given = {config.port, config.admin_port} - {0}
+        inner = free_ports(1 + w + s + 1, exclude=given)
         edge = config.port or free_ports(1, config.host, exclude=set(inner))[0]
         return cls(
             router=inner[0],

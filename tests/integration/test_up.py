@@ -24,6 +24,8 @@ from tests.support.collector import Collector
 from tests.support.mesh import RedisServer, wait_for
 from tests.support.up import UpProcess, clean_env, processes_mentioning
 from turnmesh.client import Client
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
 
 def _status_pids(run_dir: Path) -> dict[str, int]:
@@ -312,6 +314,19 @@ def _turn(rest: httpx.Client, session_id: str, message: str) -> str:
     return "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
 
 
+def _registered(router: str) -> dict[str, int]:
+    """How many members of each role the router lists."""
+    try:
+        with grpc.insecure_channel(router) as channel:
+            listed = RouterServiceStub(channel).ListMembers(rpb.ListMembersRequest(), timeout=10)
+    except grpc.RpcError:
+        return {}
+    roles = [
+        rpb.MemberRole.Name(m.role).removeprefix("MEMBER_ROLE_").lower() for m in listed.members
+    ]
+    return {role: roles.count(role) for role in set(roles)}
+
+
 def test_up_restarts_a_killed_worker_and_server_on_their_addresses(tmp_path: Path) -> None:
     """SIGKILL a worker and a server: `up` says so, restarts each on its own
     port, and with Redis every session comes back whole, on any server. Then
@@ -377,6 +392,10 @@ def test_up_restarts_a_killed_worker_and_server_on_their_addresses(tmp_path: Pat
             os.kill(after[name]["pid"], signal.SIGKILL)
         for name in ("router", "envoy"):
             up.wait_line(rf"{name} is back on {re.escape(after[name]['address'])} ", after=mark)
+        # A new router knows no one until the members register again (each
+        # within a heartbeat); until then turns are UNAVAILABLE, retryable.
+        wait_for(lambda: _registered(after["router"]["address"]) == {"server": 2, "worker": 2},
+                 timeout=120, what="every member registered with the new router")  # fmt: skip
         with httpx.Client(base_url=f"http://{edge}", timeout=60) as rest:
             for sid in sessions:
                 assert "What is 6*7?" in _turn(rest, sid, "And what did I ask first?")
