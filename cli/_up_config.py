@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from turnmesh.cli._restart import DEFAULT_BUDGET, RestartPolicy
 from turnmesh.envoy.config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
 from turnmesh.runtime.tls import TlsFiles
 
@@ -31,6 +32,7 @@ class UpConfig(BaseModel):
     session_ttl: float | None = Field(default=None, gt=0)
     store: str = "memory"
     api_keys_file: str | None = None
+    # Unset: a random key for this run. Children get it in their environment.
     mesh_key: str | None = None
     # Mutual TLS between the members (and from Envoy to the servers): the mesh
     # CA, and one certificate for every member, valid for 127.0.0.1 or --host.
@@ -44,7 +46,12 @@ class UpConfig(BaseModel):
     # HTTPS (and gRPC over TLS) on Envoy's public listener.
     edge_tls_cert: Path | None = None
     edge_tls_key: Path | None = None
+    # A public host without API keys is refused unless this is set.
     allow_open: bool = False
+    # Which exits of a child restart it, and how many restarts a component
+    # gets within _restart.BUDGET_WINDOW before `up` gives up.
+    restart: RestartPolicy = RestartPolicy.ON_FAILURE
+    restart_budget: int = Field(default=DEFAULT_BUDGET, ge=0, le=1000)
     run_dir: Path | None = None
     log_level: str = "INFO"
     # Servers get this long to finish running turns on Ctrl-C; with the other

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from turnmesh.envoy import EdgeConfig
 from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
+from turnmesh.runtime.exposure import check_edge_exposure
 from turnmesh.runtime.tls import TlsConfigError, tls_files
 
 
@@ -20,6 +21,14 @@ def edge_config(args: argparse.Namespace) -> EdgeConfig:
         raise ValueError("give at least one --upstream HOST:PORT (a session server)")
     if bool(args.edge_tls_cert) != bool(args.edge_tls_key):
         raise ValueError("HTTPS needs both --edge-tls-cert and --edge-tls-key")
+    upstream_tls = tls_files(args.tls_ca, args.tls_cert, args.tls_key)
+    check_edge_exposure(
+        args.host,
+        listener_tls=bool(args.edge_tls_cert),
+        upstream_tls=upstream_tls is not None,
+        upstreams=list(args.upstream),
+        allow_open=args.allow_open,
+    )
     return EdgeConfig(
         upstreams=list(args.upstream),
         host=args.host,
@@ -28,7 +37,7 @@ def edge_config(args: argparse.Namespace) -> EdgeConfig:
         listener_tls=(Path(args.edge_tls_cert), Path(args.edge_tls_key))
         if args.edge_tls_cert
         else None,
-        upstream_tls=tls_files(args.tls_ca, args.tls_cert, args.tls_key),
+        upstream_tls=upstream_tls,
         otlp_endpoint=args.otlp_endpoint,
         cors_origins=_origins(args.cors_origins),
     )

@@ -1,4 +1,4 @@
-"""``turnmesh router|server|worker|up``: flags, with ``TURNMESH_*`` environment
+"""``turnmesh router|server|worker|edge|up|status``: flags, with ``TURNMESH_*`` environment
 variables as defaults (a flag wins over the environment)."""
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ def _router_flag(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from turnmesh.cli._restart import BUDGET_WINDOW, DEFAULT_BUDGET, RestartPolicy
     from turnmesh.envoy.config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
     from turnmesh.router import RouterConfig
     from turnmesh.server import ServerConfig
@@ -178,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument("--edge-tls-key", default=_env("edge_tls_key"), help="HTTPS: key")
     edge.add_argument("--otlp-endpoint", default=_env("otlp_endpoint"))
     edge.add_argument(
+        "--allow-open",
+        action="store_true",
+        default=_env("allow_open") == "1",
+        help="allow a non-loopback bind without HTTPS and mutual TLS to the servers "
+        "(TLS ends in front of Envoy, on a trusted network)",
+    )
+    edge.add_argument(
         "--cors-origins",
         default=_env("cors_origins", ",".join(DEFAULT_CORS_ORIGINS)),
         help="browser origins allowed to call the API, comma-separated ('*' for any)",
@@ -206,6 +214,26 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--admin-port", type=int, default=None, help="Envoy admin (default: any)")
     up.add_argument("--store", default=None, help="memory (default), sqlite:PATH, redis://...")
     up.add_argument("--api-keys-file", default=None, help="public API keys for the servers")
+    up.add_argument(
+        "--allow-open",
+        action="store_true",
+        default=None,
+        help="allow a non-loopback --host without API keys (an open API)",
+    )
+    up.add_argument(
+        "--restart",
+        choices=[p.value for p in RestartPolicy],
+        default=None,
+        help="restart a child that exits: on a failure (default: on-failure, a non-zero exit "
+        "or a signal), always (exit 0 too), or never (any exit stops the mesh)",
+    )
+    up.add_argument(
+        "--restart-budget",
+        type=int,
+        default=None,
+        help=f"restarts per component within {BUDGET_WINDOW:g} s before the mesh stops "
+        f"(default {DEFAULT_BUDGET})",
+    )
     up.add_argument("--tls-ca", type=Path, default=None, help="mesh CA: mutual TLS inside")
     up.add_argument("--tls-cert", type=Path, default=None, help="the members' certificate")
     up.add_argument("--tls-key", type=Path, default=None, help="the members' private key")
@@ -221,6 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
     up.add_argument("--log-level", default=None)
+
+    status = sub.add_parser("status", help="the status table of a running `turnmesh up`")
+    status.add_argument(
+        "--run-dir",
+        type=Path,
+        default=_env("run_dir"),
+        help="the run directory of `up` (default: the newest under .turnmesh/runs)",
+    )
+    status.add_argument("--json", action="store_true", help="the status file as it is")
     return parser
 
 
@@ -275,6 +312,10 @@ def main(argv: list[str] | None = None) -> None:
         from turnmesh.cli.up import run_up
 
         sys.exit(run_up(args))
+    if args.command == "status":
+        from turnmesh.cli._status import run_status
+
+        sys.exit(run_status(args))
     if args.command == "edge":
         from turnmesh.cli.edge import run_edge
 

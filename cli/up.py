@@ -1,17 +1,27 @@
 """``turnmesh up``: router, workers, session servers and Envoy, in the foreground.
 
 Start order: router, workers, servers, then Envoy in front of the servers; each
-is waited on until healthy. Ctrl-C or SIGTERM stops them in the reverse order
-(Envoy stops taking calls, servers drain their turns, workers, router) within
-five seconds. If any component dies unexpectedly the whole mesh stops with a
-message naming it and its log: a partial mesh that looks healthy is worse than
-none, and the log says why.
+is waited on until healthy. Every child gets a fixed port chosen up front, so
+a child that dies is restarted on the same address (peers and Envoy hold it)
+after an exponential backoff, as ``--restart`` says (``on-failure`` by
+default), while its budget lasts (``--restart-budget`` restarts within five
+minutes). Past the budget, or with ``--restart never``, the whole mesh stops
+with a message naming the child and its log: a child that keeps dying is
+broken, and a partial mesh that looks healthy is worse than none.
+
+Ctrl-C or SIGTERM stops the children in reverse order (Envoy stops taking
+calls, servers drain their turns, workers, router) within five seconds.
+SIGUSR1 prints a status table; ``status.json`` in the run directory holds the
+same for ``turnmesh status``. The mesh key (given, or random per run) reaches
+the children in their environment, never on a command line.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,19 +31,33 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from turnmesh.cli._children import Child, ChildFailed
+from turnmesh.cli._ports import free_ports
+from turnmesh.cli._restart import BUDGET_WINDOW, RestartBudget
+from turnmesh.cli._status import STATUS_FILE, table, write_status
+from turnmesh.cli._supervisor import Component, Launch, Ready, Supervisor
 from turnmesh.cli._up_config import UpConfig, load
+from turnmesh.runtime.exposure import check_up_exposure
 
 READY_TIMEOUT = 60.0
-STOP_BUDGET = 5.0
+TICK = 0.1
+MESH_KEY_VARIABLE = "TURNMESH_MESH_KEY"
+# The mesh key's old name; children get the key under the new one only.
+KEY_VARIABLES = (MESH_KEY_VARIABLE, "TURNMESH_ADMIN_KEY")
 
 
 class UpError(Exception):
     """A start-up failure reported as one line."""
+
+
+def _api_keys_given(config: UpConfig) -> bool:
+    # The servers also read TURNMESH_API_KEYS from the environment they inherit.
+    return bool(config.api_keys_file) or any(os.environ.get("TURNMESH_API_KEYS", "").split(","))
 
 
 def _preflight(config: UpConfig) -> None:
@@ -73,6 +97,8 @@ def _preflight(config: UpConfig) -> None:
             validate(write_config(probe, Path(tmp) / "envoy.json"))
         except EnvoyError as exc:
             raise UpError(str(exc)) from exc
+    # A valid address, then: may it be public?
+    check_up_exposure(config.host, api_keys=_api_keys_given(config), allow_open=config.allow_open)
 
 
 @functools.cache
@@ -84,10 +110,35 @@ def _agent_name(spec: str) -> str:
     return load_agent(spec)[0]
 
 
+@dataclass(frozen=True)
+class Ports:
+    """Every child's port, fixed for the run: a restart comes back on it."""
+
+    router: int
+    workers: list[int]
+    servers: list[int]
+    edge: int
+    admin: int
+
+    @classmethod
+    def choose(cls, config: UpConfig) -> Ports:
+        w, s = config.workers, config.servers
+        given = {config.port, config.admin_port} - {0}
+        inner = free_ports(1 + w + s + 1, exclude=given)
+        edge = config.port or free_ports(1, config.host, exclude=set(inner))[0]
+        return cls(
+            router=inner[0],
+            workers=inner[1 : 1 + w],
+            servers=inner[1 + w : 1 + w + s],
+            edge=edge,
+            admin=config.admin_port or inner[-1],
+        )
+
+
 def _component_args(config: UpConfig) -> list[str]:
-    args = ["--log-level", config.log_level]
-    if config.mesh_key:
-        args += ["--mesh-key", config.mesh_key]
+    # Loopback only: Envoy is the one public door. No mesh key here: a
+    # command line is world-readable (/proc/PID/cmdline).
+    args = ["--host", "127.0.0.1", "--log-level", config.log_level]
     if (tls := config.mesh_tls) is not None:
         args += ["--tls-ca", str(tls.ca_file), "--tls-cert", str(tls.cert_file)]
         args += ["--tls-key", str(tls.key_file)]
@@ -96,8 +147,19 @@ def _component_args(config: UpConfig) -> list[str]:
     return args
 
 
+def _child_env(mesh_key: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in KEY_VARIABLES}
+    if mesh_key:
+        env[MESH_KEY_VARIABLE] = mesh_key
+    return env
+
+
 def _turnmesh(*args: str) -> list[str]:
     return [sys.executable, "-m", "turnmesh", *args]
+
+
+def _say(message: str) -> None:
+    print(f"turnmesh up: {message}", file=sys.stderr, flush=True)
 
 
 def _wait_http_ok(url: str, deadline: float, envoy: Child) -> None:
@@ -121,82 +183,94 @@ def _wait_http_ok(url: str, deadline: float, envoy: Child) -> None:
 
 
 class Mesh:
-    def __init__(self, config: UpConfig, run_dir: Path) -> None:
+    def __init__(self, config: UpConfig, run_dir: Path, ports: Ports, mesh_key: str) -> None:
         self.config = config
         self.run_dir = run_dir
-        self.router: list[Child] = []
-        self.workers: list[Child] = []
-        self.servers: list[Child] = []
-        self.envoy: list[Child] = []
+        self.ports = ports
+        self.state = "starting"
+        self.components: list[Component] = []
+        self.supervisor = Supervisor(self.components, config.restart, _say, self.write_status)
         self.edge_address = ""
-        self.admin_address = ""
+        self.admin_address = f"127.0.0.1:{ports.admin}"
+        self._env = _child_env(mesh_key)
+        # Envoy calls only the servers' public API: it gets no mesh key.
+        self._envoy_env = _child_env(None)
 
-    @property
-    def children(self) -> list[Child]:
-        return [*self.router, *self.workers, *self.servers, *self.envoy]
+    def write_status(self) -> None:
+        write_status(self.run_dir, self.state, [c.status() for c in self.components])
 
-    def _child(self, name: str, *args: str) -> Child:
+    def _add(self, name: str, kind: str, address: str, launch: Launch, ready: Ready) -> Component:
+        component = Component(
+            name,
+            kind,
+            address,
+            launch,
+            ready,
+            RestartBudget(self.config.restart_budget),
+            self.run_dir / f"{name}.log",
+        )
+        self.components.append(component)
+        component.start()
+        self.write_status()
+        return component
+
+    def _member(self, name: str, kind: str, port: int, *args: str) -> Component:
         ready = self.run_dir / f"{name}.ready.json"
-        ready.unlink(missing_ok=True)  # a reused run dir: never trust an old one
-        argv = _turnmesh(*args, "--ready-file", str(ready))
-        return Child(name, argv, self.run_dir, ready_file=ready)
+        argv = _turnmesh(kind, "--port", str(port), *args, "--ready-file", str(ready))
+
+        def launch(restart: bool) -> Child:
+            ready.unlink(missing_ok=True)  # a reused run dir or a restart: never trust an old one
+            return Child(
+                name, argv, self.run_dir, ready_file=ready, env=self._env, append_log=restart
+            )
+
+        return self._add(name, kind, f"127.0.0.1:{port}", launch, Child.is_ready)
 
     def start(self) -> None:
-        c = self.config
+        c, ports = self.config, self.ports
         deadline = time.monotonic() + READY_TIMEOUT
         common = _component_args(c)
-        self.router.append(self._child("router", "router", "--port", "0", *common))
-        self.router[0].wait_ready(deadline)
-        router = str(self.router[0].info["address"])
-        for i in range(c.workers):
-            self.workers.append(
-                self._child(
-                    f"worker-{i + 1}",
-                    "worker",
-                    "--port",
-                    "0",
-                    "--router",
-                    router,
-                    "--agent",
-                    c.agent,
-                    *common,
-                )
-            )
+        router = self._member("router", "router", ports.router, *common)
+        router.wait_ready(deadline)
+        worker_args = ["--router", router.address, "--agent", c.agent, *common]
+        workers = [
+            self._member(f"worker-{i + 1}", "worker", port, *worker_args)
+            for i, port in enumerate(ports.workers)
+        ]
         agent = _agent_name(c.agent)
-        for i in range(c.servers):
-            self.servers.append(
-                self._child(
-                    f"server-{i + 1}",
-                    "server",
-                    "--port",
-                    "0",
-                    "--router",
-                    router,
-                    "--agent",
-                    agent,
-                    *(["--session-ttl", str(c.session_ttl)] if c.session_ttl else []),
-                    "--grace-seconds",
-                    str(c.drain_seconds),
-                    "--store",
-                    c.store,
-                    *(["--api-keys-file", c.api_keys_file] if c.api_keys_file else []),
-                    *common,
-                )
-            )
-        for child in [*self.workers, *self.servers]:
-            child.wait_ready(deadline)
-        self._start_envoy(deadline)
+        server_args = [
+            "--router", router.address, "--agent", agent,
+            *(["--session-ttl", str(c.session_ttl)] if c.session_ttl else []),
+            "--grace-seconds", str(c.drain_seconds), "--store", c.store,
+            *(["--api-keys-file", c.api_keys_file] if c.api_keys_file else []),
+            *common,
+        ]  # fmt: skip
+        servers = [
+            self._member(f"server-{i + 1}", "server", port, *server_args)
+            for i, port in enumerate(ports.servers)
+        ]
+        for member in [*workers, *servers]:
+            member.wait_ready(deadline)
+        self._start_envoy([s.address for s in servers], deadline)
+        self.state = "running"
+        self.write_status()
 
-    def _start_envoy(self, deadline: float) -> None:
+    def _start_envoy(self, upstreams: list[str], deadline: float) -> None:
         from turnmesh.envoy import EdgeConfig
-        from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
+        from turnmesh.envoy.process import (
+            EnvoyError,
+            bound_listener,
+            envoy_argv,
+            validate,
+            write_config,
+        )
 
         c = self.config
         edge = EdgeConfig(
-            upstreams=[str(s.info["address"]) for s in self.servers],
+            upstreams=upstreams,
             host=c.host,
-            port=c.port,
-            admin_port=c.admin_port,
+            port=self.ports.edge,
+            admin_port=self.ports.admin,
             listener_tls=c.edge_tls,
             upstream_tls=c.mesh_tls,
             otlp_endpoint=c.otlp_endpoint,
@@ -208,46 +282,33 @@ class Mesh:
         except EnvoyError as exc:
             raise UpError(str(exc)) from exc
         admin_file = self.run_dir / "envoy-admin-address"
-        admin_file.unlink(missing_ok=True)
         argv = envoy_argv(path, admin_file)
-        envoy = Child("envoy", argv, self.run_dir)
-        self.envoy.append(envoy)
-        while not admin_file.exists() or not admin_file.read_text().strip():
-            envoy.check_alive(deadline)
-            time.sleep(0.02)
-        self.admin_address = admin_file.read_text().strip()
-        self.edge_address = self._listener_address(envoy, deadline)
-        _wait_http_ok(f"{self.scheme}://{self.edge_address}/ready", deadline, envoy)
+
+        def launch(restart: bool) -> Child:
+            admin_file.unlink(missing_ok=True)
+            return Child("envoy", argv, self.run_dir, env=self._envoy_env, append_log=restart)
+
+        def ready(_: Child) -> bool:
+            return bound_listener(self.admin_address) is not None
+
+        envoy = self._add("envoy", "envoy", f"{c.host}:{self.ports.edge}", launch, ready)
+        envoy.wait_ready(deadline)
+        self.edge_address = bound_listener(self.admin_address) or envoy.address
+        assert envoy.child is not None
+        _wait_http_ok(f"{self.scheme}://{self.edge_address}/ready", deadline, envoy.child)
 
     @property
     def scheme(self) -> str:
         return "https" if self.config.edge_tls else "http"
 
-    def _listener_address(self, envoy: Child, deadline: float) -> str:
-        from turnmesh.envoy.process import bound_listener
-
-        while (address := bound_listener(self.admin_address)) is None:
-            envoy.check_alive(deadline)
-            time.sleep(0.02)
-        return address
-
-    def failed_child(self) -> Child | None:
-        return next((c for c in self.children if not c.running), None)
-
     def stop(self) -> None:
-        deadline = time.monotonic() + STOP_BUDGET
-        # Envoy first (no new calls), then servers drain, then workers, router.
-        for group, share in (
-            (self.envoy, 1.0),
-            (self.servers, 3.5),
-            (self.workers, 4.2),
-            (self.router, 5.0),
-        ):
-            group_deadline = min(deadline, deadline - STOP_BUDGET + share)
-            for child in group:
-                child.terminate()
-            for child in group:
-                child.wait_gone(group_deadline)
+        self.state = "stopping"
+        self.supervisor.stop()
+        self.state = "stopped"
+        self.write_status()
+
+    def status_table(self) -> str:
+        return table([c.status() for c in self.components])
 
     def banner(self, elapsed: float) -> str:
         c = self.config
@@ -260,14 +321,18 @@ class Mesh:
                 f"  playground         {edge}/  (open it in a browser)",
                 f"  REST/SSE and gRPC  {edge}  (Envoy; reflection for grpcurl)",
                 f"  Envoy admin        http://{self.admin_address}  (loopback only)",
-                f"  router             {self.router[0].info['address']}",
+                f"  router             {self.components[0].address}",
                 f"  logs               {self.run_dir}",
+                f"  status             {_local_command('turnmesh')} status --run-dir "
+                f"{self.run_dir}  (or kill -USR1 {os.getpid()})",
+                f"  restarts           --restart {c.restart}, at most {c.restart_budget} per "
+                f"component within {BUDGET_WINDOW / 60:g} minutes",
                 "try:",
                 f'  curl -s {edge}/v1/sessions -d \'{{"sessionId": "hello"}}\' && '
                 f"curl -N {edge}/v1/sessions/hello/turns "
                 f'-d \'{{"message": "What is 6*7?"}}\'',
-                f'  {_grpcurl()} {grpcurl_tls}-d \'{{"session_id": "hello", "message": '
-                f'"What did I ask first?"}}\' {self.edge_address} '
+                f'  {_local_command("grpcurl")} {grpcurl_tls}-d \'{{"session_id": "hello", '
+                f'"message": "What did I ask first?"}}\' {self.edge_address} '
                 "turnmesh.v1.SessionService/Turn",
                 "Ctrl-C stops the mesh.",
             ]
@@ -275,6 +340,14 @@ class Mesh:
 
 
 def run_up(args: argparse.Namespace) -> int:
+    status_requested = stop_requested = False
+
+    def request_status(signum: int, frame: object) -> None:
+        nonlocal status_requested
+        status_requested = True
+
+    # First: SIGUSR1's default action would kill `up`.
+    signal.signal(signal.SIGUSR1, request_status)
     flags = {
         "agent": args.agent,
         "servers": args.servers,
@@ -285,6 +358,7 @@ def run_up(args: argparse.Namespace) -> int:
         "run_dir": args.run_dir,
         "store": args.store,
         "api_keys_file": args.api_keys_file,
+        "allow_open": args.allow_open,
         "log_level": args.log_level,
         "tls_ca": args.tls_ca,
         "tls_cert": args.tls_cert,
@@ -293,15 +367,16 @@ def run_up(args: argparse.Namespace) -> int:
         "edge_tls_key": args.edge_tls_key,
         "otlp_endpoint": args.otlp_endpoint,
         "cors_origins": args.cors_origins,
+        "restart": args.restart,
+        "restart_budget": args.restart_budget,
     }
     try:
         config = load(args.config, flags)
         _preflight(config)
+        ports = Ports.choose(config)
     except (UpError, ValidationError, OSError, ValueError) as exc:
         print(f"turnmesh up: {_one_line(exc)}", file=sys.stderr, flush=True)
         return 2
-
-    stop_requested = False
 
     def request_stop(signum: int, frame: object) -> None:
         nonlocal stop_requested
@@ -311,36 +386,36 @@ def run_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     run_dir = config.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
-    mesh = Mesh(config, run_dir)
+    (run_dir / STATUS_FILE).unlink(missing_ok=True)  # a reused run dir: not the last run's
+    mesh_key = config.mesh_key or os.environ.get("TURNMESH_ADMIN_KEY") or secrets.token_urlsafe(32)
+    mesh = Mesh(config, run_dir, ports, mesh_key)
     started = time.monotonic()
     try:
         mesh.start()
         print(mesh.banner(time.monotonic() - started), flush=True)
         while not stop_requested:
-            failed = mesh.failed_child()
-            if failed is not None:
-                print(
-                    f"turnmesh up: {failed.name} exited unexpectedly with code "
-                    f"{failed.proc.returncode}; stopping the mesh (log: {failed.log_path})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            reason = mesh.supervisor.tick()
+            if reason is not None:
+                _say(reason)
                 return 1
-            time.sleep(0.1)
+            if status_requested:
+                status_requested = False
+                print(f"turnmesh up: status\n{mesh.status_table()}", flush=True)
+            time.sleep(TICK)
         print("turnmesh up: stopping (Envoy, servers drain, workers, router)", flush=True)
         return 0
     except (UpError, ChildFailed) as exc:
-        print(f"turnmesh up: {_one_line(exc)}", file=sys.stderr, flush=True)
+        _say(_one_line(exc))
         return 1
     finally:
         mesh.stop()
 
 
-def _grpcurl() -> str:
-    """grpcurl as the user can run it: the venv's copy may not be on PATH."""
-    local = Path(sys.executable).parent / "grpcurl"
-    if not local.exists() or shutil.which("grpcurl") == str(local):
-        return "grpcurl"
+def _local_command(name: str) -> str:
+    """A command as the user can run it: the venv's copy may not be on PATH."""
+    local = Path(sys.executable).parent / name
+    if not local.exists() or shutil.which(name) == str(local):
+        return name
     try:
         return str(local.relative_to(Path.cwd()))
     except ValueError:

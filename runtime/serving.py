@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from turnmesh.runtime.exposure import is_loopback
 from turnmesh.runtime.interceptors import ErrorMappingInterceptor
 from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.runtime.tracing import TracingInterceptor
@@ -188,7 +189,7 @@ def check_bind_host(host: str, secured: bool, allow_open: bool) -> None:
     explicitly overridden."""
     if secured:
         return
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(host):
         if not allow_open:
             raise SystemExit(
                 f"refusing to bind {host} without a mesh key or mutual TLS: set "

@@ -133,6 +133,8 @@ def _start_components(net: Network, workdir: Path, tls: bool) -> MultiHost:
         wait_for(ready[name].exists, timeout=60, what=name)
     edge = net.hosts["edge"]
     edge_flags = ["--host", edge.address, "--port", "8080", "--admin-port", "9901"]
+    # The client speaks plaintext to the edge on this private subnet.
+    edge_flags.append("--allow-open")
     if ca is not None:
         edge_flags += ca.issue("envoy", ips=(edge.address,)).flags()
     upstreams = [f"--upstream={net.hosts[n].address}:7100" for n in ("server-a", "server-b")]

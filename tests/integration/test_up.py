@@ -21,27 +21,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.certs import TestCA
 from tests.support.collector import Collector
-from tests.support.mesh import wait_for
+from tests.support.mesh import RedisServer, wait_for
+from tests.support.up import UpProcess, clean_env, processes_mentioning
 from turnmesh.client import Client
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TURNMESH_")}
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """PIDs whose command line mentions `text` (our run directory)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline and int(entry.name) != os.getpid():
-            found.append(int(entry.name))
-    return found
+def _status_pids(run_dir: Path) -> dict[str, int]:
+    document = json.loads((run_dir / "status.json").read_text())
+    return {c["name"]: c["pid"] for c in document["components"]}
 
 
 def _up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
@@ -51,7 +40,7 @@ def _up(run_dir: Path, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        env=_env(),
+        env=clean_env(),
         start_new_session=True,
     )
 
@@ -105,13 +94,13 @@ def test_up_serves_rest_and_grpc_and_stops_cleanly(tmp_path: Path) -> None:
             "worker-1.log",
             "envoy.log",
         }
-        assert _processes_mentioning(str(run_dir))
+        assert processes_mentioning(str(run_dir))
 
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert time.monotonic() - started < 5
-        assert _processes_mentioning(str(run_dir)) == []
+        assert processes_mentioning(str(run_dir)) == []
         host, port = edge.rsplit(":", 1)
         with socket.socket() as s:
             assert s.connect_ex((host, int(port))) != 0
@@ -135,7 +124,7 @@ def test_busy_port_fails_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert f"port {port}" in err
     assert len(err.strip().splitlines()) == 1
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
 
 
 def test_missing_agent_fails_cleanly(tmp_path: Path) -> None:
@@ -145,7 +134,7 @@ def test_missing_agent_fails_cleanly(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "no_such_module" in err
     assert len(err.strip().splitlines()) == 1
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
 
 
 def test_config_file_and_flags(tmp_path: Path) -> None:
@@ -168,20 +157,20 @@ def _read_banner(proc: subprocess.Popen[str]) -> str:
     return "".join(lines)
 
 
-def test_a_component_that_dies_stops_the_mesh_loudly(tmp_path: Path) -> None:
+def test_restart_never_stops_the_mesh_when_a_component_dies(tmp_path: Path) -> None:
+    """Today's behaviour, on request: one dead child stops everything."""
     run_dir = tmp_path / "run"
-    proc = _up(run_dir, "--port", "0")
+    proc = _up(run_dir, "--port", "0", "--restart", "never")
     try:
         _read_banner(proc)
-        worker_ready = str(run_dir / "worker-1.ready.json")
-        (victim,) = _processes_mentioning(worker_ready)
-        os.kill(victim, signal.SIGKILL)
+        os.kill(_status_pids(run_dir)["worker-1"], signal.SIGKILL)
         assert proc.wait(timeout=30) == 1
         assert proc.stderr is not None
         err = proc.stderr.read()
-        assert "worker-1 exited unexpectedly" in err
+        assert "worker-1 exited unexpectedly (killed by SIGKILL); stopping the mesh" in err
         assert "worker-1.log" in err
-        assert _processes_mentioning(str(run_dir)) == []
+        assert "restart 1" not in err
+        assert processes_mentioning(str(run_dir)) == []
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -200,7 +189,7 @@ def test_a_bad_host_fails_cleanly(tmp_path: Path) -> None:
     assert "invalid Envoy config" in err
     assert not run_dir.exists()  # refused before anything started
     assert "turnmesh up:" in err
-    assert _processes_mentioning(str(run_dir)) == []
+    assert processes_mentioning(str(run_dir)) == []
 
 
 def test_up_with_https_tls_and_tracing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -308,3 +297,133 @@ def test_a_reused_run_dir_starts_a_fresh_mesh(tmp_path: Path) -> None:
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
+
+
+def _turn(rest: httpx.Client, session_id: str, message: str) -> str:
+    """One turn through the edge; its answer's text (the turn must finish)."""
+    with rest.stream(
+        "POST", f"/v1/sessions/{session_id}/turns", json={"message": message}
+    ) as response:
+        assert response.status_code == 200, response.read()
+        events = [
+            json.loads(line[len("data: ") :])
+            for line in response.iter_lines()
+            if line.startswith("data: ")
+        ]
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    return "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+def _registered(router: str) -> dict[str, int]:
+    """How many members of each role the router lists."""
+    try:
+        with grpc.insecure_channel(router) as channel:
+            listed = RouterServiceStub(channel).ListMembers(rpb.ListMembersRequest(), timeout=10)
+    except grpc.RpcError:
+        return {}
+    roles = [
+        rpb.MemberRole.Name(m.role).removeprefix("MEMBER_ROLE_").lower() for m in listed.members
+    ]
+    return {role: roles.count(role) for role in set(roles)}
+
+
+def test_up_restarts_a_killed_worker_and_server_on_their_addresses(tmp_path: Path) -> None:
+    """SIGKILL a worker and a server: `up` says so, restarts each on its own
+    port, and with Redis every session comes back whole, on any server. Then
+    the router and Envoy."""
+    redis = RedisServer(tmp_path)
+    run_dir = tmp_path / "run"
+    up = UpProcess(run_dir, "--port", "0", "--servers", "2", "--workers", "2",
+                   "--store", redis.url)  # fmt: skip
+    try:
+        edge = up.edge()
+        sessions = [f"kept-{i}" for i in range(6)]
+        with httpx.Client(base_url=f"http://{edge}", timeout=60) as rest:
+            for sid in sessions:
+                assert rest.post("/v1/sessions", json={"sessionId": sid}).status_code == 200
+                assert "42" in _turn(rest, sid, "What is 6*7?")
+        before = up.status()
+        mark = up.mark()
+        for name in ("worker-1", "server-1"):
+            os.kill(before[name]["pid"], signal.SIGKILL)
+        for name in ("worker-1", "server-1"):
+            up.wait_line(
+                rf"{name} exited \(killed by SIGKILL\); restart 1 in 0\.5 s "
+                rf"\(log: {re.escape(str(run_dir / name))}\.log\)",
+                after=mark,
+            )
+            up.wait_line(
+                rf"{name} is back on {re.escape(before[name]['address'])} \(pid \d+, restart 1\)",
+                after=mark,
+            )
+        after = up.status()
+        for name in ("worker-1", "server-1"):
+            assert after[name]["pid"] != before[name]["pid"]
+            assert after[name]["address"] == before[name]["address"]
+            assert (after[name]["state"], after[name]["restarts"]) == ("running", 1)
+            assert after[name]["last_exit"] == "killed by SIGKILL"
+        for name in ("router", "worker-2", "server-2", "envoy"):
+            assert after[name]["pid"] == before[name]["pid"]
+            assert after[name]["restarts"] == 0
+
+        shown = subprocess.run(
+            [sys.executable, "-m", "turnmesh", "status", "--run-dir", str(run_dir)],
+            capture_output=True, text=True, timeout=60, check=False, env=clean_env(),
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert ": running" in shown.stdout.splitlines()[0]
+        (row,) = [line for line in shown.stdout.splitlines() if line.startswith("server-1 ")]
+        assert row.split()[:4] == ["server-1", str(after["server-1"]["pid"]), "running", "1"]
+        assert "killed by SIGKILL" in row and before["server-1"]["address"] in row
+
+        # Every conversation goes on through the edge with its whole history,
+        # and the restarted server itself serves each one from Redis.
+        with httpx.Client(base_url=f"http://{edge}", timeout=60) as rest:
+            for sid in sessions:
+                assert "What is 6*7?" in _turn(rest, sid, "What did I ask first?")
+        with Client(after["server-1"]["address"]) as direct:
+            for sid in sessions:
+                asked = [m.content for m in direct.history(sid) if m.role == "user"]
+                assert asked == ["What is 6*7?", "What did I ask first?"]
+
+        # The router and Envoy come back the same way, and the mesh serves on.
+        mark = up.mark()
+        for name in ("router", "envoy"):
+            os.kill(after[name]["pid"], signal.SIGKILL)
+        for name in ("router", "envoy"):
+            up.wait_line(rf"{name} is back on {re.escape(after[name]['address'])} ", after=mark)
+        # A new router knows no one until the members register again (each
+        # within a heartbeat); until then turns are UNAVAILABLE, retryable.
+        wait_for(lambda: _registered(after["router"]["address"]) == {"server": 2, "worker": 2},
+                 timeout=120, what="every member registered with the new router")  # fmt: skip
+        with httpx.Client(base_url=f"http://{edge}", timeout=60) as rest:
+            for sid in sessions:
+                assert "What is 6*7?" in _turn(rest, sid, "And what did I ask first?")
+        assert up.proc.poll() is None
+        up.proc.send_signal(signal.SIGTERM)
+        assert up.wait_exit() == 0
+        assert processes_mentioning(str(run_dir)) == []
+    finally:
+        up.close()
+        redis.stop()
+
+
+def test_a_spent_restart_budget_stops_the_mesh_and_says_why(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with UpProcess(run_dir, "--port", "0", "--restart-budget", "1") as up:
+        up.banner()
+        os.kill(up.status()["worker-1"]["pid"], signal.SIGKILL)
+        up.wait_line(r"worker-1 is back on \S+ \(pid \d+, restart 1\)")
+        os.kill(up.status()["worker-1"]["pid"], signal.SIGKILL)
+        assert up.wait_exit() == 1
+        log = run_dir / "worker-1.log"
+        last = up.text().strip().splitlines()[-1]
+        assert last == (
+            "turnmesh up: worker-1 exited (killed by SIGKILL) after 1 restart(s), and its "
+            f"budget is 1 within 300 s; stopping the mesh (log: {log})"
+        )
+        assert processes_mentioning(str(run_dir)) == []
+        # The log holds both lives of the worker: a restart appends.
+        assert log.read_text().count("serving agent 'demo'") == 2
+        final = json.loads((run_dir / "status.json").read_text())
+        assert final["state"] == "stopped"

@@ -25,6 +25,7 @@ import turnmesh.envoy.config as envoy_config
 from turnmesh.cli.edge import edge_config
 from turnmesh.cli.main import _component, build_parser
 from turnmesh.envoy.config import render
+from turnmesh.runtime.exposure import ExposureRefused
 from turnmesh.worker.app import WorkerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -347,6 +348,27 @@ def test_envoy_resolves_every_server_pod_from_the_headless_service() -> None:
     (servers,) = [c for c in clusters if c["name"] == "session_servers"]
     assert servers["type"] == "STRICT_DNS"
     assert edge.admin_port == 9901
+
+
+def test_every_public_bind_runs_with_keys_or_says_it_is_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The members bind 0.0.0.0 with the mesh key (and the servers with API
+    keys too), never --allow-open; the edge, which holds no key, is open only
+    because it says so: without the flag, its own rule refuses it."""
+    monkeypatch.setenv("TURNMESH_MESH_KEY", "from-the-secret")  # as the pods' env has it
+    for component in ("router", "server", "worker"):
+        args = parsed(component)
+        assert args.mesh_key == "from-the-secret" and not args.allow_open, component
+        assert "TURNMESH_MESH_KEY" in env_names(container(component))
+    assert parsed("server").api_keys_file == "/etc/turnmesh/api-keys"
+    edge = parsed("edge")
+    assert edge.allow_open
+    edge_config(edge)  # accepted as shipped
+    closed = copy.copy(edge)
+    closed.allow_open = False
+    with pytest.raises(ExposureRefused, match=r"refusing to serve on 0\.0\.0\.0 without HTTPS"):
+        edge_config(closed)
 
 
 # -- references between objects ---------------------------------------------------
