@@ -61,6 +61,12 @@ def _api_keys_given(config: UpConfig) -> bool:
 
 
 def _preflight(config: UpConfig) -> None:
+    if config.store.startswith("sqlite:") and config.servers > 1:
+        # Each server would lock the file in turn: one owner per file, always.
+        raise UpError(
+            f"a SQLite store serves one server, not {config.servers}: use --servers 1, or"
+            " Redis (--store redis://HOST:PORT/DB) for several"
+        )
     if config.port:
         with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as s:
             # As Envoy does: connections lingering in TIME_WAIT from a previous

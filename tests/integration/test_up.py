@@ -24,6 +24,7 @@ from tests.support.collector import Collector
 from tests.support.mesh import RedisServer, wait_for
 from tests.support.up import UpProcess, clean_env, processes_mentioning
 from turnmesh.client import Client
+from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
@@ -133,6 +134,17 @@ def test_missing_agent_fails_cleanly(tmp_path: Path) -> None:
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert "no_such_module" in err
+    assert len(err.strip().splitlines()) == 1
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_two_servers_on_one_sqlite_file_are_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    store = f"sqlite:{tmp_path / 'one.db'}"
+    proc = _up(run_dir, "--port", "0", "--servers", "2", "--store", store)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "a SQLite store serves one server" in err
     assert len(err.strip().splitlines()) == 1
     assert processes_mentioning(str(run_dir)) == []
 
@@ -314,11 +326,16 @@ def _turn(rest: httpx.Client, session_id: str, message: str) -> str:
     return "".join(e.get("delta", "") for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
 
 
+MESH_KEY = "up-test-mesh-key-0123456789abcdef"
+
+
 def _registered(router: str) -> dict[str, int]:
-    """How many members of each role the router lists."""
+    """How many members of each role the router lists (it needs the mesh key)."""
     try:
         with grpc.insecure_channel(router) as channel:
-            listed = RouterServiceStub(channel).ListMembers(rpb.ListMembersRequest(), timeout=10)
+            listed = RouterServiceStub(channel).ListMembers(
+                rpb.ListMembersRequest(), timeout=10, metadata=((MESH_KEY_METADATA, MESH_KEY),)
+            )
     except grpc.RpcError:
         return {}
     roles = [
@@ -334,7 +351,8 @@ def test_up_restarts_a_killed_worker_and_server_on_their_addresses(tmp_path: Pat
     redis = RedisServer(tmp_path)
     run_dir = tmp_path / "run"
     up = UpProcess(run_dir, "--port", "0", "--servers", "2", "--workers", "2",
-                   "--store", redis.url)  # fmt: skip
+                   "--store", redis.url,
+                   env={**clean_env(), "TURNMESH_MESH_KEY": MESH_KEY})  # fmt: skip
     try:
         edge = up.edge()
         sessions = [f"kept-{i}" for i in range(6)]
