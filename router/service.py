@@ -132,7 +132,10 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
                 raise InvalidArgument([FieldViolation("role", "unknown role")])
             role = _ROLES[request.role]
         members = self.state.list_members(role, request.agent_name or None)
-        return rpb.ListMembersResponse(members=[to_proto(m) for m in members])
+        return rpb.ListMembersResponse(
+            members=[to_proto(m) for m in members],
+            learning=self.state.learning(request.caller_member_id),
+        )
 
 
 def to_proto(record: MemberRecord) -> rpb.Member:

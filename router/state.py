@@ -226,6 +226,11 @@ class RouterState:
             and (not agent_name or record.agent_name == agent_name)
         ]
 
+    def learning(self, caller: str = "") -> bool:
+        """Whether the member list may be incomplete: members are still
+        registering again after a restart, or the caller has not yet."""
+        return self._clock() < self._warm_until or bool(caller and caller not in self._members)
+
     # -- session ownership --------------------------------------------------
 
     def route(

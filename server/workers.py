@@ -83,14 +83,20 @@ class WorkerPool:
         async with self._refresh_lock:
             try:
                 response = await self._membership.router.ListMembers(
-                    rpb.ListMembersRequest(role=rpb.MEMBER_ROLE_WORKER),
+                    rpb.ListMembersRequest(
+                        role=rpb.MEMBER_ROLE_WORKER,
+                        caller_member_id=self._membership.member.member_id,
+                    ),
                     metadata=self._membership.metadata,
                     timeout=5,
                 )
             except grpc.aio.AioRpcError as exc:
                 log.debug("cannot list workers: %s", exc.code())
                 return
-            live: dict[str, WorkerRef] = {}
+            # A router that restarted lists only who registered again so far:
+            # keep the workers we knew (a dead one fails its call and is
+            # quarantined) until its list is complete.
+            live: dict[str, WorkerRef] = dict(self._workers) if response.learning else {}
             now = time.monotonic()
             for member_id, until in list(self._failed_until.items()):
                 if until < now:
@@ -105,10 +111,13 @@ class WorkerPool:
                 live[member.member_id] = WorkerRef(
                     member.member_id, member.address, member.agent_name, WorkerServiceStub(channel)
                 )
+            for member_id in self._failed_until:
+                live.pop(member_id, None)
             self._workers = live
             if live:
                 self.known.set()
-            await self._close_unlisted({m.address for m in response.members})
+            if not response.learning:
+                await self._close_unlisted({m.address for m in response.members})
 
     async def _close_unlisted(self, listed: set[str]) -> None:
         """Close channels to workers that left the mesh, once no turn of ours

@@ -271,3 +271,16 @@ def test_list_members_filters_by_role_and_agent(state: RouterState, clock: FakeC
     state.heartbeat("w-3", 0, True)
     clock.advance(2)
     assert ids() == ["w-3"]  # list_members expires first
+
+
+def test_the_member_list_is_learning_while_members_rejoin(
+    state: RouterState, clock: FakeClock
+) -> None:
+    assert not state.learning()
+    assert state.learning("server-not-yet-back")  # a caller it does not know yet
+    state.register(server("s-a"), rejoining=True)  # a restart: others will follow
+    assert state.learning()
+    clock.advance(TIMEOUT + 0.1)
+    state.heartbeat("s-a", 0, True)
+    assert not state.learning()
+    assert not state.learning("s-a")

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from tests.unit._server_fakes import FakeClock, fake_time_module
+from turnmesh.runtime.membership import MemberInfo
 from turnmesh.server import workers as workers_module
 from turnmesh.server.workers import (
     FAILED_WORKER_QUARANTINE,
@@ -31,6 +32,7 @@ class FakeRouter:
         self.members: list[rpb.Member] = []
         self.requests: list[tuple[rpb.ListMembersRequest, Any]] = []
         self.error: Exception | None = None
+        self.learning = False
 
     async def ListMembers(
         self, request: rpb.ListMembersRequest, *, metadata: Any = None, timeout: Any = None
@@ -38,7 +40,7 @@ class FakeRouter:
         self.requests.append((request, metadata))
         if self.error is not None:
             raise self.error
-        return rpb.ListMembersResponse(members=self.members)
+        return rpb.ListMembersResponse(members=self.members, learning=self.learning)
 
 
 class FakeMembership:
@@ -46,6 +48,7 @@ class FakeMembership:
         self.router = FakeRouter()
         self.metadata = MESH_MD
         self.transport = None
+        self.member = MemberInfo("server-me", rpb.MEMBER_ROLE_SERVER, "127.0.0.1:1")
 
 
 @dataclass
@@ -126,12 +129,25 @@ def busy(pool: WorkerPool, member_id: str, turns: int, session_id: str = "other"
 # --- refresh ---------------------------------------------------------------------
 
 
+async def test_a_restarted_router_still_learning_loses_no_known_worker(
+    pool: WorkerPool, membership: FakeMembership
+) -> None:
+    await listed(pool, membership, member("w1"), member("w2"))
+    membership.router.learning = True  # restarted: only w2 registered again so far
+    await listed(pool, membership, member("w2"), member("w3"))
+    assert sorted(pool._workers) == ["w1", "w2", "w3"]
+    membership.router.learning = False  # complete: w1 is really gone
+    await listed(pool, membership, member("w2"), member("w3"))
+    assert sorted(pool._workers) == ["w2", "w3"]
+
+
 async def test_refresh_asks_the_router_for_workers_with_the_membership_metadata(
     pool: WorkerPool, membership: FakeMembership
 ) -> None:
     await listed(pool, membership, member("w1"))
     request, metadata = membership.router.requests[-1]
     assert request.role == rpb.MEMBER_ROLE_WORKER
+    assert request.caller_member_id == "server-me"
     assert metadata == MESH_MD
     assert pool.call_metadata == MESH_MD
 

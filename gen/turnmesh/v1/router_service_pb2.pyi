@@ -378,19 +378,23 @@ class ListMembersRequest(_message.Message):
 
     ROLE_FIELD_NUMBER: _builtins.int
     AGENT_NAME_FIELD_NUMBER: _builtins.int
+    CALLER_MEMBER_ID_FIELD_NUMBER: _builtins.int
     role: Global___MemberRole.ValueType
     """Only members of this role, if set."""
     agent_name: _builtins.str
     """Only workers of this agent, if set."""
+    caller_member_id: _builtins.str
+    """The member asking, if one is."""
     def __init__(
         self,
         *,
         role: Global___MemberRole.ValueType = ...,
         agent_name: _builtins.str = ...,
+        caller_member_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "caller_member_id", b"caller_member_id", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -401,16 +405,23 @@ class ListMembersResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MEMBERS_FIELD_NUMBER: _builtins.int
+    LEARNING_FIELD_NUMBER: _builtins.int
+    learning: _builtins.bool
+    """True while the list may be incomplete: the router restarted and members
+    are still registering again (or the caller itself has not yet). A
+    server keeps the workers it knew until the list is complete.
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Member]: ...
     def __init__(
         self,
         *,
         members: _abc.Iterable[Global___Member] | None = ...,
+        learning: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["members", b"members"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["learning", b"learning", "members", b"members"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
