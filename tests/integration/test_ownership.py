@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from tests.support.mesh import Component, Mesh, RedisServer, eventually, until
+from tests.support.redis_cluster import RedisCluster
 from turnmesh.client import (
     AsyncClient,
     NotFoundError,
@@ -228,3 +229,33 @@ async def test_a_second_server_on_one_sqlite_file_refuses_to_start(
     async with AsyncClient(first.address) as client:
         sid = (await client.create_session(agent="echo")).session_id
         assert (await client.send(sid, "one owner")).text == "one owner"
+
+
+async def test_a_mesh_on_a_redis_cluster_fails_over_whole(
+    mesh_factory: Mesh, redis_cluster: RedisCluster
+) -> None:
+    """Two servers on a three-node Redis Cluster: sessions spread over the
+    nodes, and a SIGKILLed owner's sessions go on, whole, on the other server
+    once its lease lapses (the call waits for that instead of failing)."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("echo", "echo")
+    victim, survivor = (
+        mesh.spawn_server(name, "--store", redis_cluster.url, "--lease-seconds", "2")
+        for name in ("victim", "survivor")
+    )
+    mesh.wait_ready(worker, victim, survivor)
+    async with AsyncClient(survivor.address) as client:
+        sids = [await _owned_by(client, mesh, victim, "echo") for _ in range(3)]
+        for sid in sids:
+            assert (await client.send(sid, "before")).text == "before"
+        mesh.kill(victim, signal.SIGKILL)
+        for sid in sids:
+            assert (await client.send(sid, "after")).text == "after"
+            assert [m.content for m in await client.history(sid)] == [
+                "before",
+                "before",
+                "after",
+                "after",
+            ]
+            assert await _owner(mesh, sid) == survivor.member_id
