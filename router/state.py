@@ -125,6 +125,12 @@ class RouterState:
             last_seen=now,
             shared_store=member.shared_store,
         )
+        for other in [
+            m for m in self._members.values() if m.address == member.address and m is not previous
+        ]:
+            # Another process serves its address now: it is dead for sure,
+            # even before it missed its heartbeats.
+            self._drop(other.member_id, "replaced at its address")
         self._members[member.member_id] = record
         self._departed.pop(member.member_id, None)
         for gone, (_, last) in list(self._departed.items()):
@@ -162,14 +168,19 @@ class RouterState:
         return record
 
     def report_sessions(self, member_id: str, sessions: Iterable[str]) -> None:
-        """A live server owns these sessions (its store says so: a shared
-        store's lease, or a store of its own), so they route to it, whatever
-        this table said. NotFound if the member is not live."""
+        """A live server owns these sessions, so they route to it. With a
+        shared store its lease proves it, whatever this table said; with a
+        store of its own, a session another live server owns now (made
+        again there while this one was presumed dead) stays there.
+        NotFound if the member is not live."""
         record = self._members.get(member_id)
         if record is None or record.role != Role.SERVER:
             raise NotFound("unknown server; register again", reason="UNKNOWN_MEMBER")
         for session_id in sessions:
-            if self._owner.get(session_id) != member_id:
+            owner = self._owner.get(session_id)
+            if owner == member_id:
+                continue
+            if record.shared_store or owner is None or owner not in self._members:
                 self._assign(session_id, member_id)
 
     def heartbeat(self, member_id: str, inflight: int, accepting: bool) -> bool:

@@ -162,6 +162,9 @@ class Membership:
                 self._reachable = False
             except Unavailable as exc:  # what we own cannot be checked yet
                 log.warning("cannot register yet: %s", exc)
+            except Exception:
+                log.warning("registering or heartbeating failed; retrying", exc_info=True)
+                self._reachable = False
             else:
                 self._reachable = True
                 if unreachable:

@@ -217,8 +217,11 @@ class SessionServer:
         interval = min(30.0, max(0.05, self.config.session_ttl_seconds / 4))
         while True:
             await asyncio.sleep(interval)
-            for session_id in await self.core.expire_idle():
-                log.info("session %s expired after being idle", session_id)
+            try:
+                for session_id in await self.core.expire_idle():
+                    log.info("session %s expired after being idle", session_id)
+            except Exception:
+                log.warning("could not expire idle sessions; trying again", exc_info=True)
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING and no new sessions, finish running turns, leave.

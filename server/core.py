@@ -173,6 +173,9 @@ class SessionCore:
             turns = self._turns.get(session_id)
             if turns is not None and turns.busy:
                 continue
+            # In a shared store, its owner expires it (and forgets it whole).
+            if not await self.ownership.may_expire(session_id):
+                continue
             await self.delete_session(session_id)
             expired.append(session_id)
         return expired
@@ -232,9 +235,16 @@ class SessionCore:
             fence,
             digest,
         )
-        if key:
-            await self.store.set_key(record.session_id, key, KeyUse(turn.turn_id, digest).encode())
-        await self.store.touch(record.session_id, now())
+        try:
+            if key:
+                await self.store.set_key(
+                    record.session_id, key, KeyUse(turn.turn_id, digest).encode()
+                )
+            await self.store.touch(record.session_id, now())
+        except Unavailable:
+            # The turn runs already: its caller follows it rather than retry
+            # it elsewhere (the key is known here; the commit still fences).
+            log.warning("could not record turn %s's key or activity", turn.turn_id)
         return turn.log
 
     async def _stored_key(self, session_id: str, key: str) -> KeyUse | None:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import Unavailable, from_rpc_error
+from turnmesh.server.leases import HELD_ELSEWHERE
 from turnmesh.server.ownership import Forward, Owner, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
 
@@ -34,6 +35,11 @@ Event = event_pb2.Event
 FORWARDED_METADATA = "x-turnmesh-forwarded"
 # In the headers of an owner that took a forwarded call.
 TOOK_CALL_METADATA = "x-turnmesh-owner"
+# On a call forwarded after its owner could not be reached: the receiver may
+# wait for that owner's lease to lapse (and then take the session over).
+UNREACHABLE_METADATA = "x-turnmesh-unreachable"
+
+Hint = tuple[tuple[str, str], ...]
 
 # How long a forwarding server waits for the owner's response headers before
 # it asks the router whether the session moved, and for how long in all.
@@ -80,16 +86,18 @@ class Forwarder:
         self,
         session_id: str,
         placement: Placement,
-        forward: Callable[[Stub], grpc.aio.UnaryUnaryCall[Any, Response]],
+        forward: Callable[[Stub, Hint], grpc.aio.UnaryUnaryCall[Any, Response]],
         local: Callable[[], Awaitable[Response]],
     ) -> Response:
         """The call's response from the owner, or from ``local`` once the
         session turns out to be this server's. An unreachable owner is
         reported and the call placed again, once; a silent one is waited on
-        until the session moves. Raises OwnerFailed with the owner's error."""
-        retried = False
+        until the session moves; an owner that says another server holds the
+        session sends it there, once. Raises OwnerFailed with the owner's error."""
+        retried = redirected = False
+        hint: Hint = ()
         while isinstance(placement, Forward):
-            call = forward(self._stub(placement.owner))
+            call = forward(self._stub(placement.owner), hint)
             answer = await self._answer(session_id, placement.owner, call)
             if isinstance(answer, Moved):
                 placement = answer.placement
@@ -98,9 +106,16 @@ class Forwarder:
                 response: Response = await call
                 return response
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or retried or await _took(call):
+                took = await _took(call)
+                holder = _held_elsewhere(exc) if took and not redirected else None
+                if holder is not None:
+                    redirected = True
+                    placement = self._ownership.held_by(session_id, holder)
+                    continue
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or retried or took:
                     raise OwnerFailed(exc) from exc
                 retried = True
+                hint = ((UNREACHABLE_METADATA, placement.owner.member_id),)
                 placement = await self._ownership.after_unreachable(session_id, placement.owner)
         return await local()
 
@@ -108,16 +123,17 @@ class Forwarder:
         self,
         session_id: str,
         placement: Placement,
-        forward: Callable[[Stub], grpc.aio.UnaryStreamCall[Any, Event]],
+        forward: Callable[[Stub, Hint], grpc.aio.UnaryStreamCall[Any, Event]],
         local: Callable[[], Awaitable[AsyncIterator[Event]]],
     ) -> AsyncIterator[Event]:
         """The call's events, relayed from the owner (or this server's own
         once the session turns out to be here). Only a stream that failed
         before its first event is placed again: after one, the caller resumes
         the turn itself."""
-        retried = False
+        retried = redirected = False
+        hint: Hint = ()
         while isinstance(placement, Forward):
-            call = forward(self._stub(placement.owner))
+            call = forward(self._stub(placement.owner), hint)
             answer = await self._answer(session_id, placement.owner, call)
             if isinstance(answer, Moved):
                 placement = answer.placement
@@ -129,10 +145,17 @@ class Forwarder:
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:
+                took = await _took(call)
+                holder = _held_elsewhere(exc) if took and not received and not redirected else None
+                if holder is not None:
+                    redirected = True
+                    placement = self._ownership.held_by(session_id, holder)
+                    continue
                 unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
-                if not unreachable or retried or await _took(call):
+                if not unreachable or retried or took:
                     raise OwnerFailed(exc) from exc
                 retried = True
+                hint = ((UNREACHABLE_METADATA, placement.owner.member_id),)
                 placement = await self._ownership.after_unreachable(session_id, placement.owner)
         async for event in await local():
             yield event
@@ -167,3 +190,14 @@ async def _took(call: grpc.aio.Call) -> bool:
     its answers, not signs that it is unreachable."""
     metadata = await call.initial_metadata()
     return any(key == TOOK_CALL_METADATA for key, _ in metadata or ())
+
+
+def _held_elsewhere(error: grpc.aio.AioRpcError) -> Owner | None:
+    """The server an owner says holds the session (HELD_ELSEWHERE), if any."""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    known = from_rpc_error(error)
+    member_id, address = known.metadata.get("owner_id"), known.metadata.get("owner_address")
+    if known.reason != HELD_ELSEWHERE or not member_id or not address:
+        return None
+    return Owner(member_id, address)

@@ -34,6 +34,9 @@ from turnmesh.runtime.errors import Unavailable
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_SECONDS = 6.0
+# The reason of a server's UNAVAILABLE when another live server holds the
+# session (its id and address in the metadata): the caller goes there.
+HELD_ELSEWHERE = "HELD_ELSEWHERE"
 # Attempts at a compare-and-swap before answering "retry" (another server is
 # claiming the same session at the same moment).
 CLAIM_ATTEMPTS = 3
@@ -141,6 +144,9 @@ class Leases:
     async def _renew(self) -> None:
         if self._closed:
             raise Unavailable("this server is leaving the mesh; retry")
+        if not self._address:
+            # A lease with no address would read as lapsed to the others.
+            raise Unavailable("this server is starting; retry")
         lapsed = self._valid_until > 0 and not self.fresh()
         sent = self._clock()
         await self._store.hold_member(self.member_id, self._address, int(self._seconds * 1000))
@@ -150,10 +156,10 @@ class Leases:
                 await self.on_lapse()
         self._valid_until = sent + self._seconds
 
-    async def claim(self, session_id: str, *, wait: bool = False) -> Claim:
+    async def claim(self, session_id: str, *, wait_for: str | None = None) -> Claim:
         """Who owns the session, making it ours if nobody's lease holds it.
-        ``wait``: the holder is thought dead (unreachable, or the router
-        moved its sessions): wait, at most one lease time, for its lease to
+        ``wait_for``: a member thought dead (it could not be reached): if it
+        holds the session, wait at most one lease time for its lease to
         lapse, so the caller's call fails over instead of failing."""
         await self.ensure()  # a token of ours counts only while our lease lasts
         give_up = self._clock() + self._seconds + 1.0
@@ -170,7 +176,7 @@ class Leases:
                 if lease is not None:
                     address, left = lease
                     pause = min(left + 0.05, give_up - self._clock())
-                    if not wait or pause <= 0:
+                    if holder != wait_for or pause <= 0:
                         return HeldBy(Owner(holder, address))
                     # Sleeping on the lease's own expiry: one wake-up, no polling.
                     await self._sleep(pause)
@@ -207,9 +213,9 @@ class Leases:
             await asyncio.sleep(self._seconds / 4)
             try:
                 await self.renew()
-            except Unavailable:
+            except Exception:
                 if not failing:
-                    log.warning("could not renew this server's lease; retrying")
+                    log.warning("could not renew this server's lease; retrying", exc_info=True)
                 failing = True
             else:
                 if failing:

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from turnmesh.router.state import OWNER_AWAY
 from turnmesh.runtime.errors import Unavailable
-from turnmesh.server.leases import HeldBy, Leases, Mine, Missing, Owner
+from turnmesh.server.leases import HELD_ELSEWHERE, HeldBy, Leases, Mine, Missing, Owner
 
 __all__ = ["LOCAL", "Forward", "Local", "Owner", "Placement", "Router", "SessionOwnership"]
 
@@ -115,6 +115,18 @@ class SessionOwnership:
         if session_id not in self._owned and self._router is not None:
             await self._router.remove_session(session_id)
 
+    async def may_expire(self, session_id: str) -> bool:
+        """Whether this server should delete the idle session: its own store's
+        always; in a shared store, only one it owns (or takes over: its owner
+        is gone), so the owner forgets it whole and no server twice."""
+        if self._leases is None or session_id in self._owned:
+            return True
+        claim = await self._leases.claim(session_id)
+        if isinstance(claim, Mine):
+            self.claim(session_id, claim.token)
+            return True
+        return False
+
     def fence(self, session_id: str, owner: str) -> str:
         """The token a turn on the session commits under. ``owner``: the
         token the store's record carries now. Unavailable (retry: the call is
@@ -146,8 +158,9 @@ class SessionOwnership:
     async def _recheck(self) -> None:
         """Our lease lapsed: keep only the sessions that still carry our token."""
         assert self._leases is not None
-        kept = await self._leases.still_mine(dict(self._owned))
-        lost = [s for s in self._owned if s not in kept]
+        snapshot = dict(self._owned)  # sessions claimed meanwhile are not judged
+        kept = await self._leases.still_mine(snapshot)
+        lost = [s for s, token in snapshot.items() if s not in kept and self._owned.get(s) == token]
         for session_id in lost:
             self.release(session_id)
         if lost:
@@ -165,7 +178,7 @@ class SessionOwnership:
             await self._leases.ensure()  # lapsed: rechecks what we own
             if session_id in self._owned:
                 return LOCAL
-        cached = self._routes.get(session_id)
+        cached = None if assign else self._routes.get(session_id)
         if cached is not None:
             return Forward(cached)
         try:
@@ -176,22 +189,36 @@ class SessionOwnership:
             return await self._without_router(session_id, assign=assign)
         return await self._placement(session_id, owner, assign=assign)
 
-    async def accept_forwarded(self, session_id: str) -> None:
+    async def accept_forwarded(self, session_id: str, unreachable: str | None = None) -> None:
         """Another server forwarded a call here (the router named us): take
-        the session if nobody's lease holds it. Unavailable if another live
-        server holds it (the caller retries once the router knows)."""
+        the session if nobody's lease holds it. ``unreachable``: the member
+        the forwarding server could not reach; if it holds the session, wait
+        out its lease. Another live holder: Unavailable (HELD_ELSEWHERE, with
+        its address), and the forwarding server sends the call there."""
         if self._leases is None:
             return
         if session_id in self._owned and self._leases.fresh():
             return
-        # The router named us: a holder it moved the session from is dead to it.
-        claim = await self._leases.claim(session_id, wait=True)
+        claim = await self._leases.claim(session_id, wait_for=unreachable)
         if isinstance(claim, Mine):
             self.claim(session_id, claim.token)
         elif isinstance(claim, HeldBy):
             raise Unavailable(
-                f"session {session_id!r} is held by another server ({claim.owner.member_id}); retry"
+                f"session {session_id!r} is held by server {claim.owner.member_id}; retry there",
+                reason=HELD_ELSEWHERE,
+                metadata={
+                    "owner_id": claim.owner.member_id,
+                    "owner_address": claim.owner.address,
+                },
             )
+
+    def held_by(self, session_id: str, owner: Owner) -> Placement:
+        """Another server said ``owner`` holds the session (by its lease):
+        route there from now on."""
+        if owner.member_id == self.member_id:
+            return LOCAL
+        self._routes[session_id] = owner
+        return Forward(owner)
 
     async def after_unreachable(self, session_id: str, unreachable: Owner) -> Placement:
         """The owner could not be reached: tell the router (it drops that
@@ -212,7 +239,16 @@ class SessionOwnership:
         except Unavailable as exc:
             if exc.reason == OWNER_AWAY:
                 raise  # the router dropped it, and nobody else can serve it
-            return None
+            if self._leases is None:
+                return None
+            # No router: the lease says whether the silent owner still holds it.
+            try:
+                placement = await self._without_router(session_id, assign=False)
+            except Unavailable:
+                return None
+            if isinstance(placement, Forward) and placement.owner.member_id == silent.member_id:
+                return None
+            return placement
         if owner is not None and owner.member_id == silent.member_id:
             self._routes[session_id] = owner
             return None
@@ -256,7 +292,8 @@ class SessionOwnership:
         unreachable: Owner | None = None,
     ) -> Placement:
         if owner is not None and owner.member_id != self.member_id:
-            self._routes[session_id] = owner
+            if not assign:  # a create may be refused there: nothing cached for it
+                self._routes[session_id] = owner
             return Forward(owner)
         if assign:
             return LOCAL  # created here: owned once the create succeeds
@@ -266,7 +303,9 @@ class SessionOwnership:
             return LOCAL  # nobody owns it: here it is not found
         # Routed here, or known to nobody: the store's lease decides (and an
         # owner found unreachable gets the rest of its lease to come back).
-        claim = await self._leases.claim(session_id, wait=unreachable is not None)
+        claim = await self._leases.claim(
+            session_id, wait_for=unreachable.member_id if unreachable else None
+        )
         if isinstance(claim, Mine):
             self.claim(session_id, claim.token)
             return LOCAL

@@ -20,7 +20,7 @@ import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from turnmesh.runtime import metrics, tracing
-from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, from_rpc_error
+from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, Unavailable, from_rpc_error
 from turnmesh.runtime.events import sum_usage
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.history import HistoryBuilder
@@ -163,16 +163,29 @@ class TurnRunner:
             self._write(session_id, messages, final, tlog, run.turn.fence)
         )
         cancelled = False
-        while not commit.done():
-            try:
-                await asyncio.shield(commit)
-            except asyncio.CancelledError:
-                cancelled = True  # every cancel: the write goes on regardless
-        commit.result()
+        try:
+            while not commit.done():
+                try:
+                    await asyncio.shield(commit)
+                except asyncio.CancelledError:
+                    cancelled = True  # every cancel: the write goes on regardless
+            commit.result()
+        except Unavailable:
+            # The store failed to answer, not necessarily to write: settle
+            # the outcome (abandoning is atomic against the commit), so that
+            # a turn that did commit is never reported failed (and re-run).
+            if not await self._committed_after_all(session_id, run.turn.turn_id):
+                raise
         tlog.append(final, persisted=True)
         tlog.set_state(spb.TURN_STATE_FINISHED)
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _committed_after_all(self, session_id: str, turn_id: str) -> bool:
+        try:
+            return not await self._store.abandon_turn(session_id, turn_id)
+        except Unavailable:
+            return False  # still unknown: reported as failed (and void if it was not written)
 
     def _user_messages(
         self, run: _Run, created: timestamp_pb2.Timestamp

@@ -20,6 +20,7 @@ from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import (
     FORWARDED_METADATA,
     TOOK_CALL_METADATA,
+    UNREACHABLE_METADATA,
     Forwarder,
     OwnerFailed,
 )
@@ -74,7 +75,13 @@ class SessionServicer(SessionServiceServicer):
             # The forwarding server waits for these to know we took the call
             # (and that an error from here on is our answer).
             await context.send_initial_metadata(((TOOK_CALL_METADATA, self._ownership.member_id),))
-            await self._ownership.accept_forwarded(session_id)
+            unreachable = next(
+                (v for k, v in context.invocation_metadata() or () if k == UNREACHABLE_METADATA),
+                None,
+            )
+            await self._ownership.accept_forwarded(
+                session_id, unreachable if isinstance(unreachable, str) else None
+            )
             return Local()
         return await self._ownership.place(session_id, assign=assign)
 
@@ -106,7 +113,7 @@ class SessionServicer(SessionServiceServicer):
         metadata = self._forward_metadata(context)
         try:
             response: Response = await self._forwarder.unary(
-                session_id, placement, lambda stub: forward(stub, metadata), local
+                session_id, placement, lambda stub, hint: forward(stub, metadata + hint), local
             )
         except OwnerFailed as failed:
             await _pass_through(context, failed.error)
@@ -129,7 +136,7 @@ class SessionServicer(SessionServiceServicer):
         return self._relayed(
             context,
             self._forwarder.stream(
-                session_id, placement, lambda stub: forward(stub, metadata), local
+                session_id, placement, lambda stub, hint: forward(stub, metadata + hint), local
             ),
         )
 

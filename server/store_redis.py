@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as redis
+from redis import exceptions
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException
@@ -47,16 +48,31 @@ IDLE_SHARDS = 16
 SCHEMA_KEY = "tm:schema"
 SCHEMA_VERSION = 2
 # Redis refusing service (auth, protected mode, loading, a read-only replica,
-# a cluster that is down or resharding).
+# a cluster that is down or resharding, out of memory): redis-py raises these
+# classes (with the code cut from the message), or a plain ResponseError whose
+# message starts with the code.
+REFUSED = (
+    exceptions.AuthenticationError,
+    exceptions.AuthorizationError,
+    exceptions.NoPermissionError,
+    exceptions.BusyLoadingError,
+    exceptions.ReadOnlyError,
+    exceptions.MasterDownError,
+    exceptions.ClusterDownError,
+    exceptions.TryAgainError,
+    exceptions.OutOfMemoryError,
+)
 REFUSALS = (
     "DENIED",
     "NOAUTH",
     "WRONGPASS",
+    "NOPERM",
     "LOADING",
     "READONLY",
     "MASTERDOWN",
     "CLUSTERDOWN",
     "TRYAGAIN",
+    "OOM",
 )
 T = TypeVar("T")
 Client = redis.Redis | RedisCluster
@@ -173,8 +189,10 @@ def member_key(member_id: str) -> str:
 def _unavailable_when_down(cls: type[T]) -> type[T]:
     """Every public coroutine of ``cls`` turns Redis being unreachable or
     refusing us into Unavailable (a retryable 503), not an internal error."""
-    for name, member in list(vars(cls).items()):
-        if name.startswith("_") or not inspect.iscoroutinefunction(member):
+    # Inherited ones too (commit_turn and append_messages come from TurnCommits).
+    members = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
+    for name, member in members.items():
+        if not inspect.iscoroutinefunction(member):
             continue
 
         def wrap(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -183,11 +201,12 @@ def _unavailable_when_down(cls: type[T]) -> type[T]:
                 try:
                     return await method(*args, **kwargs)
                 except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
-                    if isinstance(exc, redis.ResponseError) and not str(exc).startswith(REFUSALS):
+                    refused = isinstance(exc, REFUSED) or str(exc).startswith(REFUSALS)
+                    if isinstance(exc, redis.ResponseError) and not refused:
                         raise  # our own mistake (a script error): internal, logged as such
                     log.warning("the session store failed: %s", type(exc).__name__)
                     raise Unavailable("the session store is unavailable") from exc
-                except RedisClusterException as exc:
+                except (RedisClusterException, exceptions.ClusterError) as exc:
                     log.warning("the session store's cluster failed: %s", exc)
                     raise Unavailable("the session store is unavailable") from exc
 
@@ -275,13 +294,15 @@ class RedisStore(TurnCommits):
 
     async def delete(self, session_id: str) -> bool:
         keys = Keys(session_id)
+        # Out of the index first: a session made again under this id between
+        # the two steps is indexed again by its create (ZADD NX), never lost.
+        await self._redis.zrem(idle_key(session_id), session_id)
         turns = await self._redis.smembers(keys.turns)
         # One slot: a multi-key DEL is allowed on a cluster too.
         turn_keys = [k for t in turns for k in (keys.events(_text(t)), keys.status(_text(t)))]
         deleted = await self._redis.delete(
             keys.record, keys.history, keys.keys, keys.turns, *turn_keys
         )
-        await self._redis.zrem(idle_key(session_id), session_id)
         return bool(deleted)
 
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
@@ -357,6 +378,9 @@ class RedisStore(TurnCommits):
         return results[1] if first else results[0]
 
     async def idle_sessions(self, last_activity_before: float) -> list[str]:
+        # Servers of the old layout still running beside this one (a rolling
+        # upgrade) write sessions there: move them too, each expiry pass.
+        await self.open()
         found: list[str] = []
         for shard in range(IDLE_SHARDS):
             key = f"tm:idle:{{{shard}}}"

@@ -4,7 +4,11 @@ Layout 1 (before hash tags) used ``tm:s:S``, ``tm:h:S``, ``tm:k:S``,
 ``tm:t:S``, ``tm:e:S:T``, ``tm:ts:S:T`` and one global ``tm:idle``: keys that
 could collide when ids held ``:`` and that no cluster could hold. Layout 2 is
 described in ``store_redis``. The first server to start takes a lock and
-renames every session's keys; the others wait for ``tm:schema`` to say 2.
+renames every session's keys; the others wait until no layout-1 index is
+left. Servers check again at every expiry pass, so sessions that servers of
+the old version still write during a rolling upgrade are moved too (a turn
+an old server commits to a moved session fails cleanly: upgrade with the
+servers stopped, or accept that window).
 Layout 1 never ran on a cluster (its scripts crossed slots), so RENAME on one
 node is enough. Turn status keys are left to expire: no turn runs during an
 upgrade that restarts every server.
@@ -34,10 +38,16 @@ BATCH = 500
 WAIT_STEP_SECONDS = 0.2
 
 
+# Deletes the lock only if it is still ours (it may have lapsed and been taken).
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 async def migrate(client: Client) -> None:
-    version = await client.get(SCHEMA_KEY)
-    if version is not None and int(version) >= SCHEMA_VERSION:
-        return
+    """Move layout-1 sessions, if there are any (also those an old server
+    wrote after an earlier move: a rolling upgrade runs both for a while)."""
     if not await client.exists(OLD_IDLE):
         # A new store (or one already moved): say so, once.
         await client.set(SCHEMA_KEY, SCHEMA_VERSION, nx=True)
@@ -58,10 +68,9 @@ async def migrate(client: Client) -> None:
         for raw, score in rows:
             await _move_session(client, raw.decode(), score)
             moved += 1
-        await client.expire(LOCK_KEY, LOCK_SECONDS)  # still working
-    await client.delete(OLD_IDLE)
+            await client.expire(LOCK_KEY, LOCK_SECONDS)  # still working
     await client.set(SCHEMA_KEY, SCHEMA_VERSION)
-    await client.delete(LOCK_KEY)
+    await client.register_script(RELEASE)(keys=[LOCK_KEY], args=[token])
     log.info("moved %d sessions to layout %d", moved, SCHEMA_VERSION)
 
 
@@ -91,8 +100,7 @@ async def _wait_for_migration(client: Client) -> None:
     lock lapses, and then take over)."""
     log.info("waiting for another server to move the session store to layout %d", SCHEMA_VERSION)
     while True:
-        version = await client.get(SCHEMA_KEY)
-        if version is not None and int(version) >= SCHEMA_VERSION:
+        if not await client.exists(OLD_IDLE):
             return
         if not await client.exists(LOCK_KEY):
             await migrate(client)

@@ -75,7 +75,8 @@ class SqliteStore(TurnCommits):
             raise ValueError("sqlite store needs a path: sqlite:PATH")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._path = path
-        self._lock = _lock_file(f"{path}.lock")
+        # An in-memory database is this process's alone: nothing to lock.
+        self._lock = _lock_file(f"{path}.lock") if path != ":memory:" else None
         self._event_ttl = event_ttl_seconds
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._db: sqlite3.Connection | None = None
@@ -310,7 +311,8 @@ class SqliteStore(TurnCommits):
 
         await self._run(close)
         self._executor.shutdown(wait=True)
-        os.close(self._lock)
+        if self._lock is not None:
+            os.close(self._lock)
 
 
 def _lock_file(path: str) -> int:

@@ -103,6 +103,7 @@ class WorkerPool:
                     del self._failed_until[member_id]
             for member in response.members:
                 if not member.accepting or member.member_id in self._failed_until:
+                    live.pop(member.member_id, None)  # kept from before: draining now
                     continue
                 channel = self._channels.get(member.address)
                 if channel is None:

@@ -285,3 +285,27 @@ def test_the_member_list_is_learning_while_members_rejoin(
         assert state.heartbeat("s-a", 0, True)
     assert not state.learning()
     assert not state.learning("s-a")
+
+
+def test_a_live_server_replaced_at_its_address_is_dropped_at_once(state: RouterState) -> None:
+    """Restarted on its port (by `turnmesh up`) before it missed a heartbeat:
+    the old process is dead for sure, and new sessions go to the new one."""
+    state.register(server("s-old", shared=False))
+    state.route("mine")
+    state.register(MemberSpec("s-new", Role.SERVER, "s-old.local:50051"))
+    assert [m.member_id for m in state.list_members(Role.SERVER)] == ["s-new"]
+    assert state.owner_of("mine") is None
+    assert state.route("fresh")[0].member_id == "s-new"
+
+
+def test_a_store_of_its_own_does_not_take_back_a_session_made_again_elsewhere(
+    state: RouterState, clock: FakeClock
+) -> None:
+    state.register(server("s-a", shared=False))
+    state.register(server("s-b", shared=False))
+    state.report_sessions("s-b", ["x"])
+    state.report_sessions("s-a", ["x"])  # s-b is live and owns it: it stays there
+    assert state.owner_of("x") == "s-b"
+    state.register(server("s-c"))  # a shared store: its lease proves it
+    state.report_sessions("s-c", ["x"])
+    assert state.owner_of("x") == "s-c"

@@ -18,9 +18,11 @@ from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import (
     FORWARDED_METADATA,
     TOOK_CALL_METADATA,
+    UNREACHABLE_METADATA,
     Forwarder,
     OwnerFailed,
 )
+from turnmesh.server.leases import HELD_ELSEWHERE
 from turnmesh.server.ownership import LOCAL, Forward, Owner, SessionOwnership
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.store import MemoryStore
@@ -93,18 +95,22 @@ class FakeCall:
         error: grpc.aio.AioRpcError | None = None,
         fail_after: int | None = None,
         silent: bool = False,
+        took: bool = False,
     ) -> None:
         self.result = result
         self.events = events or []
         self.error = error
         self.fail_after = fail_after
         self.silent = silent
+        self.took = took  # the owner marked its headers: its errors are answers
         self.cancelled = False
         self._never = asyncio.Event()
 
     async def initial_metadata(self) -> grpc.aio.Metadata:
         if self.silent:
             await self._never.wait()
+        if self.took:
+            return grpc.aio.Metadata((TOOK_CALL_METADATA, "owner"))
         return grpc.aio.Metadata()
 
     def cancel(self) -> bool:
@@ -138,16 +144,24 @@ class Owners:
     def __init__(self, calls: dict[str, list[FakeCall]]) -> None:
         self.calls = calls
         self.made: list[str] = []
+        # The extra metadata each call was forwarded with (the unreachable hint).
+        self.hints: list[tuple[tuple[str, str], ...]] = []
 
     def stub(self, owner: Owner) -> Any:
         self.made.append(owner.member_id)
         return owner.member_id
 
     # The stub is the owner's member id; each FakeCall stands in for a grpc.aio call.
-    def forward(self, member_id: Any) -> grpc.aio.UnaryUnaryCall[Any, Any]:
+    def forward(
+        self, member_id: Any, hint: tuple[tuple[str, str], ...]
+    ) -> grpc.aio.UnaryUnaryCall[Any, Any]:
+        self.hints.append(hint)
         return cast("grpc.aio.UnaryUnaryCall[Any, Any]", self.calls[member_id].pop(0))
 
-    def forward_stream(self, member_id: Any) -> grpc.aio.UnaryStreamCall[Any, event_pb2.Event]:
+    def forward_stream(
+        self, member_id: Any, hint: tuple[tuple[str, str], ...]
+    ) -> grpc.aio.UnaryStreamCall[Any, event_pb2.Event]:
+        self.hints.append(hint)
         call = self.calls[member_id].pop(0)
         return cast("grpc.aio.UnaryStreamCall[Any, event_pb2.Event]", call)
 
@@ -258,8 +272,40 @@ async def test_a_stale_route_to_a_vanished_owner_is_reported_and_rerouted() -> N
     assert result == "from c"
     assert ("s", B.member_id, False) in router.calls  # the router was told B is unreachable
     assert owners.made == [B.member_id, C.member_id]
+    # C is told B could not be reached (it may wait out B's lease).
+    assert owners.hints == [(), ((UNREACHABLE_METADATA, B.member_id),)]
     # Later calls go to C without asking again.
     assert await ownership.place("s") == Forward(C)
+
+
+async def test_an_owner_that_says_another_holds_the_session_sends_the_call_there() -> None:
+    router = FakeRouter({"s": B})  # stale: C holds the session by its lease
+    held = Unavailable(
+        "held elsewhere",
+        reason=HELD_ELSEWHERE,
+        metadata={"owner_id": C.member_id, "owner_address": C.address},
+    ).to_status()
+    refusal = grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(*held.trailing_metadata),
+        held.details,
+    )
+    owners = Owners(
+        {B.member_id: [FakeCall(error=refusal, took=True)], C.member_id: [FakeCall(result="c")]}
+    )
+    forwarder, ownership = _forwarder(router, owners)
+    assert await forwarder.unary("s", await ownership.place("s"), owners.forward, _local) == "c"
+    assert await ownership.place("s") == Forward(C)  # the stale route is corrected
+    assert all(unreachable is None for _, unreachable, _ in router.calls)  # B not evicted
+
+
+async def test_a_create_caches_no_route() -> None:
+    router = FakeRouter({"new": B})
+    ownership = SessionOwnership(ME.member_id, router)
+    assert await ownership.place("new", assign=True) == Forward(B)
+    assert await ownership.place("new", assign=True) == Forward(B)
+    assert len(router.calls) == 2  # asked each time: B may refuse it (full)
 
 
 async def test_an_owner_gone_for_good_makes_the_session_this_servers() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from turnmesh.runtime.errors import Unavailable
-from turnmesh.server.leases import HeldBy, Leases, Mine, Missing, Owner
+from turnmesh.server.leases import HELD_ELSEWHERE, HeldBy, Leases, Mine, Missing, Owner
 from turnmesh.server.ownership import LOCAL, Forward, SessionOwnership
 
 TTL = 6.0
@@ -81,7 +81,8 @@ class Router:
 
 async def member(store: FakeLeaseStore, owner: Owner, router: Router) -> SessionOwnership:
     leases = Leases(store, owner.member_id, TTL, clock=store.clock, sleep=store.sleep)
-    await leases.renew()
+    with pytest.raises(Unavailable, match="starting"):
+        await leases.renew()  # no lease without an address: it would read as lapsed
     leases._address = owner.address  # as start() sets it, without the renewal task
     await leases.renew()
     return SessionOwnership(owner.member_id, router, leases=leases)
@@ -167,12 +168,17 @@ async def test_a_forwarded_call_for_a_session_held_elsewhere_is_refused() -> Non
     await created(store, a, "s")
     store.renewing.add(A.member_id)  # A is alive: its lease holds however long B waits
     started = store.now
-    with pytest.raises(Unavailable, match="held by another server"):
-        await b.accept_forwarded("s")
+    with pytest.raises(Unavailable, match="held by server") as held:
+        await b.accept_forwarded("s")  # no hint: refused at once, with A's address
+    assert store.now == started
+    assert held.value.reason == HELD_ELSEWHERE
+    assert held.value.metadata == {"owner_id": A.member_id, "owner_address": A.address}
+    with pytest.raises(Unavailable, match="held by server"):
+        await b.accept_forwarded("s", unreachable=A.member_id)  # told A is gone: waits
     assert not b.owns("s")
-    assert started + TTL <= store.now <= started + TTL + 1.1  # waited one lease, no more
+    assert started + TTL <= store.now <= started + TTL + 1.1  # one lease, no more
     store.renewing.clear()  # A dies: B's wait ends when its lease does
-    await b.accept_forwarded("s")
+    await b.accept_forwarded("s", unreachable=A.member_id)
     assert b.owns("s")
     assert store.now <= started + 2 * TTL + 1.1
 
@@ -205,3 +211,33 @@ async def test_a_leaving_server_gives_its_lease_up() -> None:
     assert isinstance(taken, Mine)
     with pytest.raises(Unavailable, match="leaving"):
         await a._leases.ensure()  # a stopped server never renews again
+
+
+async def test_a_silent_owner_with_the_router_down_is_judged_by_its_lease() -> None:
+    store = FakeLeaseStore()
+    router = Router({"s": A})
+    a = await member(store, A, router)
+    b = await member(store, B, router)
+    await created(store, a, "s")
+    router.down = True
+    assert await b.after_silence("s", A) is None  # A's lease holds: keep waiting on it
+    store.now += TTL + 1  # A stays frozen past its lease
+    assert b._leases is not None
+    await b._leases.renew()
+    assert await b.after_silence("s", A) is LOCAL  # taken over, not waited on for a minute
+    assert store.owners["s"].startswith("server-b/")
+
+
+async def test_only_the_owner_expires_a_shared_session() -> None:
+    store = FakeLeaseStore()
+    router = Router()
+    a = await member(store, A, router)
+    b = await member(store, B, router)
+    await created(store, a, "s")
+    assert await a.may_expire("s")
+    assert not await b.may_expire("s")  # A forgets it whole when it expires it
+    store.now += TTL + 1  # A is gone: whoever expires it takes it over first
+    assert b._leases is not None
+    await b._leases.renew()
+    assert await b.may_expire("s")
+    assert b.owns("s")

@@ -16,7 +16,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import spin, spin_until
-from turnmesh.runtime.errors import NotFound
+from turnmesh.runtime.errors import NotFound, Unavailable
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.turns import CancelReason, PendingTurn
@@ -124,6 +124,8 @@ class FakeStore:
         self.appends = 0
         self.append_gate: asyncio.Event | None = None
         self.history_error: Exception | None = None
+        # The commit writes, then the answer is lost: (written?, abandoned?).
+        self.lost_answer: tuple[bool, bool] | None = None
 
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         if self.history_error is not None:
@@ -150,7 +152,16 @@ class FakeStore:
         now: float,
         fence: str = "",
     ) -> None:
+        if self.lost_answer is not None and self.lost_answer[0]:
+            await self.append_messages(session_id, messages, now)
+        if self.lost_answer is not None:
+            raise Unavailable("the session store is unavailable")
         await self.append_messages(session_id, messages, now)
+
+    async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
+        assert self.lost_answer is not None
+        written, _ = self.lost_answer
+        return not written
 
 
 @pytest.fixture
@@ -476,6 +487,26 @@ async def test_a_session_deleted_while_the_turn_ran(
     assert last(turn.log).code == "session_deleted"
     assert turn.log.state == spb.TURN_STATE_CANCELLED
     assert types(turn.log).count(ET.RUN_FINISHED) == 0
+
+
+@pytest.mark.parametrize("written", [True, False])
+async def test_a_commit_whose_answer_was_lost_is_settled_not_guessed(
+    runner: TurnRunner, pool: FakePool, store: FakeStore, written: bool
+) -> None:
+    """The store wrote (or not) and then failed to answer: the runner asks
+    (abandoning is atomic against the commit) instead of failing a turn that
+    is in the history, which a retry with its key would then run again."""
+    pool.add("w1", answer("kept"))
+    store.lost_answer = (written, not written)
+    turn = pending()
+    await runner.run("s1", "demo", turn)
+    if written:
+        assert turn.log.state == spb.TURN_STATE_FINISHED
+        assert last(turn.log).type == ET.RUN_FINISHED
+        assert len(store.sessions["s1"]) == 2
+    else:
+        assert turn.log.state == spb.TURN_STATE_FAILED
+        assert store.sessions["s1"] == []
 
 
 async def test_an_unexpected_error_fails_the_turn_with_no_detail_leaked(
