@@ -82,7 +82,7 @@ run: install
 bench: install
 	$(PY) -m bench.suite
 	$(PY) -m bench.store_append
-	$(PY) -m bench.refusals --refusals 50000
+	$(PY) -m bench.refusals --refusals 270000
 
 # 64 conversations for 90 s while workers, a server and the router are killed;
 # writes chaos-report.json and fails if a turn was lost or duplicated.

@@ -68,6 +68,8 @@ class LeaseStore(Protocol):
 
     async def drop_member(self, member_id: str) -> None: ...
 
+    async def take_address(self, member_id: str, address: str, ttl_ms: int) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class Mine:
@@ -202,8 +204,16 @@ class Leases:
     # Lifecycle ------------------------------------------------------------------
 
     async def start(self, address: str) -> None:
-        """Take our lease (before serving) and keep renewing it."""
+        """Take our lease (before serving) and keep renewing it. A member
+        whose lease still names our address is a process that died there
+        (we bound its port, e.g. restarted by `turnmesh up`): its lease ends
+        now, so its sessions move at once instead of after its lease."""
         self._address = address
+        ttl_ms = int(self._seconds * 1000)
+        previous = await self._store.take_address(self.member_id, address, ttl_ms)
+        if previous is not None and previous != self.member_id:
+            log.info("%s held %s before this server: its lease ends now", previous, address)
+            await self._store.drop_member(previous)
         await self.renew()
         self._task = asyncio.create_task(self._keep(), name="lease")
 

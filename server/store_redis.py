@@ -15,7 +15,8 @@ commit status, expiring), ``tm:{S'}:k`` (hash: idempotency key -> turn),
 Indexes that span sessions are sharded, each shard its own slot and written
 beside (not inside) the per-session scripts: ``tm:idle:{N}`` (N in 0..15,
 sorted sets of sessions by last activity; their total is the mesh-wide
-session count), ``tm:m:{M'}`` (member M's lease: its address, expiring).
+session count), ``tm:m:{M'}`` (member M's lease: its address, expiring),
+``tm:a:{A'}`` (which member holds address A, expiring with its lease).
 
 Creating a session, committing a turn and taking a session over are Lua
 scripts, each atomic on its slot: a commit to a deleted session cannot
@@ -184,6 +185,10 @@ class Index:
 
 def member_key(member_id: str) -> str:
     return f"tm:m:{tag(member_id)}"
+
+
+def address_key(address: str) -> str:
+    return f"tm:a:{tag(address)}"
 
 
 def _unavailable_when_down(cls: type[T]) -> type[T]:
@@ -450,8 +455,15 @@ class RedisStore(TurnCommits):
         return None if swapped == -1 else bool(swapped)
 
     async def hold_member(self, member_id: str, address: str, ttl_ms: int) -> None:
-        """Start or renew a member's lease."""
+        """Start or renew a member's lease (and its hold on its address)."""
         await self._redis.set(member_key(member_id), address, px=ttl_ms)
+        await self._redis.set(address_key(address), member_id, px=ttl_ms)
+
+    async def take_address(self, member_id: str, address: str, ttl_ms: int) -> str | None:
+        """Hold ``address`` for this member; the member that held it before,
+        if its hold had not lapsed (that process is gone: we bound its port)."""
+        previous = await self._redis.set(address_key(address), member_id, px=ttl_ms, get=True)
+        return _text(previous) if previous else None
 
     async def member_lease(self, member_id: str) -> tuple[str, float] | None:
         """The member's address and the seconds its lease has left; None

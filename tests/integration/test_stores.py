@@ -255,6 +255,7 @@ async def test_a_commit_under_a_replaced_owner_token_writes_nothing(
     await redis_store.hold_member(member, "127.0.0.1:5", 60_000)
     lease = await redis_store.member_lease(member)
     assert lease is not None and lease[0] == "127.0.0.1:5" and 0 < lease[1] <= 60
+    assert await redis_store.take_address("another", "127.0.0.1:5", 60_000) == member
     await redis_store.drop_member(member)
     assert await redis_store.member_lease(member) is None
 

@@ -59,6 +59,10 @@ class FakeLeaseStore:
     async def drop_member(self, member_id: str) -> None:
         self.members.pop(member_id, None)
 
+    async def take_address(self, member_id: str, address: str, ttl_ms: int) -> str | None:
+        held = [m for m, (a, until) in self.members.items() if a == address and until > self.now]
+        return held[0] if held else None
+
 
 class Router:
     def __init__(self, owners: dict[str, Owner] | None = None) -> None:
@@ -241,3 +245,18 @@ async def test_only_the_owner_expires_a_shared_session() -> None:
     await b._leases.renew()
     assert await b.may_expire("s")
     assert b.owns("s")
+
+
+async def test_a_server_restarted_on_an_address_ends_the_dead_ones_lease() -> None:
+    store = FakeLeaseStore()
+    router = Router()
+    a = await member(store, A, router)
+    await created(store, a, "s")
+    # A is SIGKILLed; a new process binds its port at once, its lease still running.
+    again = Leases(store, "server-a2", TTL, clock=store.clock, sleep=store.sleep)
+    await again.start(A.address)
+    try:
+        taken = await again.claim("s")  # not after A's lease: A is gone for sure
+        assert isinstance(taken, Mine) and taken.token.startswith("server-a2/")
+    finally:
+        await again.stop()
