@@ -72,7 +72,11 @@ async def test_redis_sessions_survive_the_loss_of_their_owner(
         mesh.spawn_worker("probe", "probe_agent:ProbeAgent"),
         mesh.spawn_worker("demo", "demo"),
     ]
-    servers = [mesh.spawn_server(f"s{i}", "--store", redis_server.url) for i in (1, 2)]
+    # Short leases: a killed owner's sessions move within 2 s, not 6.
+    servers = [
+        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
+        for i in (1, 2)
+    ]
     mesh.wait_ready(*workers, *servers)
     victim, survivor = servers
     async with AsyncClient(survivor.address) as client:
@@ -106,7 +110,11 @@ async def test_a_retried_turn_never_runs_twice(
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("echo", "echo")
-    servers = [mesh.spawn_server(f"s{i}", "--store", redis_server.url) for i in (1, 2)]
+    # Short leases: a killed owner's sessions move within 2 s, not 6.
+    servers = [
+        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
+        for i in (1, 2)
+    ]
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers
     async with AsyncClient(survivor.address) as client:
@@ -214,7 +222,11 @@ async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
-    servers = [mesh.spawn_server(f"s{i}", "--store", redis_server.url) for i in (1, 2)]
+    # Short leases: a killed owner's sessions move within 2 s, not 6.
+    servers = [
+        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
+        for i in (1, 2)
+    ]
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers
     options: TurnOptions = {

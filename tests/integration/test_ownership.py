@@ -129,7 +129,7 @@ async def test_a_stalled_server_keeps_its_sessions_or_hands_them_over_whole(
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("echo", "echo")
-    flags = ("--store", redis_server.url) if store == "redis" else ()
+    flags = ("--store", redis_server.url, "--lease-seconds", "2") if store == "redis" else ()
     a, b = (mesh.spawn_server(name, *flags) for name in ("a", "b"))
     mesh.wait_ready(worker, a, b)
     async with AsyncClient(a.address) as on_a, AsyncClient(b.address) as on_b:
