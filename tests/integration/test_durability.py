@@ -12,28 +12,20 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.mesh import Component, Mesh, RedisServer, eventually, until
+from tests.support.mesh import (
+    Component,
+    Mesh,
+    RedisServer,
+    eventually,
+    route_owner,
+    session_owned_by,
+    until,
+)
 from turnmesh.client import AsyncClient, TurnFailedError, TurnOptions
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
-
-
-async def _owner(mesh: Mesh, session_id: str) -> str:
-    assert mesh.router is not None
-    async with insecure_channel(mesh.router.address) as channel:
-        route = await RouterServiceStub(channel).Route(
-            rpb.RouteRequest(session_id=session_id, lookup_only=True)
-        )
-    return route.owner.member_id
-
-
-async def _session_owned_by(client: AsyncClient, mesh: Mesh, server: Component, agent: str) -> str:
-    while True:
-        sid = (await client.create_session(agent=agent)).session_id
-        if await _owner(mesh, sid) == server.member_id:
-            return sid
 
 
 async def test_sqlite_sessions_survive_a_server_restart(mesh_factory: Mesh, tmp_path: Path) -> None:
@@ -80,7 +72,7 @@ async def test_redis_sessions_survive_the_loss_of_their_owner(
     mesh.wait_ready(*workers, *servers)
     victim, survivor = servers
     async with AsyncClient(survivor.address) as client:
-        sid = await _session_owned_by(client, mesh, victim, "probe")
+        sid = await session_owned_by(client, mesh, victim, "probe")
         finished = await client.send(sid, "one", metadata={"deltas": 2, "delay_ms": 1})
         # A turn in flight on the owner when it dies.
         async with client.stream_turn(sid, "two", metadata={"deltas": 500, "delay_ms": 20}) as s:
@@ -98,7 +90,7 @@ async def test_redis_sessions_survive_the_loss_of_their_owner(
         tail = [e async for e in client.subscribe(sid, lost_turn, after_seq=1)]
         assert tail[-1].type == event_pb2.RUN_ERROR
         assert tail[-1].code == "owner_lost"
-        assert await _owner(mesh, sid) == survivor.member_id
+        assert await route_owner(mesh, sid) == survivor.member_id
         result = await client.send(sid, "three", metadata={"deltas": 1, "delay_ms": 1})
         assert result.text == "part0 "
         assert [m.content for m in await client.history(sid)][-2:] == ["three", "part0 "]
@@ -118,7 +110,7 @@ async def test_a_retried_turn_never_runs_twice(
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers
     async with AsyncClient(survivor.address) as client:
-        sid = await _session_owned_by(client, mesh, victim, "echo")
+        sid = await session_owned_by(client, mesh, victim, "echo")
         first = await client.send(sid, "only once", idempotency_key="key-1")
         retry = await client.send(sid, "only once", idempotency_key="key-1")
         assert retry.events == first.events
@@ -141,7 +133,7 @@ async def test_a_router_restart_reshuffles_no_session(mesh_factory: Mesh) -> Non
         sessions = [(await client.create_session(agent="echo")).session_id for _ in range(6)]
         for sid in sessions:
             await client.send(sid, "before")
-        owners = {sid: await _owner(mesh, sid) for sid in sessions}
+        owners = {sid: await route_owner(mesh, sid) for sid in sessions}
         assert len(set(owners.values())) == 2
 
         mesh.restart_router()
@@ -153,7 +145,7 @@ async def test_a_router_restart_reshuffles_no_session(mesh_factory: Mesh) -> Non
             return len(members.members) == 3
 
         await eventually(rejoined, what="members to re-register")
-        assert {sid: await _owner(mesh, sid) for sid in sessions} == owners
+        assert {sid: await route_owner(mesh, sid) for sid in sessions} == owners
         for sid in sessions:
             assert (await client.send(sid, "after")).text == "after"
             assert [m.content for m in await client.history(sid)] == [
@@ -177,7 +169,7 @@ async def test_a_turn_that_outlives_the_drain_ends_cleanly(
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers
     async with AsyncClient(victim.address) as direct, AsyncClient(survivor.address) as other:
-        sid = await _session_owned_by(other, mesh, victim, "probe")
+        sid = await session_owned_by(other, mesh, victim, "probe")
         await direct.send(sid, "kept", metadata={"deltas": 1, "delay_ms": 1})
         events = []
         async with direct.stream_turn(
@@ -234,7 +226,7 @@ async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
         "metadata": {"deltas": 30, "delay_ms": 50},
     }
     async with AsyncClient(survivor.address) as client:
-        sid = await _session_owned_by(client, mesh, victim, "probe")
+        sid = await session_owned_by(client, mesh, victim, "probe")
         async with client.stream_turn(sid, "two", **options) as stream:
             async for event in stream:
                 if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
@@ -269,6 +261,6 @@ async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
 
 async def _owner_is(mesh: Mesh, session_id: str, server: Component) -> bool:
     try:
-        return await _owner(mesh, session_id) == server.member_id
+        return await route_owner(mesh, session_id) == server.member_id
     except grpc.aio.AioRpcError:
         return False

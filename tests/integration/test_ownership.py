@@ -11,7 +11,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.support.mesh import Component, Mesh, RedisServer, eventually, until
+from tests.support.mesh import (
+    Mesh,
+    RedisServer,
+    eventually,
+    route_owner,
+    session_owned_by,
+    until,
+)
 from tests.support.redis_cluster import RedisCluster
 from turnmesh.client import (
     AsyncClient,
@@ -26,15 +33,6 @@ from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
 
-async def _owner(mesh: Mesh, session_id: str) -> str:
-    assert mesh.router is not None
-    async with insecure_channel(mesh.router.address) as channel:
-        route = await RouterServiceStub(channel).Route(
-            rpb.RouteRequest(session_id=session_id, lookup_only=True)
-        )
-    return route.owner.member_id
-
-
 async def _members(mesh: Mesh) -> set[str]:
     assert mesh.router is not None
     try:
@@ -43,13 +41,6 @@ async def _members(mesh: Mesh) -> set[str]:
     except grpc.aio.AioRpcError:
         return set()
     return {m.member_id for m in listed.members}
-
-
-async def _owned_by(client: AsyncClient, mesh: Mesh, server: Component, agent: str) -> str:
-    while True:
-        sid = (await client.create_session(agent=agent)).session_id
-        if await _owner(mesh, sid) == server.member_id:
-            return sid
 
 
 def _open_gate(mesh: Mesh, gate: str) -> None:
@@ -69,8 +60,8 @@ async def test_with_the_router_down_a_session_keeps_its_one_owner(
     a, b = (mesh.spawn_server(name, "--store", redis_server.url) for name in ("a", "b"))
     mesh.wait_ready(worker, a, b)
     async with AsyncClient(a.address) as on_a, AsyncClient(b.address) as on_b:
-        sid = await _owned_by(on_b, mesh, a, "probe")
-        other = await _owned_by(on_b, mesh, a, "probe")
+        sid = await session_owned_by(on_b, mesh, a, "probe")
+        other = await session_owned_by(on_b, mesh, a, "probe")
         await on_b.send(other, "before", metadata={"deltas": 1, "delay_ms": 1})
         async with on_a.stream_turn(
             sid, "long", metadata={"deltas": 3, "delay_ms": 1, "gate": "router-down"}
@@ -109,7 +100,7 @@ async def test_with_the_router_down_a_session_keeps_its_one_owner(
             return {a.member_id, b.member_id} <= await _members(mesh)
 
         await eventually(rejoined, what="servers to re-register")
-        assert await _owner(mesh, sid) == a.member_id  # reported by A, from its lease
+        assert await route_owner(mesh, sid) == a.member_id  # reported by A, from its lease
         after = await on_b.send(sid, "after", metadata={"deltas": 1, "delay_ms": 1})
         assert after.text == "part0 "
     for server in (a, b):
@@ -133,7 +124,7 @@ async def test_a_stalled_server_keeps_its_sessions_or_hands_them_over_whole(
     a, b = (mesh.spawn_server(name, *flags) for name in ("a", "b"))
     mesh.wait_ready(worker, a, b)
     async with AsyncClient(a.address) as on_a, AsyncClient(b.address) as on_b:
-        sid = await _owned_by(on_b, mesh, a, "echo")
+        sid = await session_owned_by(on_b, mesh, a, "echo")
         await on_b.send(sid, "before")
         os.kill(a.pid, signal.SIGSTOP)
         try:
@@ -150,7 +141,7 @@ async def test_a_stalled_server_keeps_its_sessions_or_hands_them_over_whole(
                 # Served from B once A's lease lapsed: the call waits it out.
                 assert [m.content for m in await on_b.history(sid)] == ["before", "before"]
                 assert (await on_b.send(sid, "during")).text == "during"
-                assert await _owner(mesh, sid) == b.member_id
+                assert await route_owner(mesh, sid) == b.member_id
         finally:
             os.kill(a.pid, signal.SIGCONT)
 
@@ -165,7 +156,7 @@ async def test_a_stalled_server_keeps_its_sessions_or_hands_them_over_whole(
             assert [m.content for m in await client.history(sid)] == expected
         assert (await on_a.send(sid, "after")).text == "after"
         assert [m.content for m in await on_b.history(sid)][-2:] == ["after", "after"]
-        owner = await _owner(mesh, sid)
+        owner = await route_owner(mesh, sid)
         assert owner == (a.member_id if store == "memory" else b.member_id)
 
 
@@ -207,7 +198,7 @@ async def test_refused_creates_leave_nothing_and_a_router_restart_recovers(
         mesh.restart_router()
         await until(lambda: "reported 300 owned sessions" in server.log(), timeout=60)
         for sid in (sessions[0], sessions[150], sessions[-1]):
-            assert await _owner(mesh, sid) == server.member_id
+            assert await route_owner(mesh, sid) == server.member_id
             assert (await client.send(sid, "still here")).text == "still here"
         await client.delete_session(sessions[0])
         fresh = (await client.create_session(agent="echo")).session_id
@@ -246,7 +237,7 @@ async def test_a_mesh_on_a_redis_cluster_fails_over_whole(
     )
     mesh.wait_ready(worker, victim, survivor)
     async with AsyncClient(survivor.address) as client:
-        sids = [await _owned_by(client, mesh, victim, "echo") for _ in range(3)]
+        sids = [await session_owned_by(client, mesh, victim, "echo") for _ in range(3)]
         for sid in sids:
             assert (await client.send(sid, "before")).text == "before"
         mesh.kill(victim, signal.SIGKILL)
@@ -258,4 +249,4 @@ async def test_a_mesh_on_a_redis_cluster_fails_over_whole(
                 "after",
                 "after",
             ]
-            assert await _owner(mesh, sid) == survivor.member_id
+            assert await route_owner(mesh, sid) == survivor.member_id

@@ -17,10 +17,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from turnmesh.client import AsyncClient
 from turnmesh.envoy import EdgeConfig
 from turnmesh.envoy.process import RunningEnvoy, write_config
 from turnmesh.envoy.process import start as start_envoy
+from turnmesh.runtime.serving import insecure_channel
 from turnmesh.runtime.tls import TlsFiles
+from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
 SUPPORT_DIR = Path(__file__).resolve().parent
 READY_TIMEOUT = 60.0
@@ -310,3 +314,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def route_owner(mesh: Mesh, session_id: str) -> str:
+    """The member id the router names as the session's owner (a lookup)."""
+    assert mesh.router is not None
+    async with insecure_channel(mesh.router.address) as channel:
+        route = await RouterServiceStub(channel).Route(
+            rpb.RouteRequest(session_id=session_id, lookup_only=True)
+        )
+    return route.owner.member_id
+
+
+async def session_owned_by(client: AsyncClient, mesh: Mesh, server: Component, agent: str) -> str:
+    """A new session whose owner is ``server`` (sessions are spread round-robin)."""
+    while True:
+        sid = (await client.create_session(agent=agent)).session_id
+        if await route_owner(mesh, sid) == server.member_id:
+            return sid
