@@ -43,7 +43,12 @@ CORS_ALLOW_HEADERS = "authorization, content-type, x-session-id, last-event-id, 
 CORS_EXPOSE_HEADERS = "x-session-id, retry-after, www-authenticate, content-type"
 PLAYGROUND = PLAYGROUND_PAGE
 
-INTERNAL_HEADERS = ("x-turnmesh-forwarded", "x-turnmesh-mesh-key", "x-turnmesh-internal")
+INTERNAL_HEADERS = (
+    "x-turnmesh-forwarded",
+    "x-turnmesh-mesh-key",
+    "x-turnmesh-internal",
+    "x-turnmesh-unreachable",
+)
 OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
 
 ACCESS_LOG_FORMAT = (

@@ -40,7 +40,15 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     assert listener["address"]["socket_address"]["address"] == "0.0.0.0"
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     assert manager["codec_type"] == "AUTO"
-    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    host = manager["route_config"]["virtual_hosts"][0]
+    # Every mesh-internal header a server trusts is stripped from outside calls.
+    assert set(host["request_headers_to_remove"]) == {
+        "x-turnmesh-forwarded",
+        "x-turnmesh-mesh-key",
+        "x-turnmesh-internal",
+        "x-turnmesh-unreachable",
+    }
+    routes = host["routes"]
     assert "direct_response" in routes[0]  # the playground page
     for route in routes[1:]:
         assert route["route"]["timeout"] == "0s"
