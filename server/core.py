@@ -122,7 +122,8 @@ class SessionCore:
         messages: list[message_pb2.Message] | None,
     ) -> spb.Session:
         agent = await self.require_agent(agent_name)
-        await self._has_room()
+        if not self.store.shared:  # a shared store's count was checked before routing
+            await self._has_room()
         t = now()
         record = SessionRecord(
             session_id=session_id or new_id(),

@@ -12,6 +12,7 @@ caller, who retries) from an owner it cannot reach (reported to the router).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -68,6 +69,17 @@ class Moved:
     placement: Placement
 
 
+@dataclass
+class _Attempts:
+    """A forwarded call's second chances, each taken once: after an owner
+    that could not be reached (the next server is told, ``hint``), and after
+    an owner that says another server holds the session."""
+
+    retried: bool = False
+    redirected: bool = False
+    hint: Hint = ()
+
+
 class Forwarder:
     def __init__(
         self,
@@ -94,10 +106,9 @@ class Forwarder:
         reported and the call placed again, once; a silent one is waited on
         until the session moves; an owner that says another server holds the
         session sends it there, once. Raises OwnerFailed with the owner's error."""
-        retried = redirected = False
-        hint: Hint = ()
+        attempts = _Attempts()
         while isinstance(placement, Forward):
-            call = forward(self._stub(placement.owner), hint)
+            call = forward(self._stub(placement.owner), attempts.hint)
             answer = await self._answer(session_id, placement.owner, call)
             if isinstance(answer, Moved):
                 placement = answer.placement
@@ -106,17 +117,7 @@ class Forwarder:
                 response: Response = await call
                 return response
             except grpc.aio.AioRpcError as exc:
-                took = await _took(call)
-                holder = _held_elsewhere(exc) if took and not redirected else None
-                if holder is not None:
-                    redirected = True
-                    placement = self._ownership.held_by(session_id, holder)
-                    continue
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or retried or took:
-                    raise OwnerFailed(exc) from exc
-                retried = True
-                hint = ((UNREACHABLE_METADATA, placement.owner.member_id),)
-                placement = await self._ownership.after_unreachable(session_id, placement.owner)
+                placement = await self._next(session_id, attempts, placement, call, exc)
         return await local()
 
     async def stream(
@@ -130,10 +131,9 @@ class Forwarder:
         once the session turns out to be here). Only a stream that failed
         before its first event is placed again: after one, the caller resumes
         the turn itself."""
-        retried = redirected = False
-        hint: Hint = ()
+        attempts = _Attempts()
         while isinstance(placement, Forward):
-            call = forward(self._stub(placement.owner), hint)
+            call = forward(self._stub(placement.owner), attempts.hint)
             answer = await self._answer(session_id, placement.owner, call)
             if isinstance(answer, Moved):
                 placement = answer.placement
@@ -145,33 +145,45 @@ class Forwarder:
                     yield event
                 return
             except grpc.aio.AioRpcError as exc:
-                took = await _took(call)
-                holder = _held_elsewhere(exc) if took and not received and not redirected else None
-                if holder is not None:
-                    redirected = True
-                    placement = self._ownership.held_by(session_id, holder)
-                    continue
-                unreachable = exc.code() == grpc.StatusCode.UNAVAILABLE and not received
-                if not unreachable or retried or took:
+                if received:  # the caller resumes the turn itself
                     raise OwnerFailed(exc) from exc
-                retried = True
-                hint = ((UNREACHABLE_METADATA, placement.owner.member_id),)
-                placement = await self._ownership.after_unreachable(session_id, placement.owner)
+                placement = await self._next(session_id, attempts, placement, call, exc)
         async for event in await local():
             yield event
+
+    async def _next(
+        self,
+        session_id: str,
+        attempts: _Attempts,
+        placement: Forward,
+        call: grpc.aio.Call,
+        error: grpc.aio.AioRpcError,
+    ) -> Placement:
+        """Where a call that failed before answering goes next: to the server
+        its owner says holds the session (once), or, if the owner could not
+        be reached, wherever the router then says (once). Raises OwnerFailed
+        when the failure is the owner's answer."""
+        took = await _took(call)
+        holder = _held_elsewhere(error) if took and not attempts.redirected else None
+        if holder is not None:
+            attempts.redirected = True
+            return self._ownership.held_by(session_id, holder)
+        if error.code() != grpc.StatusCode.UNAVAILABLE or attempts.retried or took:
+            raise OwnerFailed(error) from error
+        attempts.retried = True
+        attempts.hint = ((UNREACHABLE_METADATA, placement.owner.member_id),)
+        return await self._ownership.after_unreachable(session_id, placement.owner)
 
     async def _answer(self, session_id: str, owner: Owner, call: grpc.aio.Call) -> Answered | Moved:
         """Wait for the owner's response headers; while none come, ask
         whether the session moved (then cancel the call)."""
         give_up = time.monotonic() + self._silent_limit
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     asyncio.shield(call.initial_metadata()), self._answer_seconds
                 )
                 return Answered()
-            except TimeoutError:
-                pass
             try:
                 moved = await self._ownership.after_silence(session_id, owner)
             except Unavailable:

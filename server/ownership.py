@@ -25,7 +25,7 @@ from typing import Protocol
 
 from turnmesh.router.state import OWNER_AWAY
 from turnmesh.runtime.errors import Unavailable
-from turnmesh.server.leases import HELD_ELSEWHERE, HeldBy, Leases, Mine, Missing, Owner
+from turnmesh.server.leases import HELD_ELSEWHERE, Claim, HeldBy, Leases, Mine, Missing, Owner
 
 __all__ = ["LOCAL", "Forward", "Local", "Owner", "Placement", "Router", "SessionOwnership"]
 
@@ -121,11 +121,7 @@ class SessionOwnership:
         is gone), so the owner forgets it whole and no server twice."""
         if self._leases is None or session_id in self._owned:
             return True
-        claim = await self._leases.claim(session_id)
-        if isinstance(claim, Mine):
-            self.claim(session_id, claim.token)
-            return True
-        return False
+        return isinstance(await self._take(session_id), Mine)
 
     def fence(self, session_id: str, owner: str) -> str:
         """The token a turn on the session commits under. ``owner``: the
@@ -199,10 +195,8 @@ class SessionOwnership:
             return
         if session_id in self._owned and self._leases.fresh():
             return
-        claim = await self._leases.claim(session_id, wait_for=unreachable)
-        if isinstance(claim, Mine):
-            self.claim(session_id, claim.token)
-        elif isinstance(claim, HeldBy):
+        claim = await self._take(session_id, wait_for=unreachable)
+        if isinstance(claim, HeldBy):
             raise Unavailable(
                 f"session {session_id!r} is held by server {claim.owner.member_id}; retry there",
                 reason=HELD_ELSEWHERE,
@@ -257,6 +251,14 @@ class SessionOwnership:
             return None  # its lease still holds it: keep waiting
         return placement
 
+    async def _take(self, session_id: str, wait_for: str | None = None) -> Claim:
+        """Claim the session under the lease; one that is ours is owned here."""
+        assert self._leases is not None
+        claim = await self._leases.claim(session_id, wait_for=wait_for)
+        if isinstance(claim, Mine):
+            self.claim(session_id, claim.token)
+        return claim
+
     async def _ask(
         self, session_id: str, *, unreachable: Owner | None = None, assign: bool = False
     ) -> Owner | None:
@@ -271,9 +273,8 @@ class SessionOwnership:
         if assign:
             raise Unavailable("the mesh router is unavailable; retry")
         if self._leases is not None:
-            claim = await self._leases.claim(session_id)
+            claim = await self._take(session_id)
             if isinstance(claim, Mine):
-                self.claim(session_id, claim.token)
                 return LOCAL
             if isinstance(claim, HeldBy):
                 self._routes[session_id] = claim.owner
@@ -303,11 +304,10 @@ class SessionOwnership:
             return LOCAL  # nobody owns it: here it is not found
         # Routed here, or known to nobody: the store's lease decides (and an
         # owner found unreachable gets the rest of its lease to come back).
-        claim = await self._leases.claim(
+        claim = await self._take(
             session_id, wait_for=unreachable.member_id if unreachable else None
         )
         if isinstance(claim, Mine):
-            self.claim(session_id, claim.token)
             return LOCAL
         if isinstance(claim, Missing):
             return LOCAL  # not found here

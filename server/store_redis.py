@@ -32,13 +32,11 @@ import json
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis.asyncio as redis
 from redis import exceptions
 from redis.asyncio.cluster import RedisCluster
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisClusterException
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
@@ -168,21 +166,6 @@ def idle_key(session_id: str) -> str:
     return f"tm:idle:{{{zlib.crc32(session_id.encode()) % IDLE_SHARDS}}}"
 
 
-@dataclass(frozen=True)
-class Index:
-    """A session's entry in the idle index. ``first``: written before the
-    session's script (at create: add only if new); else after it (only if
-    the session is still indexed: a deleted one is never re-added)."""
-
-    session_id: str
-    activity: float
-    first: bool = False
-
-    def write(self, client: Any) -> Any:
-        flag = {"nx": True} if self.first else {"xx": True}
-        return client.zadd(idle_key(self.session_id), {self.session_id: self.activity}, **flag)
-
-
 def member_key(member_id: str) -> str:
     return f"tm:m:{tag(member_id)}"
 
@@ -236,7 +219,6 @@ def connect(url: str) -> Client:
 class RedisStore(TurnCommits):
     def __init__(self, url: str, event_ttl_seconds: float) -> None:
         self._redis = connect(url)
-        self._cluster = isinstance(self._redis, RedisCluster)
         self._ttl = max(1, int(event_ttl_seconds))
         self._create = self._redis.register_script(CREATE)
         self._commit_script = self._redis.register_script(COMMIT)
@@ -265,10 +247,12 @@ class RedisStore(TurnCommits):
         keys = Keys(record.session_id)
         # Indexed first: a crash in between leaves an index entry without a
         # session (dropped at its expiry), never a session nobody expires.
-        created = await self._with_index(
-            self._create,
-            [keys.record, keys.history],
-            [
+        await self._redis.zadd(
+            idle_key(record.session_id), {record.session_id: record.last_activity}, nx=True
+        )
+        created = await self._create(
+            keys=[keys.record, keys.history],
+            args=[
                 record.agent_name,
                 repr(record.created_at),
                 repr(record.last_activity),
@@ -277,7 +261,6 @@ class RedisStore(TurnCommits):
                 record.owner,
                 *(m.SerializeToString() for m in initial),
             ],
-            Index(record.session_id, record.last_activity, first=True),
         )
         if not created:
             raise AlreadyExists(f"session {record.session_id!r} already exists")
@@ -330,10 +313,15 @@ class RedisStore(TurnCommits):
     ) -> None:
         keys = Keys(session_id)
         turn_id = final_event.run_id if final_event is not None else ""
-        committed = await self._with_index(
-            self._commit_script,
-            [keys.record, keys.history, keys.events(turn_id), keys.turns, keys.status(turn_id)],
-            [
+        committed = await self._commit_script(
+            keys=[
+                keys.record,
+                keys.history,
+                keys.events(turn_id),
+                keys.turns,
+                keys.status(turn_id),
+            ],
+            args=[
                 repr(now),
                 self._ttl,
                 final_event.SerializeToString() if final_event is not None else "",
@@ -341,12 +329,12 @@ class RedisStore(TurnCommits):
                 fence,
                 *(m.SerializeToString() for m in messages),
             ],
-            Index(session_id, now),
         )
         if not committed:
             raise NotFound(f"session {session_id!r} not found")
         if committed == 2:
             raise TurnAbandoned(turn_id)
+        await self._active(session_id, now)
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         abandoned = await self._abandon_script(
@@ -355,32 +343,16 @@ class RedisStore(TurnCommits):
         return bool(abandoned)
 
     async def touch(self, session_id: str, now: float) -> None:
-        await self._with_index(
-            self._touch_script, [Keys(session_id).record], [repr(now)], Index(session_id, now)
-        )
+        if await self._touch_script(keys=[Keys(session_id).record], args=[repr(now)]):
+            await self._active(session_id, now)
 
-    async def _with_index(
-        self, script: AsyncScript, keys: list[str], args: list[Any], index: Index
-    ) -> Any:
-        """A session's script and its write to the idle index: one round trip
-        on one node, two on a cluster (whose pipelines cannot run scripts).
-        Returns the script's answer."""
-        first = index.first
-        if self._cluster:
-            if first:
-                await index.write(self._redis)
-            result = await script(keys=keys, args=args)
-            if not first:
-                await index.write(self._redis)
-            return result
-        async with self._redis.pipeline(transaction=False) as pipe:
-            if first:
-                index.write(pipe)
-            await script(keys=keys, args=args, client=pipe)  # type: ignore[arg-type]
-            if not first:
-                index.write(pipe)
-            results: list[Any] = await pipe.execute()
-        return results[1] if first else results[0]
+    async def _active(self, session_id: str, now: float) -> None:
+        """The session's new activity in the idle index, written after its
+        script (its own slot, so never inside it). XX: a session deleted
+        meanwhile is never re-added. Not pipelined with the script: redis-py
+        checks a pipeline's scripts first (SCRIPT EXISTS), so a pipeline
+        costs the same two round trips, and a cluster's cannot run scripts."""
+        await self._redis.zadd(idle_key(session_id), {session_id: now}, xx=True)
 
     async def idle_sessions(self, last_activity_before: float) -> list[str]:
         # Servers of the old layout still running beside this one (a rolling

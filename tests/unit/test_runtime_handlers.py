@@ -66,7 +66,7 @@ async def test_every_kind_of_method_is_wrapped(kind: str) -> None:
 
 
 class _Aborted(Exception):
-    pass
+    """What the fake context's abort raises."""
 
 
 class _Context:
