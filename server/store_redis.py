@@ -15,8 +15,16 @@ commit status, expiring), ``tm:{S'}:k`` (hash: idempotency key -> turn),
 Indexes that span sessions are sharded, each shard its own slot and written
 beside (not inside) the per-session scripts: ``tm:idle:{N}`` (N in 0..15,
 sorted sets of sessions by last activity; their total is the mesh-wide
-session count), ``tm:m:{M'}`` (member M's lease: its address, expiring),
-``tm:a:{A'}`` (which member holds address A, expiring with its lease).
+session count), ``tm:p:{P#N'}`` (N in 0..7: principal P's sessions for
+listing, sharded by the scoped id so one tenant's sessions spread over the
+cluster; every score 0, members ``NANOS|ID``, creation time in Unix
+nanoseconds as 20 digits and the public id, so lexical order is listing order
+and ZREVRANGEBYLEX reads a keyset page), ``tm:m:{M'}`` (member M's lease: its
+address, expiring), ``tm:a:{A'}`` (which member holds address A, expiring
+with its lease). A create indexes its session before its script runs and a
+delete unlists it after its keys are gone, so a crash leaves an index entry
+without a session (skipped, and dropped in time), never a session that is
+not listed or expired.
 
 Creating a session, committing a turn and taking a session over are Lua
 scripts, each atomic on its slot: a commit to a deleted session cannot
@@ -30,6 +38,7 @@ import functools
 import inspect
 import json
 import logging
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -40,12 +49,18 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
+from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id, scoped
+from turnmesh.server.listing import Page, Position, merge, position
 from turnmesh.server.store import SessionRecord, TurnAbandoned, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 IDLE_SHARDS = 16
+LISTING_SHARDS = 8
+# A create writes its listing entry just before its session: an entry without
+# a session is dropped only once it is older than this (clocks may differ).
+DANGLING_AFTER_SECONDS = 300
 SCHEMA_KEY = "tm:schema"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Redis refusing service (auth, protected mode, loading, a read-only replica,
 # a cluster that is down or resharding, out of memory): redis-py raises these
 # classes (with the code cut from the message), or a plain ResponseError whose
@@ -166,6 +181,30 @@ def idle_key(session_id: str) -> str:
     return f"tm:idle:{{{zlib.crc32(session_id.encode()) % IDLE_SHARDS}}}"
 
 
+def listing_key(principal: str, shard: int) -> str:
+    return f"tm:p:{tag(f'{principal}#{shard}')}"
+
+
+def listing_key_of(session_id: str) -> str:
+    """The shard of its principal's listing that holds the session."""
+    shard = zlib.crc32(session_id.encode()) % LISTING_SHARDS
+    return listing_key(principal_of(session_id), shard)
+
+
+def listing_member(at: Position) -> str:
+    # Fixed-width nanoseconds, then the id: byte order is position order.
+    return f"{at[0]:020d}|{at[1]}"
+
+
+def listing_entry(created_at: float, session_id: str) -> str:
+    return listing_member(position(created_at, session_id))
+
+
+def listed_position(member: bytes) -> Position:
+    nanos, _, public = member.decode().partition("|")
+    return (int(nanos), public)
+
+
 def member_key(member_id: str) -> str:
     return f"tm:m:{tag(member_id)}"
 
@@ -217,8 +256,11 @@ def connect(url: str) -> Client:
 
 @_unavailable_when_down
 class RedisStore(TurnCommits):
-    def __init__(self, url: str, event_ttl_seconds: float) -> None:
+    def __init__(
+        self, url: str, event_ttl_seconds: float, legacy_principal: str = ANONYMOUS
+    ) -> None:
         self._redis = connect(url)
+        self._legacy_principal = legacy_principal
         self._ttl = max(1, int(event_ttl_seconds))
         self._create = self._redis.register_script(CREATE)
         self._commit_script = self._redis.register_script(COMMIT)
@@ -234,7 +276,7 @@ class RedisStore(TurnCommits):
         """Check the server answers and bring data of an older layout up to date."""
         from turnmesh.server.store_redis_migrate import migrate
 
-        await migrate(self._redis)
+        await migrate(self._redis, self._legacy_principal)
 
     # Sessions ---------------------------------------------------------------
 
@@ -244,12 +286,16 @@ class RedisStore(TurnCommits):
         messages: list[message_pb2.Message] | None = None,
     ) -> None:
         initial = list(messages or [])
-        keys = Keys(record.session_id)
-        # Indexed first: a crash in between leaves an index entry without a
-        # session (dropped at its expiry), never a session nobody expires.
-        await self._redis.zadd(
-            idle_key(record.session_id), {record.session_id: record.last_activity}, nx=True
-        )
+        session_id = record.session_id
+        keys = Keys(session_id)
+        listed = listing_entry(record.created_at, session_id)
+        # Indexed first: a crash in between leaves index entries without a
+        # session (dropped at expiry, skipped by listings), never a session
+        # nobody expires or lists.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(idle_key(session_id), {session_id: record.last_activity}, nx=True)
+            pipe.zadd(listing_key_of(session_id), {listed: 0})
+            await pipe.execute()
         created = await self._create(
             keys=[keys.record, keys.history],
             args=[
@@ -263,34 +309,39 @@ class RedisStore(TurnCommits):
             ],
         )
         if not created:
-            raise AlreadyExists(f"session {record.session_id!r} already exists")
+            # Our entry is the existing session's too only if that one was
+            # created at the same nanosecond: then it stays.
+            existing = await self._redis.hget(keys.record, "created_at")
+            if existing is None or listing_entry(float(existing), session_id) != listed:
+                await self._redis.zrem(listing_key_of(session_id), listed)
+            raise AlreadyExists(f"session {public_id(session_id)!r} already exists")
         record.message_count = len(initial)
 
     async def get(self, session_id: str) -> SessionRecord | None:
         fields = cast(dict[bytes, bytes], await self._redis.hgetall(Keys(session_id).record))
-        if not fields:
-            return None
-        return SessionRecord(
-            session_id=session_id,
-            agent_name=fields[b"agent_name"].decode(),
-            created_at=float(fields[b"created_at"]),
-            last_activity=float(fields[b"last_activity"]),
-            metadata=json.loads(fields[b"metadata"]),
-            message_count=int(fields[b"message_count"]),
-            owner=fields.get(b"owner", b"").decode(),
-        )
+        return _record(session_id, fields)
 
     async def delete(self, session_id: str) -> bool:
         keys = Keys(session_id)
-        # Out of the index first: a session made again under this id between
-        # the two steps is indexed again by its create (ZADD NX), never lost.
+        # Out of the idle index first: a session made again under this id
+        # between the two steps is indexed again by its create (ZADD NX), never lost.
         await self._redis.zrem(idle_key(session_id), session_id)
-        turns = await self._redis.smembers(keys.turns)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.record, "created_at")
+            pipe.smembers(keys.turns)
+            created_at, turns = await pipe.execute()
         # One slot: a multi-key DEL is allowed on a cluster too.
         turn_keys = [k for t in turns for k in (keys.events(_text(t)), keys.status(_text(t)))]
         deleted = await self._redis.delete(
             keys.record, keys.history, keys.keys, keys.turns, *turn_keys
         )
+        if created_at is not None:
+            # Unlisted once gone: a crash in between leaves an entry that
+            # listings skip. A session made again under this id has another
+            # creation time, so another entry, which this leaves alone.
+            await self._redis.zrem(
+                listing_key_of(session_id), listing_entry(float(created_at), session_id)
+            )
         return bool(deleted)
 
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
@@ -300,7 +351,7 @@ class RedisStore(TurnCommits):
             pipe.lrange(keys.history, start, -1)
             exists, rows = await pipe.execute()
         if not exists:
-            raise NotFound(f"session {session_id!r} not found")
+            raise NotFound(f"session {public_id(session_id)!r} not found")
         return [message_pb2.Message.FromString(r) for r in rows]
 
     async def _commit(
@@ -331,7 +382,7 @@ class RedisStore(TurnCommits):
             ],
         )
         if not committed:
-            raise NotFound(f"session {session_id!r} not found")
+            raise NotFound(f"session {public_id(session_id)!r} not found")
         if committed == 2:
             raise TurnAbandoned(turn_id)
         await self._active(session_id, now)
@@ -370,6 +421,49 @@ class RedisStore(TurnCommits):
         async with self._redis.pipeline(transaction=False) as pipe:
             for shard in range(IDLE_SHARDS):
                 pipe.zcard(f"tm:idle:{{{shard}}}")
+            counts: list[int] = await pipe.execute()
+        return sum(counts)
+
+    async def list_sessions(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[SessionRecord]:
+        if limit < 1:
+            return Page([], None)
+        high = "+" if before is None else "(" + listing_member(before)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for shard in range(LISTING_SHARDS):
+                pipe.zrevrangebylex(listing_key(principal, shard), high, "-", start=0, num=limit)
+            shards: list[list[bytes]] = await pipe.execute()
+        pages: list[Page[int]] = []
+        for shard, rows in enumerate(shards):
+            items = [(listed_position(row), shard) for row in rows]
+            # A shard that returned less than asked for has nothing further.
+            pages.append(Page(items, items[-1][0] if len(rows) == limit else None))
+        merged = merge(pages, limit)
+        ids = [scoped(principal, at[1]) for at, _ in merged.items]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for session_id in ids:
+                pipe.hgetall(Keys(session_id).record)
+            records: list[dict[bytes, bytes]] = await pipe.execute()
+        found: list[tuple[Position, SessionRecord]] = []
+        stale = time.time() - DANGLING_AFTER_SECONDS
+        for (at, shard), session_id, fields in zip(merged.items, ids, records, strict=True):
+            record = _record(session_id, fields)
+            if record is not None:
+                found.append((at, record))
+            elif at[0] < stale * 1e9:
+                # Its delete (or create) stopped halfway. A younger entry may
+                # be a create in flight: its session is written next.
+                await self._redis.zrem(listing_key(principal, shard), listing_member(at))
+        # The merge's frontier, not the count found: skipped entries do not
+        # mean the listing is exhausted.
+        return Page(found, merged.frontier)
+
+    async def count_of(self, principal: str) -> int:
+        """The principal's sessions in the whole mesh."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for shard in range(LISTING_SHARDS):
+                pipe.zcard(listing_key(principal, shard))
             counts: list[int] = await pipe.execute()
         return sum(counts)
 
@@ -454,6 +548,21 @@ class RedisStore(TurnCommits):
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _record(session_id: str, fields: dict[bytes, bytes]) -> SessionRecord | None:
+    """A session's record from its hash (None if empty: no session)."""
+    if not fields:
+        return None
+    return SessionRecord(
+        session_id=session_id,
+        agent_name=fields[b"agent_name"].decode(),
+        created_at=float(fields[b"created_at"]),
+        last_activity=float(fields[b"last_activity"]),
+        metadata=json.loads(fields[b"metadata"]),
+        message_count=int(fields[b"message_count"]),
+        owner=fields.get(b"owner", b"").decode(),
+    )
 
 
 def _text(value: object) -> str:

@@ -7,6 +7,15 @@ instead of silently running two owners of every session.
 WAL mode; every statement runs on one dedicated thread (sqlite3 connections
 belong to their thread), so the event loop never blocks on disk. A turn is
 one transaction; history rows are appended, never rewritten.
+
+Sessions are keyed by scoped id (``runtime.principals``); each row also keeps
+its principal and its creation time in nanoseconds, indexed together, so a
+principal's listing is one keyset range scan (``server.listing``).
+
+``PRAGMA user_version`` is the layout: 0 is a file from before principals
+(or a new, empty one), 1 is today's. Opening a version-0 file moves it in one
+transaction: its sessions get those columns and go to ``legacy_principal``,
+which, unless anonymous, also prefixes their ids in every table.
 """
 
 from __future__ import annotations
@@ -20,14 +29,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
+from turnmesh.runtime.principals import (
+    ANONYMOUS,
+    PRINCIPAL_PATTERN,
+    principal_of,
+    public_id,
+    scoped,
+)
+from turnmesh.server.listing import Page, Position, position
 from turnmesh.server.store import SessionRecord, StoreInUse, TurnAbandoned, TurnCommits
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
+SCHEMA_VERSION = 1
+# Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
@@ -35,9 +54,13 @@ CREATE TABLE IF NOT EXISTS sessions (
     created_at REAL NOT NULL,
     last_activity REAL NOT NULL,
     metadata TEXT NOT NULL,
-    message_count INTEGER NOT NULL
+    message_count INTEGER NOT NULL,
+    principal TEXT NOT NULL,
+    created_ns INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_activity);
+CREATE INDEX IF NOT EXISTS sessions_by_principal
+    ON sessions (principal, created_ns, session_id);
 CREATE TABLE IF NOT EXISTS messages (
     session_id TEXT NOT NULL,
     position INTEGER NOT NULL,
@@ -67,12 +90,20 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     PRIMARY KEY (session_id, key)
 );
 """
+# Every table keyed by session id: a version-0 file's ids are renamed in all.
+SESSION_TABLES = ("sessions", "messages", "events", "turn_status", "idempotency_keys")
+SESSION_COLUMNS = "session_id, agent_name, created_at, last_activity, metadata, message_count"
 
 
 class SqliteStore(TurnCommits):
-    def __init__(self, path: str, event_ttl_seconds: float) -> None:
+    def __init__(
+        self, path: str, event_ttl_seconds: float, legacy_principal: str = ANONYMOUS
+    ) -> None:
         if not path:
             raise ValueError("sqlite store needs a path: sqlite:PATH")
+        if not PRINCIPAL_PATTERN.fullmatch(legacy_principal):
+            raise ValueError(f"not a principal name: {legacy_principal!r}")
+        self._legacy_principal = legacy_principal
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._path = path
         # An in-memory database is this process's alone: nothing to lock.
@@ -80,7 +111,14 @@ class SqliteStore(TurnCommits):
         self._event_ttl = event_ttl_seconds
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._db: sqlite3.Connection | None = None
-        self._executor.submit(self._open).result()
+        try:
+            self._executor.submit(self._open).result()
+        except BaseException:
+            # Not opened (a file of a newer layout, say): leave the file free.
+            self._executor.shutdown(wait=True)
+            if self._lock is not None:
+                os.close(self._lock)
+            raise
 
     @property
     def shared(self) -> bool:
@@ -91,10 +129,29 @@ class SqliteStore(TurnCommits):
 
     def _open(self) -> None:
         db = sqlite3.connect(self._path, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(SCHEMA)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._bring_up_to_date(db)
+        except BaseException:
+            db.close()
+            raise
         self._db = db
+
+    def _bring_up_to_date(self, db: sqlite3.Connection) -> None:
+        with _transaction(db):
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"the SQLite store {self._path} has layout {version}, from a newer"
+                    f" turnmesh (this one knows up to {SCHEMA_VERSION})"
+                )
+            if version < SCHEMA_VERSION:
+                if _has_table(db, "sessions"):
+                    _migrate_from_0(db, self._legacy_principal)
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
@@ -114,7 +171,8 @@ class SqliteStore(TurnCommits):
             with _transaction(db):
                 try:
                     db.execute(
-                        "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, ?)",
+                        f"INSERT INTO sessions ({SESSION_COLUMNS}, principal, created_ns)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             record.session_id,
                             record.agent_name,
@@ -122,10 +180,14 @@ class SqliteStore(TurnCommits):
                             record.last_activity,
                             json.dumps(record.metadata),
                             len(initial),
+                            principal_of(record.session_id),
+                            position(record.created_at, record.session_id)[0],
                         ),
                     )
                 except sqlite3.IntegrityError as exc:
-                    raise AlreadyExists(f"session {record.session_id!r} already exists") from exc
+                    raise AlreadyExists(
+                        f"session {public_id(record.session_id)!r} already exists"
+                    ) from exc
                 db.executemany(
                     "INSERT INTO messages VALUES (?, ?, ?)",
                     [(record.session_id, i, m.SerializeToString()) for i, m in enumerate(initial)],
@@ -137,14 +199,10 @@ class SqliteStore(TurnCommits):
     async def get(self, session_id: str) -> SessionRecord | None:
         row = await self._run(
             lambda db: db.execute(
-                "SELECT session_id, agent_name, created_at, last_activity, metadata, message_count"
-                " FROM sessions WHERE session_id = ?",
-                (session_id,),
+                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
         )
-        if row is None:
-            return None
-        return SessionRecord(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5])
+        return None if row is None else _record(row)
 
     async def delete(self, session_id: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
@@ -174,7 +232,7 @@ class SqliteStore(TurnCommits):
 
         rows = await self._run(history)
         if rows is None:
-            raise NotFound(f"session {session_id!r} not found")
+            raise NotFound(f"session {public_id(session_id)!r} not found")
         return [message_pb2.Message.FromString(r) for r in rows]
 
     async def _commit(
@@ -222,7 +280,7 @@ class SqliteStore(TurnCommits):
         if committed is None:
             raise TurnAbandoned(final_event.run_id if final_event else "")
         if not committed:
-            raise NotFound(f"session {session_id!r} not found")
+            raise NotFound(f"session {public_id(session_id)!r} not found")
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         def abandon(db: sqlite3.Connection) -> bool:
@@ -260,6 +318,36 @@ class SqliteStore(TurnCommits):
     async def count(self) -> int:
         return int(
             await self._run(lambda db: db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
+        )
+
+    async def list_sessions(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[SessionRecord]:
+        # A principal's ids share its prefix, so ordering by the scoped id
+        # orders by the public id, as positions do.
+        where = "principal = ?"
+        args: list[str | int] = [principal]
+        if before is not None:
+            where += " AND (created_ns, session_id) < (?, ?)"
+            args += [before[0], scoped(principal, before[1])]
+        limit = max(limit, 0)
+        rows = await self._run(
+            lambda db: db.execute(
+                f"SELECT {SESSION_COLUMNS}, created_ns FROM sessions WHERE {where}"
+                " ORDER BY created_ns DESC, session_id DESC LIMIT ?",
+                (*args, limit + 1),  # one more: are there others below the page?
+            ).fetchall()
+        )
+        items = [((row[6], public_id(row[0])), _record(row)) for row in rows[:limit]]
+        return Page(items, items[-1][0] if len(rows) > limit and items else None)
+
+    async def count_of(self, principal: str) -> int:
+        return int(
+            await self._run(
+                lambda db: db.execute(
+                    "SELECT COUNT(*) FROM sessions WHERE principal = ?", (principal,)
+                ).fetchone()[0]
+            )
         )
 
     # Events and keys ----------------------------------------------------------
@@ -313,6 +401,37 @@ class SqliteStore(TurnCommits):
         self._executor.shutdown(wait=True)
         if self._lock is not None:
             os.close(self._lock)
+
+
+def _record(row: tuple[Any, ...]) -> SessionRecord:
+    return SessionRecord(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5])
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    found = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone()
+    return found is not None
+
+
+def _migrate_from_0(db: sqlite3.Connection, legacy_principal: str) -> None:
+    """Give a version-0 file's sessions their principal and creation
+    nanoseconds (inside the caller's transaction)."""
+    # ADD COLUMN ... NOT NULL needs a default; every insert names both.
+    db.execute("ALTER TABLE sessions ADD COLUMN principal TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE sessions ADD COLUMN created_ns INTEGER NOT NULL DEFAULT 0")
+    # In Python, so the nanoseconds are exactly those new sessions get.
+    rows = db.execute("SELECT session_id, created_at FROM sessions").fetchall()
+    db.executemany(
+        "UPDATE sessions SET principal = ?, created_ns = ? WHERE session_id = ?",
+        [(legacy_principal, position(at, sid)[0], sid) for sid, at in rows],
+    )
+    if legacy_principal != ANONYMOUS:
+        # Version-0 ids never hold "/", so no renamed id can meet an old one.
+        for table in SESSION_TABLES:
+            db.execute(
+                f"UPDATE {table} SET session_id = ? || '/' || session_id", (legacy_principal,)
+            )
 
 
 def _lock_file(path: str) -> int:

@@ -140,6 +140,52 @@ async def test_idle_sessions_and_count(store: SessionStore) -> None:
     assert await store.count() == before + 2
 
 
+async def test_listing_is_per_principal_newest_first_in_keyset_pages(
+    store: SessionStore,
+) -> None:
+    """Each principal lists only its own sessions, newest first; pages never
+    skip or repeat one while sessions come and go between them."""
+    tenant = f"t{uuid.uuid4().hex[:12]}"
+    other = f"o{uuid.uuid4().hex[:12]}"
+    ids = [f"{tenant}/s{i:02d}" for i in range(7)]
+    for i, sid in enumerate(ids):
+        await store.create(_record(sid, at=1000.0 + i))
+    await store.create(_record(f"{other}/s03", at=1003.0))  # same public id, other tenant
+    # Two sessions created at the same instant: the greater id first.
+    await store.create(_record(f"{tenant}/tie-a", at=1006.0))
+    assert await store.count_of(tenant) == 8
+    assert await store.count_of(other) == 1
+    assert await store.count_of(f"n{uuid.uuid4().hex[:12]}") == 0
+
+    first = await store.list_sessions(tenant, None, 3)
+    assert [r.session_id for _, r in first.items] == [f"{tenant}/tie-a", ids[6], ids[5]]
+    assert first.frontier == first.items[-1][0]
+    # Meanwhile: a new session (sorts before page one) and a deletion ahead.
+    await store.create(_record(f"{tenant}/late", at=2000.0))
+    await store.delete(ids[3])
+    second = await store.list_sessions(tenant, first.frontier, 3)
+    assert [r.session_id for _, r in second.items] == [ids[4], ids[2], ids[1]]
+    third = await store.list_sessions(tenant, second.frontier, 3)
+    assert [r.session_id for _, r in third.items] == [ids[0]]
+    assert third.frontier is None
+    record = third.items[0][1]
+    assert (record.agent_name, record.metadata, record.created_at) == ("demo", {"k": "v"}, 1000.0)
+    theirs = await store.list_sessions(other, None, 10)
+    assert [r.session_id for _, r in theirs.items] == [f"{other}/s03"]
+    assert theirs.frontier is None
+
+
+async def test_the_anonymous_principal_lists_bare_ids(store: SessionStore) -> None:
+    sid = _sid()
+    await store.create(_record(sid, at=float(uuid.uuid4().int % 10**9)))
+    page = await store.list_sessions("anonymous", None, 100)
+    while sid not in [r.session_id for _, r in page.items] and page.frontier is not None:
+        page = await store.list_sessions("anonymous", page.frontier, 100)
+    assert sid in [r.session_id for _, r in page.items]
+    assert await store.delete(sid)
+    assert await store.count_of("anonymous") >= 0
+
+
 async def test_events_and_keys_persist_where_promised(store: SessionStore) -> None:
     sid = _sid()
     await store.create(_record(sid))
@@ -316,7 +362,7 @@ async def test_a_store_of_the_old_layout_is_moved(redis_server: RedisServer) -> 
             assert await store.get_key(sid, "key-1") == "T1"
             assert sid in await store.idle_sessions(1002)
             assert not await raw.exists("tm:idle", f"tm:s:{sid}", f"tm:h:{sid}")
-            assert await raw.get("tm:schema") == b"2"
+            assert await raw.get("tm:schema") == b"3"
             # A moved session takes new turns (it has no owner token yet).
             await store.commit_turn(sid, [_message("user", "after")], _final(sid, "T2"), 1003)
             assert len(await store.history(sid)) == 2
