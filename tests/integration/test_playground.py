@@ -1,5 +1,7 @@
 """The playground at GET /, in a real browser (Debian's Chromium, driven by
-Playwright), and CORS for pages on other origins."""
+Playwright): conversations, and the session list, which is the API's
+(GET /v1/sessions, the key's principal's own, paged); and CORS for pages on
+other origins."""
 
 from __future__ import annotations
 
@@ -17,12 +19,15 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.conftest import SharedMesh
-from tests.support.mesh import Mesh
+from tests.support.mesh import Component, Mesh
 from tests.support.tcp_proxy import TcpProxy
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TIMEOUT_MS = 30_000
 DONE = re.compile(r"^Done: \d+ tokens$")
+MESH_KEY = "tm-playground-mesh-key-0123456789"
+KEYS = {"alice": "key-a", "bob": "key-b"}
+PAGE_SIZE = 20  # the playground's
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +99,12 @@ def test_a_conversation_streams_shows_tools_and_survives_a_reload(
     expect(page.get_by_test_id("user")).to_have_count(2)
     expect(page.get_by_test_id("tool-call")).to_have_count(1)
     expect(page.get_by_test_id("assistant").last).to_contain_text("84")
-    expect(page.get_by_test_id("session-item")).to_have_count(1)
+    # The list (the API's) marks this session, its line counting the messages.
+    current = page.get_by_test_id("session-id").text_content()
+    active = page.locator("[data-testid=session-item].active")
+    expect(active).to_have_count(1)
+    expect(active).to_have_attribute("data-session-id", current or "")
+    expect(active).to_contain_text(re.compile(r"\d+ messages"))
     page.screenshot(path=str(tmp_path / "playground.png"), full_page=True)
     assert (tmp_path / "playground.png").stat().st_size > 10_000
 
@@ -154,6 +164,210 @@ def test_api_errors_are_shown_readably(page: Page) -> None:
     error = page.get_by_test_id("error")
     expect(error).to_contain_text("Invalid request (400)")
     expect(error).to_contain_text("message: must be at most 10000 characters")
+
+
+# --- The session list ---------------------------------------------------------
+
+
+@pytest.fixture
+def plain_api(shared_mesh: SharedMesh) -> Iterator[httpx.Client]:
+    """The shared mesh's REST API (no keys: every session there is the
+    anonymous principal's)."""
+    with httpx.Client(base_url=f"http://{shared_mesh.edge}", timeout=30) as client:
+        yield client
+
+
+def _create(rest: httpx.Client, key: str | None = None) -> str:
+    """A session made through the REST API, not the page; its id."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = rest.post("/v1/sessions", json={}, headers=headers)
+    assert response.status_code == 200, response.text
+    return str(response.json()["session"]["sessionId"])
+
+
+def _api_listing(rest: httpx.Client, key: str) -> list[str]:
+    """Every session id the API lists for this key, newest first."""
+    ids: list[str] = []
+    token = ""
+    while True:
+        response = rest.get(
+            "/v1/sessions",
+            params={"pageSize": "100", **({"pageToken": token} if token else {})},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert response.status_code == 200, response.text
+        ids += [s["sessionId"] for s in response.json().get("sessions", [])]
+        token = response.json().get("nextPageToken", "")
+        if not token:
+            return ids
+
+
+def _expect_listed(page: Page, ids: list[str], *, exactly: bool = False) -> None:
+    """The page's list starts with these ids, in this order (and has no more)."""
+    items = page.get_by_test_id("session-item")
+    if exactly:
+        expect(items).to_have_count(len(ids))
+    for n, sid in enumerate(ids):
+        expect(items.nth(n)).to_have_attribute("data-session-id", sid)
+
+
+def _listed(page: Page) -> list[str]:
+    ids = page.get_by_test_id("session-item").evaluate_all(
+        "items => items.map((item) => item.dataset.sessionId)"
+    )
+    return [str(sid) for sid in ids]
+
+
+def _use_key(page: Page, key: str) -> None:
+    if not page.locator("aside details").evaluate("details => details.open"):
+        page.locator("details summary").click()
+    page.locator("#api-key").fill(key)
+    page.locator("#api-key").press("Enter")  # commits it (a change event)
+
+
+def test_the_session_list_is_the_apis_newest_first(page: Page, plain_api: httpx.Client) -> None:
+    rest = plain_api
+    older, newer = _create(rest), _create(rest)
+    page.goto("/")
+    _expect_listed(page, [newer, older])
+
+    # Made elsewhere while the page is open: on top after a reload.
+    newest = _create(rest)
+    page.reload()
+    _expect_listed(page, [newest, newer, older])
+
+    # Open when deleted elsewhere: after a reload neither listed nor open.
+    page.locator(f"[data-session-id='{newest}']").click()
+    expect(page.get_by_test_id("session-id")).to_have_text(newest)
+    expect(page.locator("[data-testid=session-item].active")).to_have_text(re.compile(newest))
+    assert rest.delete(f"/v1/sessions/{newest}").json() == {"deleted": True}
+    page.reload()
+    page.wait_for_function("() => localStorage.getItem('turnmesh.current') === null")
+    _expect_listed(page, [newer, older])
+    expect(page.get_by_test_id("session-id")).to_have_text("none")
+    expect(page.get_by_test_id("error")).to_have_count(0)
+
+    # Nothing of it is kept in the browser: with localStorage cleared, the same list.
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    _expect_listed(page, [newer, older])
+
+    # Made and deleted through the page: the list follows.
+    page.get_by_test_id("new-session").click()
+    expect(page.get_by_test_id("session-id")).not_to_have_text("none")
+    made = page.get_by_test_id("session-id").text_content() or ""
+    _expect_listed(page, [made, newer, older])
+    expect(page.locator("[data-testid=session-item].active")).to_have_attribute(
+        "data-session-id", made
+    )
+    page.locator("details summary").click()
+    page.locator("#delete-session").click()
+    _expect_listed(page, [newer, older])
+    expect(page.get_by_test_id("session-id")).to_have_text("none")
+    assert page.evaluate("Object.keys(localStorage)") == []
+
+    # A listing that fails says why (the problem's detail), and lists nothing.
+    problem = {"title": "Unavailable", "status": 503, "detail": "the store is away"}
+    page.route(
+        re.compile(r"/v1/sessions\?"),
+        lambda route: route.fulfill(
+            status=503, content_type="application/problem+json", body=json.dumps(problem)
+        ),
+    )
+    page.reload()
+    expect(page.get_by_test_id("sessions-status")).to_have_text(
+        "Could not list sessions: Unavailable (503): the store is away"
+    )
+    expect(page.get_by_test_id("session-item")).to_have_count(0)
+
+
+@pytest.fixture(scope="module")
+def keyed_edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A mesh with API keys (alice's and bob's): its Envoy listener."""
+    workdir = tmp_path_factory.mktemp("playground-keys")
+    keys = workdir / "api-keys"
+    keys.write_text("".join(f"{name}\t{key}\n" for name, key in KEYS.items()))
+    mesh = Mesh(workdir / "mesh", common_args=("--mesh-key", MESH_KEY))
+    try:
+        mesh.start_router()
+        servers: list[Component] = [
+            mesh.spawn_server("server", "--api-keys-file", str(keys), "--agent", "echo")
+        ]
+        mesh.wait_ready(mesh.spawn_worker("worker-echo", "echo"), *servers)
+        yield mesh.start_envoy(servers).listener_address
+    finally:
+        mesh.stop()
+
+
+@pytest.fixture
+def keyed_api(keyed_edge: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=f"http://{keyed_edge}", timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def keyed_page(browser: Browser, keyed_edge: str) -> Iterator[Page]:
+    context = browser.new_context(base_url=f"http://{keyed_edge}")
+    context.set_default_timeout(TIMEOUT_MS)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def test_each_key_lists_its_principals_sessions_only(
+    keyed_page: Page, keyed_api: httpx.Client
+) -> None:
+    page, rest = keyed_page, keyed_api
+    alices = [_create(rest, KEYS["alice"]) for _ in range(2)]
+    bobs = [_create(rest, KEYS["bob"]) for _ in range(2)]
+
+    # No key: a message asking for one, no list, a page that still works.
+    page.goto("/")
+    expect(page.get_by_test_id("sessions-status")).to_contain_text("needs an API key")
+    expect(page.get_by_test_id("session-item")).to_have_count(0)
+    page.get_by_test_id("new-session").click()
+    expect(page.get_by_test_id("error")).to_contain_text("(401)")
+
+    _use_key(page, KEYS["alice"])
+    _expect_listed(page, alices[::-1])
+    assert _listed(page) == _api_listing(rest, KEYS["alice"])[:PAGE_SIZE]
+    # A session made through the page is alice's too.
+    page.get_by_test_id("new-session").click()
+    expect(page.get_by_test_id("session-id")).not_to_have_text("none")
+    made = page.get_by_test_id("session-id").text_content() or ""
+    _expect_listed(page, [made, *alices[::-1]])
+    assert made in _api_listing(rest, KEYS["alice"])
+
+    # Bob's key: bob's list, nothing of alice's, her session closed.
+    _use_key(page, KEYS["bob"])
+    _expect_listed(page, bobs[::-1])
+    expect(page.get_by_test_id("session-id")).to_have_text("none")
+    assert _listed(page) == _api_listing(rest, KEYS["bob"])[:PAGE_SIZE]
+    assert not set(_listed(page)) & {made, *alices}
+    page.reload()  # the key is kept; the list is asked for again
+    _expect_listed(page, bobs[::-1])
+
+    _use_key(page, "not-a-key")
+    expect(page.get_by_test_id("sessions-status")).to_contain_text("not accepted")
+    expect(page.get_by_test_id("session-item")).to_have_count(0)
+
+
+def test_more_loads_the_next_page_of_sessions(keyed_page: Page, keyed_api: httpx.Client) -> None:
+    for _ in range(PAGE_SIZE + 3):
+        _create(keyed_api, KEYS["bob"])
+    listed = _api_listing(keyed_api, KEYS["bob"])
+    page = keyed_page
+    page.goto("/")
+    _use_key(page, KEYS["bob"])
+    more = page.get_by_test_id("more-sessions")
+    shown = PAGE_SIZE
+    _expect_listed(page, listed[:shown], exactly=True)
+    while shown < len(listed):
+        more.click()
+        shown = min(len(listed), shown + PAGE_SIZE)
+        _expect_listed(page, listed[:shown], exactly=True)
+    expect(more).to_be_hidden()
 
 
 # --- CORS -----------------------------------------------------------------------
