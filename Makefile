@@ -46,9 +46,10 @@ test: install
 test-unit: install
 	$(PY) -m pytest tests/unit
 
-# Six hosts in network namespaces (root): also part of `make test`.
+# Six hosts in network namespaces (root): the mTLS mesh is also part of
+# `make test`; this runs the mesh-key one as well.
 test-multihost: install
-	$(PY) -m pytest -s tests/integration/test_multihost.py
+	TURNMESH_MULTIHOST_ALL=1 $(PY) -m pytest -s tests/integration/test_multihost.py
 
 lint: install typecheck proto-lint
 	$(VENV)/bin/ruff check .

@@ -128,6 +128,7 @@ def _start_components(net: Network, workdir: Path, tls: bool) -> MultiHost:
         host = net.hosts[name]
         run(host, "server", "--port", "7100", "--router", router, "--grace-seconds", "2",
             "--store", f"redis://{core.address}:6379/0", "--api-keys-file", str(keys),
+            "--lease-seconds", "2",
             *flags(host))  # fmt: skip
     for name in ("worker-a", "worker-b", "server-a", "server-b"):
         wait_for(ready[name].exists, timeout=60, what=name)
@@ -153,7 +154,21 @@ def _logs(mesh: MultiHost) -> str:
     )
 
 
-@pytest.fixture(params=["mesh-key", "mtls"])
+# `make test` runs the mTLS mesh (a real cable cut with the strictest trust);
+# `make test-multihost` runs the mesh-key one too (TURNMESH_MULTIHOST_ALL=1):
+# the same failover, and the mesh key's trust is covered on one host already.
+ALL_TRUSTS = os.environ.get("TURNMESH_MULTIHOST_ALL") == "1"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "mesh-key",
+            marks=pytest.mark.skipif(not ALL_TRUSTS, reason="make test-multihost runs it"),
+        ),
+        "mtls",
+    ]
+)
 def multihost(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MultiHost]:
     mesh = _start(tmp_path, tls=request.param == "mtls")
     try:
@@ -192,19 +207,19 @@ def test_sessions_fail_over_when_a_server_host_is_cut_off(multihost: MultiHost) 
         _env(),
     )  # fmt: skip
     try:
-        wait_for(lambda: _each_landed(progress, [], 5), timeout=90,
+        wait_for(lambda: _each_landed(progress, [], 3), timeout=90,
                  what="every conversation under way")  # fmt: skip
         server_a = multihost.host("server-a")
         cut_at, before_cut = time.time(), _progress(progress)
         server_a.link(up=False)
         # Every conversation keeps going while server-a is unreachable: the
         # sessions it owned moved to server-b.
-        wait_for(lambda: _each_landed(progress, before_cut, 5), timeout=90,
+        wait_for(lambda: _each_landed(progress, before_cut, 3), timeout=90,
                  what="every conversation landing turns during the cut")  # fmt: skip
         during_cut = sum(_progress(progress)) - sum(before_cut)
         server_a.link(up=True)
         restored_at, before_restore = time.time(), _progress(progress)
-        wait_for(lambda: _each_landed(progress, before_restore, 5), timeout=90,
+        wait_for(lambda: _each_landed(progress, before_restore, 3), timeout=90,
                  what="every conversation landing turns after the cable is back")  # fmt: skip
     except TimeoutError:
         raise AssertionError(_logs(multihost)) from None
@@ -226,4 +241,4 @@ def test_sessions_fail_over_when_a_server_host_is_cut_off(multihost: MultiHost) 
     assert report["lost"] == 0, report
     assert report["duplicated"] == 0, report
     assert report["out_of_order"] == 0, report
-    assert report["landed"] >= 8 * 15
+    assert report["landed"] >= 8 * 9
