@@ -61,6 +61,11 @@ class AgentRequest:
     session's prior messages in the OpenAI chat shape: ``{"role", "content"}``
     plus ``"tool_calls"`` on assistant messages that call tools and
     ``"tool_call_id"`` on tool messages.
+
+    ``session_id`` is unique in the whole mesh: ``PRINCIPAL/ID`` when the
+    session's principal is named (two tenants may both call a session
+    ``my-thread``), the bare id for the anonymous principal. Key any state
+    an agent keeps per session by it. ``principal`` names who owns it.
     """
 
     message: str
@@ -70,6 +75,7 @@ class AgentRequest:
     history: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     files: list[AgentFile] = field(default_factory=list)
+    principal: str = "anonymous"
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -85,6 +91,7 @@ class AgentRequest:
         history: list[dict[str, Any]] | None = None,
         metadata: dict[str, Any] | None = None,
         files: list[AgentFile] | None = None,
+        principal: str = "anonymous",
     ) -> AgentRequest:
         """Build a request whose ``message`` is ``messages`` coalesced."""
         return cls(
@@ -95,6 +102,7 @@ class AgentRequest:
             history=history if history is not None else [],
             metadata=metadata if metadata is not None else {},
             files=files if files is not None else [],
+            principal=principal,
         )
 
 

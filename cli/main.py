@@ -43,8 +43,18 @@ def _setting(
     model (the one source of defaults); ``TURNMESH_<ENV>`` sets it too, and a
     flag wins over the environment. Unset, the model's default applies."""
     info = model.model_fields[field]
-    parse = _scalar(info.annotation)
     raw = _env(env or field)
+    if info.annotation is bool:  # a switch: on with the flag or TURNMESH_X=1|true|yes
+        parser.add_argument(
+            flag,
+            dest=field,
+            action="store_const",
+            const=True,
+            default=True if (raw or "").lower() in ("1", "true", "yes") else None,
+            help=help or info.description,
+        )
+        return
+    parse = _scalar(info.annotation)
     default = info.get_default(call_default_factory=True)
     shown = "unset" if default is None else default
     parser.add_argument(
@@ -140,12 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(server, "--advertise-host", ServerConfig, "advertise_host")
     _setting(server, "--max-turns", ServerConfig, "max_turns_in_flight", env="max_turns")
     _setting(server, "--max-sessions", ServerConfig, "max_sessions")
+    _setting(server, "--max-sessions-per-principal", ServerConfig, "max_sessions_per_principal")
+    _setting(server, "--max-turns-per-principal", ServerConfig, "max_turns_per_principal")
     _setting(server, "--rate-limit", ServerConfig, "rate_limit")
     _setting(server, "--api-keys-file", ServerConfig, "api_keys_file")
     _setting(server, "--store", ServerConfig, "store")
     _setting(server, "--lease-seconds", ServerConfig, "lease_seconds")
     _setting(server, "--report-page-size", ServerConfig, "report_page_size")
     _setting(server, "--keepalive", ServerConfig, "keepalive_seconds", env="keepalive")
+    _setting(server, "--metrics-principal-label", ServerConfig, "metrics_principal_label")
     _setting(server, "--grace-seconds", ServerConfig, "grace_seconds")
 
     worker = sub.add_parser("worker", help="run a worker that hosts one agent")

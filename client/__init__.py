@@ -1,7 +1,7 @@
 """Typed Python clients for turnmesh's public SessionService.
 
 ``AsyncClient`` (asyncio first) and ``Client`` (blocking) offer the same calls
-with the same parameters: create a session, stream or send a turn, resume a
+with the same parameters: create and list sessions, stream or send a turn, resume a
 turn, cancel, history, delete, health. Errors are ``TurnmeshClientError``
 subclasses, one per row of the server's error table.
 """
@@ -23,8 +23,10 @@ from turnmesh.client.errors import (
     RequestCancelledError,
     ResourceExhaustedError,
     SessionBusyError,
+    SessionQuotaExceededError,
     TurnFailedError,
     TurnmeshClientError,
+    TurnQuotaExceededError,
     UnauthenticatedError,
     UnavailableError,
     UnimplementedError,
@@ -49,8 +51,10 @@ __all__ = [
     "RequestCancelledError",
     "ResourceExhaustedError",
     "SessionBusyError",
+    "SessionQuotaExceededError",
     "TurnFailedError",
     "TurnOptions",
+    "TurnQuotaExceededError",
     "TurnResult",
     "TurnmeshClientError",
     "UnauthenticatedError",

@@ -85,10 +85,36 @@ class Client:
             )
         return response.session
 
-    def get_session(self, session_id: str) -> spb.Session:
+    def list_sessions(
+        self,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        agent: str = "",
+        metadata: Mapping[str, str] | None = None,
+        principal: str = "",
+    ) -> spb.ListSessionsResponse:
+        """One page of the caller's sessions, newest first; pass the response's
+        ``next_page_token`` for the next (empty: no more). ``metadata``: only
+        sessions with every key=value; ``principal``: an admin listing another's."""
+        request = spb.ListSessionsRequest(
+            page_size=page_size,
+            page_token=page_token,
+            agent_name=agent,
+            metadata=[f"{k}={v}" for k, v in (metadata or {}).items()],
+            principal=principal,
+        )
+        with map_rpc_errors():
+            response: spb.ListSessionsResponse = self._stub.ListSessions(
+                request, metadata=self._metadata, timeout=self._timeout
+            )
+        return response
+
+    def get_session(self, session_id: str, *, principal: str = "") -> spb.Session:
+        """A session's summary; ``principal``: an admin reading another's."""
         with map_rpc_errors():
             response: spb.GetSessionResponse = self._stub.GetSession(
-                spb.GetSessionRequest(session_id=session_id),
+                spb.GetSessionRequest(session_id=session_id, principal=principal),
                 metadata=self._metadata,
                 timeout=self._timeout,
             )
@@ -103,10 +129,11 @@ class Client:
             )
         return response.deleted
 
-    def history(self, session_id: str) -> list[message_pb2.Message]:
+    def history(self, session_id: str, *, principal: str = "") -> list[message_pb2.Message]:
+        """A session's messages; ``principal``: an admin reading another's."""
         with map_rpc_errors():
             response: spb.GetHistoryResponse = self._stub.GetHistory(
-                spb.GetHistoryRequest(session_id=session_id),
+                spb.GetHistoryRequest(session_id=session_id, principal=principal),
                 metadata=self._metadata,
                 timeout=self._timeout,
             )

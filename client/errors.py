@@ -11,7 +11,9 @@ found by the status's ``ErrorInfo.reason`` first, then by its code::
     ├── AlreadyExistsError         ALREADY_EXISTS
     ├── PermissionDeniedError      PERMISSION_DENIED
     ├── ResourceExhaustedError     RESOURCE_EXHAUSTED (a server's limits; .retry_after)
-    │   └── RateLimitedError       RATE_LIMITED (this API key's request rate)
+    │   ├── RateLimitedError       RATE_LIMITED (this principal's request rate)
+    │   ├── SessionQuotaExceededError  SESSION_QUOTA_EXCEEDED (sessions per principal)
+    │   └── TurnQuotaExceededError     TURN_QUOTA_EXCEEDED (turns in flight per principal)
     ├── FailedPreconditionError    FAILED_PRECONDITION
     ├── AbortedError               ABORTED
     │   └── SessionBusyError       SESSION_BUSY (REJECT policy while a turn runs)
@@ -82,7 +84,15 @@ class ResourceExhaustedError(TurnmeshClientError):
 
 
 class RateLimitedError(ResourceExhaustedError):
-    """This API key's request rate was exceeded; retry after ``.retry_after``."""
+    """This principal's request rate was exceeded; retry after ``.retry_after``."""
+
+
+class SessionQuotaExceededError(ResourceExhaustedError):
+    """This principal holds as many sessions as it may: delete one first."""
+
+
+class TurnQuotaExceededError(ResourceExhaustedError):
+    """This principal runs as many turns at once as it may; retry after ``.retry_after``."""
 
 
 class FailedPreconditionError(TurnmeshClientError):
@@ -132,6 +142,8 @@ CLIENT_CLASSES: dict[type, type[TurnmeshClientError]] = {
     errors.PermissionDenied: PermissionDeniedError,
     errors.ResourceExhausted: ResourceExhaustedError,
     errors.RateLimited: RateLimitedError,
+    errors.SessionQuotaExceeded: SessionQuotaExceededError,
+    errors.TurnQuotaExceeded: TurnQuotaExceededError,
     errors.FailedPrecondition: FailedPreconditionError,
     errors.Aborted: AbortedError,
     errors.SessionBusy: SessionBusyError,

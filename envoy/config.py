@@ -48,6 +48,7 @@ INTERNAL_HEADERS = (
     "x-turnmesh-mesh-key",
     "x-turnmesh-internal",
     "x-turnmesh-unreachable",
+    "x-turnmesh-principal",
 )
 OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
 

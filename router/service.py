@@ -14,7 +14,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from turnmesh.router.state import MemberRecord, MemberSpec, Role, RouterState
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, NotFound
 from turnmesh.runtime.handlers import ServicerContext
-from turnmesh.runtime.ids import SESSION_ID_PATTERN
+from turnmesh.runtime.principals import SCOPED_ID_PATTERN
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import router_service_pb2_grpc
 
@@ -175,8 +175,8 @@ def _check_member_id(field: str, value: str) -> list[FieldViolation]:
 def _check_session_id(field: str, value: str) -> list[FieldViolation]:
     if not value:
         return [FieldViolation(field, "required")]
-    if not SESSION_ID_PATTERN.fullmatch(value):
-        return [FieldViolation(field, "must match [A-Za-z0-9._:-]{1,128}")]
+    if not SCOPED_ID_PATTERN.fullmatch(value):
+        return [FieldViolation(field, "must be a session id, scoped (PRINCIPAL/ID) or not")]
     return []
 
 

@@ -1,9 +1,20 @@
 """Public API keys: `Authorization: Bearer KEY`, checked against stored hashes.
 
 Keys come from configuration (plain, hashed at start) and/or a file that is
-re-read when it changes (no restart). A file line is a key, or ``sha256:HEX``
-for a key stored only as its hash; blank lines and ``#`` comments are skipped.
-A key is never logged, never echoed, never a metric label.
+re-read when it changes (no restart). Each key names a principal
+(``runtime.principals``): the sessions it creates are that principal's. A file
+line is one of::
+
+    KEY                           principal key-<first 16 hex of sha256(KEY)>
+    sha256:HEX                    the same key stored only as its hash
+    NAME<TAB>KEY[<TAB>admin]      principal NAME (several keys may share one)
+    NAME<TAB>sha256:HEX[<TAB>admin]
+
+so ``KEY`` and ``sha256:`` of it name the same principal, and a line without a
+tab means what it always did (a bearer token holds no whitespace, RFC 6750).
+Blank lines and ``#`` comments are skipped. A malformed line refuses the file
+at start, and keeps the keys loaded before on a reload; the message names the
+line's number, never its text. A key is never logged, echoed or a metric label.
 """
 
 from __future__ import annotations
@@ -16,6 +27,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from turnmesh.runtime.principals import ADMIN, ANONYMOUS, PRINCIPAL_PATTERN, Principal
+
 log = logging.getLogger(__name__)
 
 RELOAD_CHECK_SECONDS = 1.0
@@ -25,11 +38,56 @@ def key_hash(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+def derived_principal(digest: bytes) -> Principal:
+    """The principal of a key given without a name: from its hash."""
+    return Principal(f"key-{digest.hex()[:16]}")
+
+
+class KeysFileError(ValueError):
+    """A line of the keys file that is not a key (its number, not its text)."""
+
+
+def parse_keys(text: str) -> dict[bytes, Principal]:
+    keys: dict[bytes, Principal] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        try:
+            if len(fields) == 1:
+                digest = _digest(fields[0])
+                keys[digest] = derived_principal(digest)
+                continue
+            if len(fields) not in (2, 3) or (len(fields) == 3 and fields[2].strip() != ADMIN):
+                raise ValueError("expected NAME<TAB>KEY or NAME<TAB>KEY<TAB>admin")
+            name = fields[0].strip()
+            if not PRINCIPAL_PATTERN.fullmatch(name) or name == ANONYMOUS:
+                raise ValueError(
+                    "a principal is 1-64 characters of A-Z a-z 0-9 . _ @ - (not 'anonymous')"
+                )
+            keys[_digest(fields[1].strip())] = Principal(name, admin=len(fields) == 3)
+        except ValueError as error:
+            raise KeysFileError(f"line {number}: {error}") from None
+    return keys
+
+
+def _digest(field: str) -> bytes:
+    if not field or any(c.isspace() for c in field):
+        raise ValueError("a key is one token without spaces")
+    if field.startswith("sha256:"):
+        digest = bytes.fromhex(field.removeprefix("sha256:"))  # ValueError if not hex
+        if len(digest) != 32:
+            raise ValueError("sha256: takes 64 hex digits")
+        return digest
+    return key_hash(field)
+
+
 class ApiKeys:
     def __init__(self, keys: Iterable[str] = (), file: str | None = None) -> None:
-        self._static = {key_hash(k) for k in keys if k}
+        self._static = {key_hash(k): derived_principal(key_hash(k)) for k in keys if k}
         self._file = Path(file) if file else None
-        self._file_hashes: set[bytes] = set()
+        self._file_keys: dict[bytes, Principal] = {}
         self._file_stamp: int | None = None
         self._checked = 0.0
         if self._file is not None:
@@ -38,21 +96,25 @@ class ApiKeys:
     @property
     def configured(self) -> bool:
         self._maybe_reload()
-        return bool(self._static or self._file_hashes or self._file is not None)
+        return bool(self._static or self._file_keys or self._file is not None)
 
     def check(self, presented: str) -> bool:
         return self.match(presented) is not None
 
-    def match(self, presented: str) -> bytes | None:
-        """The stored hash the key matches (it names the key in rate limits,
-        never the key itself), or None. Constant time per stored key."""
+    def match(self, presented: str) -> Principal | None:
+        """The principal of the key, or None. Constant time per stored key."""
         self._maybe_reload()
         digest = key_hash(presented)
-        matched: bytes | None = None
-        for stored in (*self._static, *self._file_hashes):
+        matched: Principal | None = None
+        for stored, principal in (*self._static.items(), *self._file_keys.items()):
             if hmac.compare_digest(digest, stored):
-                matched = stored
+                matched = principal
         return matched
+
+    def principals(self) -> set[str]:
+        """The names of every principal a key names."""
+        self._maybe_reload()
+        return {p.name for p in (*self._static.values(), *self._file_keys.values())}
 
     def _maybe_reload(self) -> None:
         if self._file is None or time.monotonic() - self._checked < RELOAD_CHECK_SECONDS:
@@ -64,25 +126,21 @@ class ApiKeys:
         self._checked = time.monotonic()
         try:
             stamp = os.stat(self._file).st_mtime_ns
-        except OSError:
+            if not force and stamp == self._file_stamp:
+                return
+            keys = parse_keys(self._file.read_text())
+        except (OSError, UnicodeDecodeError, KeysFileError) as error:
+            reason = error if isinstance(error, KeysFileError) else "cannot read it"
             if force:
-                raise SystemExit(f"cannot read the API keys file {self._file}") from None
-            log.warning("the API keys file %s is gone; keeping the keys loaded before", self._file)
+                raise SystemExit(f"the API keys file {self._file}: {reason}") from None
+            log.warning(
+                "the API keys file %s: %s; keeping the keys loaded before", self._file, reason
+            )
+            self._file_stamp = None if isinstance(error, OSError) else stamp
             return
-        if not force and stamp == self._file_stamp:
-            return
-        hashes = set()
-        for line in self._file.read_text().splitlines():
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("sha256:"):
-                hashes.add(bytes.fromhex(line.removeprefix("sha256:")))
-            else:
-                hashes.add(key_hash(line))
-        self._file_hashes = hashes
+        self._file_keys = keys
         self._file_stamp = stamp
-        log.info("loaded %d API keys from %s", len(hashes), self._file)
+        log.info("loaded %d API keys from %s", len(keys), self._file)
 
 
 def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:

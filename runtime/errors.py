@@ -16,7 +16,9 @@ the typed client's exceptions and the compatibility surfaces.
     │   └── IdempotencyKeyReused  reason IDEMPOTENCY_KEY_REUSED  idempotency-key-reused
     ├── PermissionDenied    PERMISSION_DENIED    403  permission-denied
     ├── ResourceExhausted   RESOURCE_EXHAUSTED   429  resource-exhausted (Retry-After)
-    │   └── RateLimited       reason RATE_LIMITED     rate-limited       (Retry-After)
+    │   ├── RateLimited       reason RATE_LIMITED     rate-limited       (Retry-After)
+    │   ├── SessionQuotaExceeded  reason SESSION_QUOTA_EXCEEDED  (Retry-After)
+    │   └── TurnQuotaExceeded     reason TURN_QUOTA_EXCEEDED     (Retry-After)
     ├── FailedPrecondition  FAILED_PRECONDITION  400  failed-precondition
     │   └── HistoryMiss       reason HISTORY_MISS     history-miss       (worker to server)
     ├── Aborted             ABORTED              409  aborted
@@ -259,6 +261,22 @@ class ResourceExhausted(TurnmeshError):
 class RateLimited(ResourceExhausted):
     slug = "rate-limited"
     title = "Rate limit exceeded"
+
+
+class SessionQuotaExceeded(ResourceExhausted):
+    """The caller's principal holds as many sessions as it may."""
+
+    slug = "session-quota-exceeded"
+    title = "Session quota exceeded"
+    # Sessions free up when deleted or expired, not within a second.
+    default_retry_after = 30
+
+
+class TurnQuotaExceeded(ResourceExhausted):
+    """The caller's principal runs as many turns at once as it may."""
+
+    slug = "turn-quota-exceeded"
+    title = "Turn quota exceeded"
 
 
 class FailedPrecondition(TurnmeshError):

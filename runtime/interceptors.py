@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
+from turnmesh.runtime import principals
 from turnmesh.runtime.auth import ApiKeys, bearer
 from turnmesh.runtime.errors import RateLimited, TurnmeshError, Unauthenticated
 from turnmesh.runtime.handlers import (
@@ -19,6 +21,11 @@ from turnmesh.runtime.handlers import (
     Stream,
     Unary,
     wrap,
+)
+from turnmesh.runtime.principals import (
+    ANONYMOUS_PRINCIPAL,
+    PRINCIPAL_METADATA,
+    Principal,
 )
 from turnmesh.runtime.ratelimit import TokenBuckets
 
@@ -99,10 +106,11 @@ class MeshKeyInterceptor(ServerInterceptor):
 
 class ApiKeyInterceptor(ServerInterceptor):
     """Requires a public API key (`Authorization: Bearer KEY`) on every method
-    but the open ones, when keys are configured, and holds each key to its
-    request rate. Calls from mesh members (they hold the mesh key) and this
-    server's own calls to itself (its internal token) pass: the call that led
-    to them was checked already."""
+    but the open ones, when keys are configured; sets the call's principal
+    (``runtime.principals``: the key's, or the anonymous one) and holds each
+    principal to its request rate. Calls from mesh members (they hold the mesh
+    key) and this server's own calls to itself (its internal token) pass: the
+    call that led to them was checked already, and they name its principal."""
 
     def __init__(
         self,
@@ -122,26 +130,54 @@ class ApiKeyInterceptor(ServerInterceptor):
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> MethodHandler | None:
+        # Set on every call (each runs in a task of its own), so no call can
+        # see another's principal.
+        principals.set_current(ANONYMOUS_PRINCIPAL)
         method = handler_call_details.method
-        if not self._keys.configured or method in self._open or method.startswith(OPEN_PREFIXES):
+        if method in self._open or method.startswith(OPEN_PREFIXES):
             return await continuation(handler_call_details)
         metadata = handler_call_details.invocation_metadata or ()
-        if self._mesh_key is not None and has_mesh_key(metadata, self._mesh_key):
+        if self._trusted(metadata):
+            named = _named_principal(metadata)
+            if named is None:
+                return await _denied(
+                    continuation, handler_call_details, Unauthenticated("a bad principal header")
+                )
+            principals.set_current(named)
             return await continuation(handler_call_details)
-        if self._internal is not None and _has(metadata, INTERNAL_METADATA, self._internal):
+        if not self._keys.configured:
             return await continuation(handler_call_details)
         presented = bearer(metadata)
-        matched = self._keys.match(presented) if presented else None
-        if matched is None:
+        principal = self._keys.match(presented) if presented else None
+        if principal is None:
             reason = "a valid API key is required" if presented else "an API key is required"
             return await _denied(continuation, handler_call_details, Unauthenticated(reason))
-        if self._rates is not None and self._rates.take(matched) > 0:
+        principals.set_current(principal)
+        if self._rates is not None and (wait := self._rates.take(principal.name.encode())) > 0:
             return await _denied(
                 continuation,
                 handler_call_details,
-                RateLimited(f"this key may make {self._rates.rate:g} requests a second"),
+                RateLimited(
+                    f"this caller may make {self._rates.rate:g} requests a second",
+                    retry_after=max(1, math.ceil(wait)),
+                    metadata={"limit": "requests_per_second"},
+                ),
             )
         return await continuation(handler_call_details)
+
+    def _trusted(self, metadata: Any) -> bool:
+        """A mesh member's or this server's own call: it may name a principal."""
+        return (self._mesh_key is not None and has_mesh_key(metadata, self._mesh_key)) or (
+            self._internal is not None and _has(metadata, INTERNAL_METADATA, self._internal)
+        )
+
+
+def _named_principal(metadata: Any) -> Principal | None:
+    """The principal a trusted call names (anonymous if it names none)."""
+    for key, value in metadata:
+        if key == PRINCIPAL_METADATA:
+            return Principal.from_header(value) if isinstance(value, str) else None
+    return ANONYMOUS_PRINCIPAL
 
 
 INTERNAL_METADATA = "x-turnmesh-internal"

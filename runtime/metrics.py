@@ -1,7 +1,8 @@
 """Prometheus metrics of every component, served on its metrics port.
 
 Labels are outcomes, policies, roles and operation names: never a key, a
-session id or message content.
+session id or message content; principals only when the operator asks
+(``--metrics-principal-label``), since tenants can be many.
 """
 
 from __future__ import annotations
@@ -10,6 +11,12 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 # Session servers.
 TURNS = Counter("turnmesh_turns", "Turns that ended, by outcome and policy", ["outcome", "policy"])
+# Only with --metrics-principal-label: one series per principal and outcome.
+PRINCIPAL_TURNS = Counter(
+    "turnmesh_principal_turns",
+    "Turns that ended, by principal and outcome",
+    ["principal", "outcome"],
+)
 TURN_SECONDS = Histogram("turnmesh_turn_duration_seconds", "Turn wall time")
 FIRST_EVENT_SECONDS = Histogram(
     "turnmesh_time_to_first_event_seconds",

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import math
 import secrets
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import grpc
 
@@ -16,6 +16,7 @@ from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import ApiKeyInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
 from turnmesh.runtime.metrics import serve_metrics
+from turnmesh.runtime.principals import ANONYMOUS
 from turnmesh.runtime.ratelimit import TokenBuckets
 from turnmesh.runtime.serving import (
     GrpcProcess,
@@ -39,6 +40,9 @@ from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import session_service_pb2 as spb
+
+if TYPE_CHECKING:
+    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +100,11 @@ class SessionServer:
                 " servers forward calls to each other with it, never with a caller's key"
             )
         transport = Transport.from_files(c.tls)
-        self.store = open_store(c.store, c.event_log_ttl_seconds)
+        # Sessions from before principals belong to the one principal of a
+        # mesh with one (its users keep them), else to the anonymous one.
+        named = self.api_keys.principals()
+        legacy = next(iter(named)) if len(named) == 1 else ANONYMOUS
+        self.store = open_store(c.store, c.event_log_ttl_seconds, legacy)
         self._opened.push_async_callback(self.store.close)
         await self.store.open()
         # A shared store decides who owns a session, by lease.
@@ -146,6 +154,7 @@ class SessionServer:
             # mTLS alone proves a peer is in the mesh, but only a caller's key
             # opens it; a mesh key opens it by itself.
             forward_credentials=bool(c.tls) and not c.mesh_key,
+            other_servers=self._other_servers,
         )
         # The compatibility surfaces are clients of this server's own public API.
         self._compat_mesh = Mesh()
@@ -196,6 +205,9 @@ class SessionServer:
         self._tasks.append(asyncio.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
         log.info("session server %s listening on %s", self.member_id, address)
+
+    async def _other_servers(self) -> list[SessionServiceAsyncStub]:
+        return [self.router.stub(owner) for owner in await self.router.other_servers()]
 
     async def _become_ready(self) -> None:
         assert self._membership is not None and self._process is not None

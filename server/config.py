@@ -48,6 +48,29 @@ class SessionLimits(BaseModel):
     max_queued_per_session: int = Field(
         default=64, gt=0, description="turns waiting on one session before new ones get 429"
     )
+    max_sessions_per_principal: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "sessions one principal may hold before its creates get 429"
+            " SESSION_QUOTA_EXCEEDED; with a Redis store, in the whole mesh"
+        ),
+    )
+    max_turns_per_principal: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "turns one principal may have running or queued on a server before new"
+            " ones get 429 TURN_QUOTA_EXCEEDED"
+        ),
+    )
+    metrics_principal_label: bool = Field(
+        default=False,
+        description=(
+            "label turn metrics with the principal (one series per principal: only"
+            " with a bounded number of them)"
+        ),
+    )
 
 
 class ServerConfig(MemberConfig, SessionLimits):
@@ -71,10 +94,15 @@ class ServerConfig(MemberConfig, SessionLimits):
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = Field(
         default=None,
-        description="public API keys, one per line (or sha256:HEX); re-read when it changes",
+        description=(
+            "public API keys, one per line: KEY, sha256:HEX, or NAME<TAB>KEY[<TAB>admin] to"
+            " name the key's principal; re-read when it changes"
+        ),
     )
     rate_limit: float | None = Field(
-        default=None, gt=0, description="requests a second allowed per API key (429 beyond it)"
+        default=None,
+        gt=0,
+        description="requests a second allowed per principal on each server (429 beyond it)",
     )
     report_page_size: int = Field(
         default=5_000,

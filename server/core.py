@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
@@ -20,11 +21,15 @@ from turnmesh.runtime.errors import (
     IdempotencyKeyReused,
     NotFound,
     ResourceExhausted,
+    SessionQuotaExceeded,
+    TurnQuotaExceeded,
     Unavailable,
 )
 from turnmesh.runtime.ids import new_id
+from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.listing import MAX_PAGE_SIZE, SCAN_BUDGET, Filters, Page, Position
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now
@@ -67,11 +72,18 @@ class SessionCore:
             store,
         )
         self._turns: dict[str, SessionTurns] = {}
+        # Turns running or queued here, per principal (its turn quota).
+        self._in_flight: Counter[str] = Counter()
         self.draining = False
         # Told when sessions are created here and when they go.
         self.ownership = ownership or SessionOwnership("")
         # A turn whose commit was fenced off: the session is no longer ours.
-        self.runner = TurnRunner(store, workers, on_lost=self.ownership.release)
+        self.runner = TurnRunner(
+            store,
+            workers,
+            on_lost=self.ownership.release,
+            principal_label=limits.metrics_principal_label,
+        )
 
     # Sessions ---------------------------------------------------------------
 
@@ -100,18 +112,24 @@ class SessionCore:
             await self.ownership.unassign(session_id)
             raise
 
-    async def check_capacity(self) -> None:
-        """Refuse a create at once when a store every server shares is full
-        (its count is the mesh's): no route is asked for, none is left."""
+    async def check_capacity(self, principal: str) -> None:
+        """Refuse a create at once when a store every server shares is full,
+        or holds the principal's quota (its counts are the mesh's): no route
+        is asked for, none is left."""
         if self.store.shared:
-            await self._has_room()
+            await self._has_room(principal)
 
-    async def _has_room(self) -> None:
+    async def _has_room(self, principal: str) -> None:
         if await self.store.count() >= self.limits.max_sessions:
             raise ResourceExhausted(
                 f"the mesh holds its maximum of {self.limits.max_sessions} sessions"
                 if self.store.shared
                 else f"this server holds its maximum of {self.limits.max_sessions} sessions"
+            )
+        quota = self.limits.max_sessions_per_principal
+        if quota is not None and await self.store.count_of(principal) >= quota:
+            raise SessionQuotaExceeded(
+                f"this caller holds its maximum of {quota} sessions; delete one first"
             )
 
     async def _create(
@@ -122,8 +140,8 @@ class SessionCore:
         messages: list[message_pb2.Message] | None,
     ) -> spb.Session:
         agent = await self.require_agent(agent_name)
-        if not self.store.shared:  # a shared store's count was checked before routing
-            await self._has_room()
+        if not self.store.shared:  # a shared store's counts were checked before routing
+            await self._has_room(principal_of(session_id))
         t = now()
         record = SessionRecord(
             session_id=session_id or new_id(),
@@ -142,7 +160,7 @@ class SessionCore:
         record = await self.store.get(session_id)
         if record is None:
             self.ownership.release(session_id)
-            raise NotFound(f"session {session_id!r} not found")
+            raise NotFound(f"session {public_id(session_id)!r} not found")
         return record
 
     async def holds(self, session_id: str) -> bool:
@@ -183,11 +201,12 @@ class SessionCore:
 
     # Turns ------------------------------------------------------------------
 
-    async def start_turn(self, request: spb.TurnRequest) -> TurnLog:
-        """Place a turn under its policy; returns the log its caller follows."""
+    async def start_turn(self, request: spb.TurnRequest, session_id: str = "") -> TurnLog:
+        """Place a turn of the session (its scoped id; the request's id if
+        unset) under its policy; returns the log its caller follows."""
         if self.draining:
             raise Unavailable("this server is shutting down; retry on another")
-        record = await self.get_record(request.session_id)
+        record = await self.get_record(session_id or request.session_id)
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
         key = request.idempotency_key
@@ -219,7 +238,13 @@ class SessionCore:
             )
         if turns.queued >= self.limits.max_queued_per_session:
             raise ResourceExhausted(
-                f"session {record.session_id!r} has {turns.queued} turns waiting already"
+                f"session {public_id(record.session_id)!r} has {turns.queued} turns waiting already"
+            )
+        quota = self.limits.max_turns_per_principal
+        principal = principal_of(record.session_id)
+        if quota is not None and self._in_flight[principal] >= quota:
+            raise TurnQuotaExceeded(
+                f"this caller has its maximum of {quota} turns running or waiting here"
             )
         arrived = turns.turn_for_key(key) if key else None
         if arrived is not None and arrived.turn_id != earlier:
@@ -255,7 +280,9 @@ class SessionCore:
     def _session_turns(self, record: SessionRecord) -> SessionTurns:
         turns = self._turns.get(record.session_id)
         if turns is None:
-            turns = SessionTurns(record.session_id, record.agent_name, self.runner, self.logs)
+            turns = SessionTurns(
+                record.session_id, record.agent_name, self.runner, self.logs, self._in_flight
+            )
             self._turns[record.session_id] = turns
         return turns
 
@@ -267,7 +294,7 @@ class SessionCore:
             return tlog.state
         turns = self._turns.get(session_id)
         if turns is None:
-            raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found")
+            raise NotFound(f"turn {turn_id!r} of session {public_id(session_id)!r} not found")
         return turns.cancel(turn_id, reason)
 
     async def subscribe(
@@ -292,6 +319,31 @@ class SessionCore:
         return tlog.follow(
             after_seq, self.limits.keepalive_seconds, abandoned if on_disconnect_cancel else None
         )
+
+    async def list_sessions(
+        self, principal: str, before: Position | None, size: int, wanted: Filters
+    ) -> Page[spb.Session]:
+        """A page of the principal's sessions in this server's store, those
+        the filters keep; looks at no more than ``SCAN_BUDGET`` sessions past
+        a full page's worth (the page may then hold fewer, with a token)."""
+        items: list[tuple[Position, spb.Session]] = []
+        cursor, scanned = before, 0
+        batch_size = size if wanted == Filters() else MAX_PAGE_SIZE
+        while True:
+            batch = await self.store.list_sessions(principal, cursor, batch_size)
+            for index, (at, record) in enumerate(batch.items):
+                scanned += 1
+                if not wanted.match(record.agent_name, record.metadata):
+                    continue
+                items.append((at, self._to_proto(record)))
+                if len(items) == size:
+                    last = index == len(batch.items) - 1 and batch.frontier is None
+                    return Page(items, None if last else at)
+            if batch.frontier is None:
+                return Page(items, None)
+            cursor = batch.frontier
+            if scanned >= SCAN_BUDGET:
+                return Page(items, cursor)
 
     @property
     def running_turns(self) -> int:
@@ -334,7 +386,7 @@ class SessionCore:
         turns = self._turns.get(record.session_id)
         running = turns.running if turns else None
         session = spb.Session(
-            session_id=record.session_id,
+            session_id=public_id(record.session_id),
             agent_name=record.agent_name,
             message_count=record.message_count,
             turn_running=running is not None,

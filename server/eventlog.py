@@ -17,6 +17,7 @@ from typing import Protocol
 
 from turnmesh.runtime.errors import NotFound, OutOfRange, TurnError
 from turnmesh.runtime.events import TERMINAL_TYPES, now_ms
+from turnmesh.runtime.principals import public_id
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -31,6 +32,8 @@ class TurnLog:
         self, session_id: str, turn_id: str, max_events: int, sink: EventSink | None = None
     ) -> None:
         self.session_id = session_id
+        # What callers see: the session's public id.
+        self._thread_id = public_id(session_id)
         self.turn_id = turn_id
         self.state: spb.TurnState.ValueType = spb.TURN_STATE_QUEUED
         self._events: list[event_pb2.Event] = []
@@ -80,7 +83,7 @@ class TurnLog:
     def stamp(self, event: event_pb2.Event) -> event_pb2.Event:
         """Give the event the seq and ids it gets when appended next."""
         event.seq = self._next_seq
-        event.thread_id = self.session_id
+        event.thread_id = self._thread_id
         event.run_id = self.turn_id
         if not event.timestamp:
             event.timestamp = now_ms()
@@ -181,7 +184,7 @@ class TurnLog:
     def _keepalive(self) -> event_pb2.Event:
         event = event_pb2.Event(
             type=event_pb2.CUSTOM,
-            thread_id=self.session_id,
+            thread_id=public_id(self.session_id),
             run_id=self.turn_id,
             timestamp=now_ms(),
             name="keepalive",
@@ -222,7 +225,9 @@ class EventLogs:
         self._evict(self._by_session.get(session_id, OrderedDict()))
         log = self._by_session.get(session_id, OrderedDict()).get(turn_id)
         if log is None:
-            raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found or expired")
+            raise NotFound(
+                f"turn {turn_id!r} of session {public_id(session_id)!r} not found or expired"
+            )
         return log
 
     async def find(self, session_id: str, turn_id: str) -> TurnLog:
@@ -240,7 +245,9 @@ class EventLogs:
         except NotFound:
             pass
         if not events:
-            raise NotFound(f"turn {turn_id!r} of session {session_id!r} not found or expired")
+            raise NotFound(
+                f"turn {turn_id!r} of session {public_id(session_id)!r} not found or expired"
+            )
         restored = TurnLog.restore(session_id, turn_id, events, self._max_events, self._sink)
         if not restored.done and not await self._store.abandon_turn(session_id, turn_id):
             # Its owner committed it just now: the store has the whole turn.

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.principals import public_id
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class Leases:
                 return Mine(token)
             attempts += 1
             if attempts >= CLAIM_ATTEMPTS:
-                raise Unavailable(f"session {session_id!r} is changing owner; retry")
+                raise Unavailable(f"session {public_id(session_id)!r} is changing owner; retry")
 
     async def still_mine(self, tokens: dict[str, str]) -> set[str]:
         """Which of these sessions still carry our token."""

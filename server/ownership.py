@@ -25,6 +25,7 @@ from typing import Protocol
 
 from turnmesh.router.state import OWNER_AWAY
 from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.principals import public_id
 from turnmesh.server.leases import HELD_ELSEWHERE, Claim, HeldBy, Leases, Mine, Missing, Owner
 
 __all__ = ["LOCAL", "Forward", "Local", "Owner", "Placement", "Router", "SessionOwnership"]
@@ -132,7 +133,7 @@ class SessionOwnership:
         token = self._owned.get(session_id)
         if token is None or token != owner:
             self.release(session_id)
-            raise Unavailable(f"session {session_id!r} moved to another server; retry")
+            raise Unavailable(f"session {public_id(session_id)!r} moved to another server; retry")
         return token
 
     def owned(self) -> list[str]:
@@ -198,7 +199,8 @@ class SessionOwnership:
         claim = await self._take(session_id, wait_for=unreachable)
         if isinstance(claim, HeldBy):
             raise Unavailable(
-                f"session {session_id!r} is held by server {claim.owner.member_id}; retry there",
+                f"session {public_id(session_id)!r} is held by server"
+                f" {claim.owner.member_id}; retry there",
                 reason=HELD_ELSEWHERE,
                 metadata={
                     "owner_id": claim.owner.member_id,
@@ -313,8 +315,8 @@ class SessionOwnership:
             return LOCAL  # not found here
         if unreachable is not None and claim.owner.member_id == unreachable.member_id:
             raise Unavailable(
-                f"the server holding session {session_id!r} cannot be reached and its lease"
-                " has not lapsed; retry"
+                f"the server holding session {public_id(session_id)!r} cannot be reached and"
+                " its lease has not lapsed; retry"
             )
         self._routes[session_id] = claim.owner
         return Forward(claim.owner)

@@ -69,6 +69,24 @@ class RouterClient:
         except grpc.aio.AioRpcError as exc:
             log.debug("could not tell the router %s is gone: %s", session_id, exc.code())
 
+    async def other_servers(self) -> list[Owner]:
+        """Every other session server the router lists (draining ones too:
+        they still hold their sessions)."""
+        try:
+            response = await self._membership.router.ListMembers(
+                rpb.ListMembersRequest(
+                    role=rpb.MEMBER_ROLE_SERVER,
+                    caller_member_id=self._membership.member.member_id,
+                ),
+                metadata=self._membership.metadata,
+                timeout=ROUTER_CALL_SECONDS,
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("router could not list the servers: %s", exc.code())
+            raise Unavailable("the mesh router is unavailable") from exc
+        me = self._membership.member.member_id
+        return [Owner(m.member_id, m.address) for m in response.members if m.member_id != me]
+
     def stub(self, owner: Owner) -> SessionServiceAsyncStub:
         """A stub for another server (one channel per address, kept)."""
         channel = self._channels.get(owner.address)

@@ -22,6 +22,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from turnmesh.runtime import metrics, tracing
 from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, Unavailable, from_rpc_error
 from turnmesh.runtime.events import sum_usage
+from turnmesh.runtime.principals import principal_of
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.history import HistoryBuilder
 from turnmesh.server.store import SessionStore, TurnAbandoned, now
@@ -86,10 +87,14 @@ class TurnRunner:
         store: SessionStore,
         workers: WorkerPool,
         on_lost: Callable[[str], None] = lambda session_id: None,
+        *,
+        principal_label: bool = False,
     ) -> None:
         self._store = store
         self._workers = workers
         self._on_lost = on_lost
+        # Count turns per principal too (--metrics-principal-label).
+        self.principal_label = principal_label
         self.inflight = 0
 
     async def run(self, session_id: str, agent_name: str, turn: PendingTurn) -> None:
@@ -225,8 +230,12 @@ class TurnRunner:
         outcome = Outcome.of(turn.log.state)
         elapsed = time.monotonic() - run.started
         metrics.TURNS.labels(outcome.value, turn.policy).inc()
+        principal = principal_of(session_id)
+        if self.principal_label:
+            metrics.PRINCIPAL_TURNS.labels(principal, outcome.value).inc()
         metrics.TURN_SECONDS.observe(elapsed)
         fields: dict[str, object] = {
+            "principal": principal,
             "session_id": session_id,
             "turn_id": turn.turn_id,
             "status": outcome.value,

@@ -4,18 +4,21 @@ converts to and from the protos."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
-from turnmesh.runtime import tracing
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime import principals, tracing
+from turnmesh.runtime.errors import FieldViolation, InvalidArgument, PermissionDenied, Unavailable
 from turnmesh.runtime.handlers import ServicerContext as Context
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
-from turnmesh.server import validation
+from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_METADATA, PRINCIPAL_PATTERN
+from turnmesh.server import listing, validation
 from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import (
     FORWARDED_METADATA,
@@ -32,10 +35,13 @@ from turnmesh.v1.session_service_pb2_grpc import SessionServiceServicer
 if TYPE_CHECKING:
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as Stub
 
+log = logging.getLogger(__name__)
 Response = TypeVar("Response")
 Metadata = tuple[tuple[str, str], ...]
 # What a forwarded call's error keeps of the owner's trailers.
 PASSED_TRAILERS = frozenset({"grpc-status-details-bin", "retry-after"})
+# How long a listing waits for each other server (memory and SQLite stores).
+LIST_CALL_SECONDS = 5.0
 
 
 class SessionServicer(SessionServiceServicer):
@@ -49,6 +55,7 @@ class SessionServicer(SessionServiceServicer):
         router_connected: Callable[[], bool] = lambda: False,
         mesh_key: str | None = None,
         forward_credentials: bool = False,
+        other_servers: Callable[[], Awaitable[list[Stub]]] | None = None,
     ) -> None:
         self._core = core
         self._ownership = ownership
@@ -57,6 +64,7 @@ class SessionServicer(SessionServiceServicer):
         self._router_connected = router_connected
         self._mesh_key = mesh_key
         self._forward_credentials = forward_credentials
+        self._other_servers = other_servers
         self._started = time.monotonic()
 
     # Where a call runs ------------------------------------------------------
@@ -95,7 +103,39 @@ class SessionServicer(SessionServiceServicer):
         )
         mesh = ((MESH_KEY_METADATA, self._mesh_key),) if self._mesh_key else ()
         member = self._ownership.member_id
-        return ((FORWARDED_METADATA, member), *mesh, *passed, *tracing.inject())
+        # The principal the call acts for: the receiver believes it only
+        # beside the mesh key (with mTLS alone it reads the caller's key).
+        principal = ((PRINCIPAL_METADATA, principals.current().header()),)
+        return ((FORWARDED_METADATA, member), *mesh, *principal, *passed, *tracing.inject())
+
+    # Whose sessions --------------------------------------------------------
+
+    @staticmethod
+    def _principal(named: str = "") -> str:
+        """The principal whose sessions a call reads: the caller's, or the one
+        an admin names."""
+        caller = principals.current()
+        if not named or named == caller.name:
+            return caller.name
+        if not caller.admin:
+            raise PermissionDenied("only an admin may name another principal")
+        if named != ANONYMOUS and not PRINCIPAL_PATTERN.fullmatch(named):
+            raise InvalidArgument([FieldViolation("principal", "not a principal name")])
+        return named
+
+    @staticmethod
+    def _audit(principal: str, what: str, session_id: str = "") -> None:
+        """Log an admin's read of another principal's sessions (on the server
+        that serves it, once)."""
+        caller = principals.current()
+        if principal != caller.name:
+            log.info(
+                "admin %s read %s of principal %s",
+                caller.name,
+                what,
+                principal,
+                extra={"principal": caller.name, "session_id": session_id, "audit": what},
+            )
 
     async def _unary(
         self,
@@ -157,83 +197,135 @@ class SessionServicer(SessionServiceServicer):
         validation.validate_create_session(request)
         if not request.session_id:
             request.session_id = new_id()
+        sid = principals.scoped(principals.current().name, request.session_id)
         # Before an owner is assigned, so a refused create costs the router nothing.
         await self._core.require_agent(request.agent_name)
-        await self._core.check_capacity()
+        await self._core.check_capacity(principals.principal_of(sid))
 
         async def local() -> spb.CreateSessionResponse:
             session = await self._core.create_session(
-                request.session_id, request.agent_name, request.metadata, list(request.messages)
+                sid, request.agent_name, request.metadata, list(request.messages)
             )
             return spb.CreateSessionResponse(session=session)
 
         return await self._unary(
-            request.session_id,
+            sid,
             context,
             lambda stub, md: stub.CreateSession(request, metadata=md),
             local,
             assign=True,
         )
 
+    async def ListSessions(
+        self, request: spb.ListSessionsRequest, context: Context
+    ) -> spb.ListSessionsResponse:
+        size = listing.page_size(request.page_size)
+        wanted = listing.filters(request.agent_name, list(request.metadata))
+        before = listing.decode_token(request.page_token)
+        principal = self._principal(request.principal)
+        if self._core.store.shared or self._forwarded(context):
+            page = await self._core.list_sessions(principal, before, size, wanted)
+            self._audit(principal, "the session list")
+        else:
+            # Each server holds its own sessions: ask every one, merge.
+            page = await self._list_everywhere(request, context, principal, before, size, wanted)
+        return spb.ListSessionsResponse(
+            sessions=[session for _, session in page.items],
+            next_page_token=listing.encode_token(page.frontier),
+        )
+
+    async def _list_everywhere(
+        self,
+        request: spb.ListSessionsRequest,
+        context: Context,
+        principal: str,
+        before: listing.Position | None,
+        size: int,
+        wanted: listing.Filters,
+    ) -> listing.Page[spb.Session]:
+        asked = spb.ListSessionsRequest()
+        asked.CopyFrom(request)
+        asked.page_size = size
+        metadata = self._forward_metadata(context)
+
+        async def remote(stub: Stub) -> listing.Page[spb.Session] | None:
+            try:
+                answer = await stub.ListSessions(
+                    asked, metadata=metadata, timeout=LIST_CALL_SECONDS
+                )
+            except grpc.aio.AioRpcError as exc:
+                # Its sessions cannot be used until it is back either.
+                log.warning("a server did not list its sessions: %s", exc.code().name)
+                return None
+            return listing.Page(
+                [(listing.session_position(s), s) for s in answer.sessions],
+                listing.decode_token(answer.next_page_token),
+            )
+
+        servers = await self._other_servers() if self._other_servers else []
+        pages = await asyncio.gather(
+            self._core.list_sessions(principal, before, size, wanted),
+            *(remote(stub) for stub in servers),
+        )
+        self._audit(principal, "the session list")
+        return listing.merge([p for p in pages if p is not None], size)
+
     async def GetSession(
         self, request: spb.GetSessionRequest, context: Context
     ) -> spb.GetSessionResponse:
         validation.validate_session_id(request.session_id)
+        principal = self._principal(request.principal)
+        sid = principals.scoped(principal, request.session_id)
 
         async def local() -> spb.GetSessionResponse:
-            return spb.GetSessionResponse(session=await self._core.get_session(request.session_id))
+            self._audit(principal, "a session", sid)
+            return spb.GetSessionResponse(session=await self._core.get_session(sid))
 
         return await self._unary(
-            request.session_id,
-            context,
-            lambda stub, md: stub.GetSession(request, metadata=md),
-            local,
+            sid, context, lambda stub, md: stub.GetSession(request, metadata=md), local
         )
 
     async def DeleteSession(
         self, request: spb.DeleteSessionRequest, context: Context
     ) -> spb.DeleteSessionResponse:
         validation.validate_session_id(request.session_id)
+        sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> spb.DeleteSessionResponse:
-            return spb.DeleteSessionResponse(
-                deleted=await self._core.delete_session(request.session_id)
-            )
+            return spb.DeleteSessionResponse(deleted=await self._core.delete_session(sid))
 
         return await self._unary(
-            request.session_id,
-            context,
-            lambda stub, md: stub.DeleteSession(request, metadata=md),
-            local,
+            sid, context, lambda stub, md: stub.DeleteSession(request, metadata=md), local
         )
 
     async def GetHistory(
         self, request: spb.GetHistoryRequest, context: Context
     ) -> spb.GetHistoryResponse:
         validation.validate_session_id(request.session_id)
+        principal = self._principal(request.principal)
+        sid = principals.scoped(principal, request.session_id)
 
         async def local() -> spb.GetHistoryResponse:
-            return spb.GetHistoryResponse(messages=await self._core.history(request.session_id))
+            self._audit(principal, "a history", sid)
+            return spb.GetHistoryResponse(messages=await self._core.history(sid))
 
         return await self._unary(
-            request.session_id,
-            context,
-            lambda stub, md: stub.GetHistory(request, metadata=md),
-            local,
+            sid, context, lambda stub, md: stub.GetHistory(request, metadata=md), local
         )
 
     async def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncIterator[event_pb2.Event]:
         validation.validate_turn(request)
+        sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> AsyncIterator[event_pb2.Event]:
-            tlog = await self._core.start_turn(request)
+            tlog = await self._core.start_turn(request, sid)
             cancel = request.on_disconnect == spb.DISCONNECT_POLICY_CANCEL
             return self._core.follow(tlog, 0, cancel)
 
         events = await self._relay(
-            request.session_id, context, lambda stub, md: stub.Turn(request, metadata=md), local
+            sid, context, lambda stub, md: stub.Turn(request, metadata=md), local
         )
         async for event in events:
             yield event
@@ -242,33 +334,26 @@ class SessionServicer(SessionServiceServicer):
         self, request: spb.CancelTurnRequest, context: Context
     ) -> spb.CancelTurnResponse:
         validation.validate_turn_ref(request.session_id, request.turn_id)
+        sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> spb.CancelTurnResponse:
-            state = await self._core.cancel_turn(request.session_id, request.turn_id)
-            return spb.CancelTurnResponse(state=state)
+            return spb.CancelTurnResponse(state=await self._core.cancel_turn(sid, request.turn_id))
 
         return await self._unary(
-            request.session_id,
-            context,
-            lambda stub, md: stub.CancelTurn(request, metadata=md),
-            local,
+            sid, context, lambda stub, md: stub.CancelTurn(request, metadata=md), local
         )
 
     async def SubscribeTurn(
         self, request: spb.SubscribeTurnRequest, context: Context
     ) -> AsyncIterator[event_pb2.Event]:
         validation.validate_subscribe(request)
+        sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> AsyncIterator[event_pb2.Event]:
-            return await self._core.subscribe(
-                request.session_id, request.turn_id, request.after_seq
-            )
+            return await self._core.subscribe(sid, request.turn_id, request.after_seq)
 
         events = await self._relay(
-            request.session_id,
-            context,
-            lambda stub, md: stub.SubscribeTurn(request, metadata=md),
-            local,
+            sid, context, lambda stub, md: stub.SubscribeTurn(request, metadata=md), local
         )
         async for event in events:
             yield event

@@ -16,6 +16,7 @@ gone, and idempotency keys, so a retried turn never runs twice.
 from __future__ import annotations
 
 import abc
+import bisect
 import copy
 import dataclasses
 import time
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
+from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id
+from turnmesh.server.listing import Page, Position, position
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -91,6 +94,15 @@ class SessionStore(Protocol):
 
     async def count(self) -> int: ...
 
+    async def list_sessions(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[SessionRecord]:
+        """The principal's sessions positioned below ``before`` (all if None),
+        newest first, at most ``limit`` (``server.listing``)."""
+
+    async def count_of(self, principal: str) -> int:
+        """The sessions the principal holds (the whole mesh's in a shared store)."""
+
     @property
     def persists_events(self) -> bool:
         """Whether turn events and idempotency keys outlive this process."""
@@ -123,6 +135,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._records: dict[str, SessionRecord] = {}
+        # Per principal: (position, scoped id), ascending, for listing.
+        self._listed: dict[str, list[tuple[Position, str]]] = {}
         # Serialized: a few hundred bytes less per message than live protobuf
         # objects, and turns read only the tail they need.
         self._messages: dict[str, list[bytes]] = {}
@@ -138,11 +152,13 @@ class MemoryStore:
         self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
     ) -> None:
         if record.session_id in self._records:
-            raise AlreadyExists(f"session {record.session_id!r} already exists")
+            raise AlreadyExists(f"session {public_id(record.session_id)!r} already exists")
         initial = [m.SerializeToString() for m in messages or []]
         record.message_count = len(initial)
         self._records[record.session_id] = record
         self._messages[record.session_id] = initial
+        entry = (position(record.created_at, record.session_id), record.session_id)
+        bisect.insort(self._listed.setdefault(principal_of(record.session_id), []), entry)
 
     async def get(self, session_id: str) -> SessionRecord | None:
         record = self._records.get(session_id)
@@ -152,11 +168,20 @@ class MemoryStore:
 
     async def delete(self, session_id: str) -> bool:
         self._messages.pop(session_id, None)
-        return self._records.pop(session_id, None) is not None
+        record = self._records.pop(session_id, None)
+        if record is None:
+            return False
+        principal = principal_of(session_id)
+        listed = self._listed[principal]
+        entry = (position(record.created_at, session_id), session_id)
+        del listed[bisect.bisect_left(listed, entry)]
+        if not listed:
+            del self._listed[principal]
+        return True
 
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         if session_id not in self._messages:
-            raise NotFound(f"session {session_id!r} not found")
+            raise NotFound(f"session {public_id(session_id)!r} not found")
         return [message_pb2.Message.FromString(m) for m in self._messages[session_id][start:]]
 
     async def append_messages(
@@ -164,7 +189,7 @@ class MemoryStore:
     ) -> None:
         record = self._records.get(session_id)
         if record is None:
-            raise NotFound(f"session {session_id!r} not found")
+            raise NotFound(f"session {public_id(session_id)!r} not found")
         self._messages[session_id].extend(m.SerializeToString() for m in messages)
         record.message_count += len(messages)
         record.last_activity = now
@@ -218,6 +243,19 @@ class MemoryStore:
     async def count(self) -> int:
         return len(self._records)
 
+    async def list_sessions(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[SessionRecord]:
+        listed = self._listed.get(principal, [])
+        end = len(listed) if before is None else bisect.bisect_left(listed, (before, ""))
+        chosen = listed[max(0, end - limit) : end][::-1]
+        items = [(at, self._records[sid]) for at, sid in chosen]
+        frontier = chosen[-1][0] if chosen and end - limit > 0 else None
+        return Page([(at, dataclasses.replace(r)) for at, r in items], frontier)
+
+    async def count_of(self, principal: str) -> int:
+        return len(self._listed.get(principal, ()))
+
 
 class TurnCommits(abc.ABC):
     """``append_messages`` and ``commit_turn`` for a backend whose ``_commit``
@@ -256,19 +294,25 @@ def now() -> float:
     return time.time()
 
 
-def open_store(url: str, event_ttl_seconds: float) -> SessionStore:
+def open_store(
+    url: str, event_ttl_seconds: float, legacy_principal: str = ANONYMOUS
+) -> SessionStore:
     """A store from ``memory``, ``sqlite:PATH``, ``redis://HOST:PORT/DB`` or
-    ``redis+cluster://HOST:PORT`` (any node of a Redis Cluster)."""
+    ``redis+cluster://HOST:PORT`` (any node of a Redis Cluster).
+
+    ``legacy_principal`` owns the sessions a durable store held from before
+    sessions had principals (the one principal of a mesh with one; else
+    anonymous), given to it once, when ``open`` brings the data up to date."""
     if url in ("", "memory"):
         return MemoryStore()
     if url.startswith("sqlite:"):
         from turnmesh.server.store_sqlite import SqliteStore
 
-        return SqliteStore(url.removeprefix("sqlite:"), event_ttl_seconds)
+        return SqliteStore(url.removeprefix("sqlite:"), event_ttl_seconds, legacy_principal)
     if url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
         from turnmesh.server.store_redis import RedisStore
 
-        return RedisStore(url, event_ttl_seconds)
+        return RedisStore(url, event_ttl_seconds, legacy_principal)
     raise ValueError(
         f"unknown store {url!r}: use memory, sqlite:PATH, redis://HOST:PORT/DB"
         " or redis+cluster://HOST:PORT"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -29,6 +29,7 @@ from opentelemetry import trace
 
 from turnmesh.runtime.errors import NotFound, SessionBusy, TurnError
 from turnmesh.runtime.ids import new_id
+from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -111,8 +112,12 @@ class SessionTurns:
         agent_name: str,
         runner: Runner,
         logs: EventLogs,
+        in_flight: Counter[str] | None = None,
     ) -> None:
         self.session_id = session_id
+        # Turns running or queued, per principal: this session's count there.
+        self._in_flight = in_flight if in_flight is not None else Counter()
+        self._principal = principal_of(session_id)
         self.agent_name = agent_name
         self._runner = runner
         self._logs = logs
@@ -148,7 +153,7 @@ class SessionTurns:
     ) -> PendingTurn:
         """Place a new message under the policy. Never awaits: decisions are atomic."""
         if policy == spb.TURN_POLICY_REJECT and self.busy:
-            raise SessionBusy(f"session {self.session_id!r} has a turn running")
+            raise SessionBusy(f"session {public_id(self.session_id)!r} has a turn running")
         if policy in COLLECTING:
             # The head of the queue of an idle session is as good as running
             # (the drain task just has not picked it up yet): never join it.
@@ -196,8 +201,10 @@ class SessionTurns:
             fence=fence,
         )
         self._turns[turn_id] = turn
+        self._in_flight[self._principal] += 1
         span = trace.get_current_span()
         span.set_attribute("turnmesh.session_id", self.session_id)
+        span.set_attribute("turnmesh.principal", self._principal)
         span.set_attribute("turnmesh.turn_id", turn_id)
         return turn
 
@@ -211,7 +218,7 @@ class SessionTurns:
         """Cancel a queued or running turn (why first, then the task)."""
         turn = self._turns.get(turn_id)
         if turn is None:
-            raise NotFound(f"turn {turn_id!r} of session {self.session_id!r} not found")
+            raise NotFound(f"turn {turn_id!r} of session {public_id(self.session_id)!r} not found")
         if turn.log.done:
             return turn.log.state
         if turn.cancel_reason is None:
@@ -271,7 +278,10 @@ class SessionTurns:
 
     def _forget(self, turn: PendingTurn) -> None:
         # The log stays in EventLogs (for SubscribeTurn); the pending record goes.
-        self._turns.pop(turn.turn_id, None)
+        if self._turns.pop(turn.turn_id, None) is not None:
+            self._in_flight[self._principal] -= 1
+            if self._in_flight[self._principal] <= 0:
+                del self._in_flight[self._principal]
 
     async def wait_idle(self) -> None:
         task = self._drain_task

@@ -8,6 +8,7 @@ from google.protobuf import json_format
 
 from turnmesh.agent import AgentFile, AgentRequest
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument
+from turnmesh.runtime.principals import principal_of
 from turnmesh.v1 import message_pb2, worker_service_pb2
 
 __all__ = ["to_agent_request"]
@@ -29,6 +30,7 @@ def to_agent_request(
         if request.HasField("metadata")
         else {},
         files=[agent_file(f) for f in request.files],
+        principal=principal_of(request.session_id),
     )
 
 

@@ -14,7 +14,7 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from turnmesh.runtime import tracing
+from turnmesh.runtime import principals, tracing
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
@@ -25,6 +25,7 @@ from turnmesh.runtime.errors import (
     mapped_rpc_errors,
 )
 from turnmesh.runtime.interceptors import INTERNAL_METADATA
+from turnmesh.runtime.principals import PRINCIPAL_METADATA
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.v1 import event_pb2, message_pb2
@@ -64,16 +65,22 @@ class Mesh:
         self._internal_token = internal_token
 
     def for_caller(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Mesh:
-        """A view whose calls carry this caller's `Authorization` and trace.
+        """A view whose calls carry this caller's key, principal and trace.
 
         The internal token marks calls the server makes to itself: the
-        caller's request was authenticated and counted once already."""
+        caller's request was authenticated and counted once already, and the
+        token makes the server believe the principal it names. The key goes
+        too: with mutual TLS and no mesh key, a call forwarded to another
+        server is opened there by it."""
         if self._channel is None:
             raise Unavailable("this server is still starting")
         key = bearer(metadata)
         extra = [("authorization", f"Bearer {key}")] if key else []
         if self._internal_token:
-            extra.append((INTERNAL_METADATA, self._internal_token))
+            extra += [
+                (INTERNAL_METADATA, self._internal_token),
+                (PRINCIPAL_METADATA, principals.current().header()),
+            ]
         view = Mesh(metadata=(*extra, *tracing.inject()))
         view._channel, view._stubs = self._channel, self._stubs
         return view

@@ -78,6 +78,7 @@ bodies = st.one_of(
 
 ROUTES = [
     ("POST", "/v1/sessions"),
+    ("GET", "/v1/sessions"),
     ("GET", "/v1/sessions/{id}"),
     ("DELETE", "/v1/sessions/{id}"),
     ("GET", "/v1/sessions/{id}/history"),
@@ -120,7 +121,14 @@ def test_rest_paths_survive_hostile_bodies(shared_mesh: SharedMesh) -> None:
         def hit(route: tuple[str, str], ident: str, body: bytes, after: int) -> None:
             method, template = route
             path = template.replace("{id}", quote(ident or "x", safe=""))
-            params = {"after_seq": str(after)} if path.endswith("/events") else None
+            params: dict[str, str] | None = None
+            if path.endswith("/events"):
+                params = {"after_seq": str(after)}
+            elif method == "GET" and path.startswith("/v1/sessions"):
+                # Listing's and admin reads' query fields, hostile too.
+                params = {"pageToken": ident, "pageSize": str(after), "principal": ident}
+                if path == "/v1/sessions":
+                    params |= {"metadata": ident, "agentName": ident}
             response = rest.request(
                 method,
                 path,
@@ -150,13 +158,19 @@ def test_grpc_methods_survive_hostile_fields(shared_mesh: SharedMesh) -> None:
             spb.CreateSessionRequest(session_id=t, agent_name=t), timeout=30
         ),
         "GetSession": lambda t, n: sessions.GetSession(
-            spb.GetSessionRequest(session_id=t), timeout=30
+            spb.GetSessionRequest(session_id=t, principal=t if n % 2 else ""), timeout=30
+        ),
+        "ListSessions": lambda t, n: sessions.ListSessions(
+            spb.ListSessionsRequest(
+                page_size=n, page_token=t, agent_name=t, metadata=[t, f"{t}={t}"], principal=t
+            ),
+            timeout=30,
         ),
         "DeleteSession": lambda t, n: sessions.DeleteSession(
             spb.DeleteSessionRequest(session_id=t + "-fuzz"), timeout=30
         ),
         "GetHistory": lambda t, n: sessions.GetHistory(
-            spb.GetHistoryRequest(session_id=t), timeout=30
+            spb.GetHistoryRequest(session_id=t, principal=t), timeout=30
         ),
         "Turn": lambda t, n: list(
             sessions.Turn(

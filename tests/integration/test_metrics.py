@@ -53,6 +53,8 @@ async def test_components_expose_turn_and_mesh_metrics(mesh_factory: Mesh) -> No
     assert s[("turnmesh_turns_in_flight", ())] == 0
     assert s[("turnmesh_active_sessions", ())] == 1
     assert s[("turnmesh_store_operation_seconds_count", (("operation", "commit_turn"),))] == 3
+    # No series per principal unless asked (--metrics-principal-label).
+    assert not any(name.startswith("turnmesh_principal_turns") for name, _ in s)
 
     w = _samples(str(worker.info["metrics_address"]))
     assert w[("turnmesh_worker_runs_total", (("outcome", "finished"),))] == 3

@@ -28,6 +28,8 @@ class ProbeAgent:
         first_attempt = not started.exists()
         (probe / f"{request.turn_id}.{os.getpid()}.started").write_text(str(os.getpid()))
         started.write_text(str(os.getpid()))
+        # Which session (its mesh-wide id) and principal the agent was given.
+        (probe / f"{request.turn_id}.who").write_text(f"{request.principal} {request.session_id}")
         deltas = int(request.metadata.get("deltas", 5))
         delay = float(request.metadata.get("delay_ms", 50)) / 1000
         parts: list[str] = []

@@ -47,6 +47,7 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
         "x-turnmesh-mesh-key",
         "x-turnmesh-internal",
         "x-turnmesh-unreachable",
+        "x-turnmesh-principal",
     }
     routes = host["routes"]
     assert "direct_response" in routes[0]  # the playground page

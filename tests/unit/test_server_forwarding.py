@@ -11,8 +11,10 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 
+from turnmesh.runtime import principals
 from turnmesh.runtime.errors import AlreadyExists, ResourceExhausted, Unavailable
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA
+from turnmesh.runtime.principals import PRINCIPAL_METADATA, Principal
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import (
@@ -491,7 +493,9 @@ async def test_the_forwarded_marker_counts_only_with_the_mesh_key() -> None:
 async def test_a_forwarding_server_marks_and_keys_its_call() -> None:
     servicer = _servicer(FakeRouter(), mesh_key="k")
     context = FakeContext((("authorization", "Bearer user-key"), ("x-other", "dropped")))
+    principals.set_current(Principal("acme", admin=True))
     metadata = dict(servicer._forward_metadata(cast(Any, context)))
+    assert metadata[PRINCIPAL_METADATA] == "acme admin"  # who the call acts for
     assert metadata[FORWARDED_METADATA] == ME.member_id
     assert metadata[MESH_KEY_METADATA] == "k"
     assert "authorization" not in metadata  # the mesh key opens the owner: no caller's key

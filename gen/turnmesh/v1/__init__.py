@@ -59,6 +59,8 @@ from turnmesh.v1.session_service_pb2 import Session as Session
 from turnmesh.v1.session_service_pb2 import CreateSessionRequest as CreateSessionRequest
 from turnmesh.v1.session_service_pb2 import CreateSessionResponse as CreateSessionResponse
 from turnmesh.v1.session_service_pb2 import GetSessionRequest as GetSessionRequest
+from turnmesh.v1.session_service_pb2 import ListSessionsRequest as ListSessionsRequest
+from turnmesh.v1.session_service_pb2 import ListSessionsResponse as ListSessionsResponse
 from turnmesh.v1.session_service_pb2 import GetSessionResponse as GetSessionResponse
 from turnmesh.v1.session_service_pb2 import DeleteSessionRequest as DeleteSessionRequest
 from turnmesh.v1.session_service_pb2 import DeleteSessionResponse as DeleteSessionResponse
@@ -121,6 +123,8 @@ __all__ = [
     "LifecycleState",
     "ListMembersRequest",
     "ListMembersResponse",
+    "ListSessionsRequest",
+    "ListSessionsResponse",
     "Member",
     "MemberRole",
     "Message",

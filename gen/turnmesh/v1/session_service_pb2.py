@@ -29,7 +29,7 @@ from turnmesh.v1 import event_pb2 as turnmesh_dot_v1_dot_event__pb2
 from turnmesh.v1 import message_pb2 as turnmesh_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!turnmesh/v1/session_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"\xb6\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlast_activity\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rmessage_count\x18\x05 \x01(\x05\x12\x14\n\x0cturn_running\x18\x06 \x01(\x08\x12\x17\n\x0frunning_turn_id\x18\x07 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08metadata\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\"\x91\x01\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x08messages\x18\x04 \x03(\x0b\x32\x14.turnmesh.v1.Message\">\n\x15\x43reateSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.turnmesh.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\";\n\x12GetSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.turnmesh.v1.Session\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x15\x44\x65leteSessionResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\'\n\x11GetHistoryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"<\n\x12GetHistoryResponse\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.turnmesh.v1.Message\"\xf7\x01\n\x0bTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12 \n\x05\x66iles\x18\x03 \x03(\x0b\x32\x11.turnmesh.v1.File\x12\'\n\x06policy\x18\x04 \x01(\x0e\x32\x17.turnmesh.v1.TurnPolicy\x12\x34\n\ron_disconnect\x18\x05 \x01(\x0e\x32\x1d.turnmesh.v1.DisconnectPolicy\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12)\n\x08metadata\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"8\n\x11\x43\x61ncelTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\";\n\x12\x43\x61ncelTurnResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.turnmesh.v1.TurnState\"N\n\x14SubscribeTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\tafter_seq\x18\x03 \x01(\x05\"\x12\n\x10GetHealthRequest\"\xfa\x01\n\x11GetHealthResponse\x12+\n\x06status\x18\x01 \x01(\x0e\x32\x1b.turnmesh.v1.LifecycleState\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12\x13\n\x0b\x61gent_ready\x18\x03 \x01(\x08\x12\x17\n\x0f\x61\x63tive_sessions\x18\x04 \x01(\x05\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x11\n\tserver_id\x18\x06 \x01(\t\x12\x15\n\rrunning_turns\x18\x07 \x01(\x05\x12\x1a\n\x12sessions_available\x18\x08 \x01(\x03\x12\x18\n\x10router_connected\x18\t \x01(\x08\"\x15\n\x13GetReadinessRequest\"R\n\x14GetReadinessResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.turnmesh.v1.LifecycleState*\x8e\x01\n\nTurnPolicy\x12\x1b\n\x17TURN_POLICY_UNSPECIFIED\x10\x00\x12\x16\n\x12TURN_POLICY_REJECT\x10\x01\x12\x17\n\x13TURN_POLICY_ENQUEUE\x10\x02\x12\x17\n\x13TURN_POLICY_COLLECT\x10\x03\x12\x19\n\x15TURN_POLICY_INTERRUPT\x10\x04*s\n\x10\x44isconnectPolicy\x12!\n\x1d\x44ISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44ISCONNECT_POLICY_CONTINUE\x10\x01\x12\x1c\n\x18\x44ISCONNECT_POLICY_CANCEL\x10\x02*\xcb\x01\n\x0eLifecycleState\x12\x1f\n\x1bLIFECYCLE_STATE_UNSPECIFIED\x10\x00\x12 \n\x1cLIFECYCLE_STATE_INITIALIZING\x10\x01\x12\x19\n\x15LIFECYCLE_STATE_READY\x10\x02\x12\x1b\n\x17LIFECYCLE_STATE_RUNNING\x10\x03\x12!\n\x1dLIFECYCLE_STATE_SHUTTING_DOWN\x10\x04\x12\x1b\n\x17LIFECYCLE_STATE_STOPPED\x10\x05*\xa0\x01\n\tTurnState\x12\x1a\n\x16TURN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TURN_STATE_QUEUED\x10\x01\x12\x16\n\x12TURN_STATE_RUNNING\x10\x02\x12\x17\n\x13TURN_STATE_FINISHED\x10\x03\x12\x15\n\x11TURN_STATE_FAILED\x10\x04\x12\x18\n\x14TURN_STATE_CANCELLED\x10\x05\x32\xa0\x08\n\x0eSessionService\x12o\n\rCreateSession\x12!.turnmesh.v1.CreateSessionRequest\x1a\".turnmesh.v1.CreateSessionResponse\"\x17\x82\xd3\xe4\x93\x02\x11\"\x0c/v1/sessions:\x01*\x12p\n\nGetSession\x12\x1e.turnmesh.v1.GetSessionRequest\x1a\x1f.turnmesh.v1.GetSessionResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/v1/sessions/{session_id}\x12y\n\rDeleteSession\x12!.turnmesh.v1.DeleteSessionRequest\x1a\".turnmesh.v1.DeleteSessionResponse\"!\x82\xd3\xe4\x93\x02\x1b*\x19/v1/sessions/{session_id}\x12x\n\nGetHistory\x12\x1e.turnmesh.v1.GetHistoryRequest\x1a\x1f.turnmesh.v1.GetHistoryResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/sessions/{session_id}/history\x12\x62\n\x04Turn\x12\x18.turnmesh.v1.TurnRequest\x1a\x12.turnmesh.v1.Event\"*\x82\xd3\xe4\x93\x02$\"\x1f/v1/sessions/{session_id}/turns:\x01*0\x01\x12\x8a\x01\n\nCancelTurn\x12\x1e.turnmesh.v1.CancelTurnRequest\x1a\x1f.turnmesh.v1.CancelTurnResponse\";\x82\xd3\xe4\x93\x02\x35\"0/v1/sessions/{session_id}/turns/{turn_id}:cancel:\x01*\x12\x82\x01\n\rSubscribeTurn\x12!.turnmesh.v1.SubscribeTurnRequest\x1a\x12.turnmesh.v1.Event\"8\x82\xd3\xe4\x93\x02\x32\x12\x30/v1/sessions/{session_id}/turns/{turn_id}/events0\x01\x12[\n\tGetHealth\x12\x1d.turnmesh.v1.GetHealthRequest\x1a\x1e.turnmesh.v1.GetHealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/health\x12\x63\n\x0cGetReadiness\x12 .turnmesh.v1.GetReadinessRequest\x1a!.turnmesh.v1.GetReadinessResponse\"\x0e\x82\xd3\xe4\x93\x02\x08\x12\x06/readyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!turnmesh/v1/session_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"\xb6\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlast_activity\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rmessage_count\x18\x05 \x01(\x05\x12\x14\n\x0cturn_running\x18\x06 \x01(\x08\x12\x17\n\x0frunning_turn_id\x18\x07 \x01(\t\x12/\n\x0b\x65xpire_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08metadata\x18\t \x01(\x0b\x32\x17.google.protobuf.Struct\"\x91\x01\n\x14\x43reateSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12)\n\x08metadata\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x08messages\x18\x04 \x03(\x0b\x32\x14.turnmesh.v1.Message\">\n\x15\x43reateSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.turnmesh.v1.Session\":\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\"u\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x12\n\nagent_name\x18\x03 \x01(\t\x12\x10\n\x08metadata\x18\x04 \x03(\t\x12\x11\n\tprincipal\x18\x05 \x01(\t\"W\n\x14ListSessionsResponse\x12&\n\x08sessions\x18\x01 \x03(\x0b\x32\x14.turnmesh.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\";\n\x12GetSessionResponse\x12%\n\x07session\x18\x01 \x01(\x0b\x32\x14.turnmesh.v1.Session\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"(\n\x15\x44\x65leteSessionResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\":\n\x11GetHistoryRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tprincipal\x18\x02 \x01(\t\"<\n\x12GetHistoryResponse\x12&\n\x08messages\x18\x01 \x03(\x0b\x32\x14.turnmesh.v1.Message\"\xf7\x01\n\x0bTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12 \n\x05\x66iles\x18\x03 \x03(\x0b\x32\x11.turnmesh.v1.File\x12\'\n\x06policy\x18\x04 \x01(\x0e\x32\x17.turnmesh.v1.TurnPolicy\x12\x34\n\ron_disconnect\x18\x05 \x01(\x0e\x32\x1d.turnmesh.v1.DisconnectPolicy\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12)\n\x08metadata\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"8\n\x11\x43\x61ncelTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\";\n\x12\x43\x61ncelTurnResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.turnmesh.v1.TurnState\"N\n\x14SubscribeTurnRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\tafter_seq\x18\x03 \x01(\x05\"\x12\n\x10GetHealthRequest\"\xfa\x01\n\x11GetHealthResponse\x12+\n\x06status\x18\x01 \x01(\x0e\x32\x1b.turnmesh.v1.LifecycleState\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12\x13\n\x0b\x61gent_ready\x18\x03 \x01(\x08\x12\x17\n\x0f\x61\x63tive_sessions\x18\x04 \x01(\x05\x12\x16\n\x0euptime_seconds\x18\x05 \x01(\x01\x12\x11\n\tserver_id\x18\x06 \x01(\t\x12\x15\n\rrunning_turns\x18\x07 \x01(\x05\x12\x1a\n\x12sessions_available\x18\x08 \x01(\x03\x12\x18\n\x10router_connected\x18\t \x01(\x08\"\x15\n\x13GetReadinessRequest\"R\n\x14GetReadinessResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12+\n\x06status\x18\x02 \x01(\x0e\x32\x1b.turnmesh.v1.LifecycleState*\x8e\x01\n\nTurnPolicy\x12\x1b\n\x17TURN_POLICY_UNSPECIFIED\x10\x00\x12\x16\n\x12TURN_POLICY_REJECT\x10\x01\x12\x17\n\x13TURN_POLICY_ENQUEUE\x10\x02\x12\x17\n\x13TURN_POLICY_COLLECT\x10\x03\x12\x19\n\x15TURN_POLICY_INTERRUPT\x10\x04*s\n\x10\x44isconnectPolicy\x12!\n\x1d\x44ISCONNECT_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44ISCONNECT_POLICY_CONTINUE\x10\x01\x12\x1c\n\x18\x44ISCONNECT_POLICY_CANCEL\x10\x02*\xcb\x01\n\x0eLifecycleState\x12\x1f\n\x1bLIFECYCLE_STATE_UNSPECIFIED\x10\x00\x12 \n\x1cLIFECYCLE_STATE_INITIALIZING\x10\x01\x12\x19\n\x15LIFECYCLE_STATE_READY\x10\x02\x12\x1b\n\x17LIFECYCLE_STATE_RUNNING\x10\x03\x12!\n\x1dLIFECYCLE_STATE_SHUTTING_DOWN\x10\x04\x12\x1b\n\x17LIFECYCLE_STATE_STOPPED\x10\x05*\xa0\x01\n\tTurnState\x12\x1a\n\x16TURN_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TURN_STATE_QUEUED\x10\x01\x12\x16\n\x12TURN_STATE_RUNNING\x10\x02\x12\x17\n\x13TURN_STATE_FINISHED\x10\x03\x12\x15\n\x11TURN_STATE_FAILED\x10\x04\x12\x18\n\x14TURN_STATE_CANCELLED\x10\x05\x32\x8b\t\n\x0eSessionService\x12o\n\rCreateSession\x12!.turnmesh.v1.CreateSessionRequest\x1a\".turnmesh.v1.CreateSessionResponse\"\x17\x82\xd3\xe4\x93\x02\x11\"\x0c/v1/sessions:\x01*\x12i\n\x0cListSessions\x12 .turnmesh.v1.ListSessionsRequest\x1a!.turnmesh.v1.ListSessionsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\x0c/v1/sessions\x12p\n\nGetSession\x12\x1e.turnmesh.v1.GetSessionRequest\x1a\x1f.turnmesh.v1.GetSessionResponse\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/v1/sessions/{session_id}\x12y\n\rDeleteSession\x12!.turnmesh.v1.DeleteSessionRequest\x1a\".turnmesh.v1.DeleteSessionResponse\"!\x82\xd3\xe4\x93\x02\x1b*\x19/v1/sessions/{session_id}\x12x\n\nGetHistory\x12\x1e.turnmesh.v1.GetHistoryRequest\x1a\x1f.turnmesh.v1.GetHistoryResponse\")\x82\xd3\xe4\x93\x02#\x12!/v1/sessions/{session_id}/history\x12\x62\n\x04Turn\x12\x18.turnmesh.v1.TurnRequest\x1a\x12.turnmesh.v1.Event\"*\x82\xd3\xe4\x93\x02$\"\x1f/v1/sessions/{session_id}/turns:\x01*0\x01\x12\x8a\x01\n\nCancelTurn\x12\x1e.turnmesh.v1.CancelTurnRequest\x1a\x1f.turnmesh.v1.CancelTurnResponse\";\x82\xd3\xe4\x93\x02\x35\"0/v1/sessions/{session_id}/turns/{turn_id}:cancel:\x01*\x12\x82\x01\n\rSubscribeTurn\x12!.turnmesh.v1.SubscribeTurnRequest\x1a\x12.turnmesh.v1.Event\"8\x82\xd3\xe4\x93\x02\x32\x12\x30/v1/sessions/{session_id}/turns/{turn_id}/events0\x01\x12[\n\tGetHealth\x12\x1d.turnmesh.v1.GetHealthRequest\x1a\x1e.turnmesh.v1.GetHealthResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/health\x12\x63\n\x0cGetReadiness\x12 .turnmesh.v1.GetReadinessRequest\x1a!.turnmesh.v1.GetReadinessResponse\"\x0e\x82\xd3\xe4\x93\x02\x08\x12\x06/readyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,6 +38,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SESSIONSERVICE'].methods_by_name['CreateSession']._loaded_options = None
   _globals['_SESSIONSERVICE'].methods_by_name['CreateSession']._serialized_options = b'\202\323\344\223\002\021\"\014/v1/sessions:\001*'
+  _globals['_SESSIONSERVICE'].methods_by_name['ListSessions']._loaded_options = None
+  _globals['_SESSIONSERVICE'].methods_by_name['ListSessions']._serialized_options = b'\202\323\344\223\002\016\022\014/v1/sessions'
   _globals['_SESSIONSERVICE'].methods_by_name['GetSession']._loaded_options = None
   _globals['_SESSIONSERVICE'].methods_by_name['GetSession']._serialized_options = b'\202\323\344\223\002\033\022\031/v1/sessions/{session_id}'
   _globals['_SESSIONSERVICE'].methods_by_name['DeleteSession']._loaded_options = None
@@ -54,14 +56,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONSERVICE'].methods_by_name['GetHealth']._serialized_options = b'\202\323\344\223\002\t\022\007/health'
   _globals['_SESSIONSERVICE'].methods_by_name['GetReadiness']._loaded_options = None
   _globals['_SESSIONSERVICE'].methods_by_name['GetReadiness']._serialized_options = b'\202\323\344\223\002\010\022\006/ready'
-  _globals['_TURNPOLICY']._serialized_start=1841
-  _globals['_TURNPOLICY']._serialized_end=1983
-  _globals['_DISCONNECTPOLICY']._serialized_start=1985
-  _globals['_DISCONNECTPOLICY']._serialized_end=2100
-  _globals['_LIFECYCLESTATE']._serialized_start=2103
-  _globals['_LIFECYCLESTATE']._serialized_end=2306
-  _globals['_TURNSTATE']._serialized_start=2309
-  _globals['_TURNSTATE']._serialized_end=2469
+  _globals['_TURNPOLICY']._serialized_start=2087
+  _globals['_TURNPOLICY']._serialized_end=2229
+  _globals['_DISCONNECTPOLICY']._serialized_start=2231
+  _globals['_DISCONNECTPOLICY']._serialized_end=2346
+  _globals['_LIFECYCLESTATE']._serialized_start=2349
+  _globals['_LIFECYCLESTATE']._serialized_end=2552
+  _globals['_TURNSTATE']._serialized_start=2555
+  _globals['_TURNSTATE']._serialized_end=2715
   _globals['_SESSION']._serialized_start=196
   _globals['_SESSION']._serialized_end=506
   _globals['_CREATESESSIONREQUEST']._serialized_start=509
@@ -69,33 +71,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATESESSIONRESPONSE']._serialized_start=656
   _globals['_CREATESESSIONRESPONSE']._serialized_end=718
   _globals['_GETSESSIONREQUEST']._serialized_start=720
-  _globals['_GETSESSIONREQUEST']._serialized_end=759
-  _globals['_GETSESSIONRESPONSE']._serialized_start=761
-  _globals['_GETSESSIONRESPONSE']._serialized_end=820
-  _globals['_DELETESESSIONREQUEST']._serialized_start=822
-  _globals['_DELETESESSIONREQUEST']._serialized_end=864
-  _globals['_DELETESESSIONRESPONSE']._serialized_start=866
-  _globals['_DELETESESSIONRESPONSE']._serialized_end=906
-  _globals['_GETHISTORYREQUEST']._serialized_start=908
-  _globals['_GETHISTORYREQUEST']._serialized_end=947
-  _globals['_GETHISTORYRESPONSE']._serialized_start=949
-  _globals['_GETHISTORYRESPONSE']._serialized_end=1009
-  _globals['_TURNREQUEST']._serialized_start=1012
-  _globals['_TURNREQUEST']._serialized_end=1259
-  _globals['_CANCELTURNREQUEST']._serialized_start=1261
-  _globals['_CANCELTURNREQUEST']._serialized_end=1317
-  _globals['_CANCELTURNRESPONSE']._serialized_start=1319
-  _globals['_CANCELTURNRESPONSE']._serialized_end=1378
-  _globals['_SUBSCRIBETURNREQUEST']._serialized_start=1380
-  _globals['_SUBSCRIBETURNREQUEST']._serialized_end=1458
-  _globals['_GETHEALTHREQUEST']._serialized_start=1460
-  _globals['_GETHEALTHREQUEST']._serialized_end=1478
-  _globals['_GETHEALTHRESPONSE']._serialized_start=1481
-  _globals['_GETHEALTHRESPONSE']._serialized_end=1731
-  _globals['_GETREADINESSREQUEST']._serialized_start=1733
-  _globals['_GETREADINESSREQUEST']._serialized_end=1754
-  _globals['_GETREADINESSRESPONSE']._serialized_start=1756
-  _globals['_GETREADINESSRESPONSE']._serialized_end=1838
-  _globals['_SESSIONSERVICE']._serialized_start=2472
-  _globals['_SESSIONSERVICE']._serialized_end=3528
+  _globals['_GETSESSIONREQUEST']._serialized_end=778
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=780
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=897
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=899
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=986
+  _globals['_GETSESSIONRESPONSE']._serialized_start=988
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1047
+  _globals['_DELETESESSIONREQUEST']._serialized_start=1049
+  _globals['_DELETESESSIONREQUEST']._serialized_end=1091
+  _globals['_DELETESESSIONRESPONSE']._serialized_start=1093
+  _globals['_DELETESESSIONRESPONSE']._serialized_end=1133
+  _globals['_GETHISTORYREQUEST']._serialized_start=1135
+  _globals['_GETHISTORYREQUEST']._serialized_end=1193
+  _globals['_GETHISTORYRESPONSE']._serialized_start=1195
+  _globals['_GETHISTORYRESPONSE']._serialized_end=1255
+  _globals['_TURNREQUEST']._serialized_start=1258
+  _globals['_TURNREQUEST']._serialized_end=1505
+  _globals['_CANCELTURNREQUEST']._serialized_start=1507
+  _globals['_CANCELTURNREQUEST']._serialized_end=1563
+  _globals['_CANCELTURNRESPONSE']._serialized_start=1565
+  _globals['_CANCELTURNRESPONSE']._serialized_end=1624
+  _globals['_SUBSCRIBETURNREQUEST']._serialized_start=1626
+  _globals['_SUBSCRIBETURNREQUEST']._serialized_end=1704
+  _globals['_GETHEALTHREQUEST']._serialized_start=1706
+  _globals['_GETHEALTHREQUEST']._serialized_end=1724
+  _globals['_GETHEALTHRESPONSE']._serialized_start=1727
+  _globals['_GETHEALTHRESPONSE']._serialized_end=1977
+  _globals['_GETREADINESSREQUEST']._serialized_start=1979
+  _globals['_GETREADINESSREQUEST']._serialized_end=2000
+  _globals['_GETREADINESSRESPONSE']._serialized_start=2002
+  _globals['_GETREADINESSRESPONSE']._serialized_end=2084
+  _globals['_SESSIONSERVICE']._serialized_start=2718
+  _globals['_SESSIONSERVICE']._serialized_end=3881
 # @@protoc_insertion_point(module_scope)

@@ -30,7 +30,17 @@ class SessionServiceStub:
     """The public API: sessions with an agent and the turns of their conversation.
 
     Any session server accepts any call; a call for a session that another
-    server owns is forwarded there. Streaming RPCs return the flat `Event`
+    server owns is forwarded there.
+
+    Sessions belong to the principal that created them: the principal of the
+    caller's API key (`NAME<TAB>KEY` in the keys file names it; a bare key is its
+    own principal), or one anonymous principal on a mesh without keys. Session
+    ids are per principal (two principals may both have `my-thread`), and every
+    call finds a session only among the caller's own: another principal's
+    session answers NOT_FOUND exactly as a missing one. Admin principals
+    (`NAME<TAB>KEY<TAB>admin`) may read another principal's sessions by naming
+    it (`principal` in GetSession, GetHistory and ListSessions), each read
+    logged; anyone else naming another principal gets PERMISSION_DENIED. Streaming RPCs return the flat `Event`
     (AG-UI shaped) rather than a per-RPC response message, so that every stream
     (Turn, SubscribeTurn) is the same event vocabulary.
     """
@@ -45,6 +55,11 @@ class SessionServiceStub:
                 '/turnmesh.v1.SessionService/CreateSession',
                 request_serializer=turnmesh_dot_v1_dot_session__service__pb2.CreateSessionRequest.SerializeToString,
                 response_deserializer=turnmesh_dot_v1_dot_session__service__pb2.CreateSessionResponse.FromString,
+                _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/turnmesh.v1.SessionService/ListSessions',
+                request_serializer=turnmesh_dot_v1_dot_session__service__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=turnmesh_dot_v1_dot_session__service__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
         self.GetSession = channel.unary_unary(
                 '/turnmesh.v1.SessionService/GetSession',
@@ -92,13 +107,32 @@ class SessionServiceServicer:
     """The public API: sessions with an agent and the turns of their conversation.
 
     Any session server accepts any call; a call for a session that another
-    server owns is forwarded there. Streaming RPCs return the flat `Event`
+    server owns is forwarded there.
+
+    Sessions belong to the principal that created them: the principal of the
+    caller's API key (`NAME<TAB>KEY` in the keys file names it; a bare key is its
+    own principal), or one anonymous principal on a mesh without keys. Session
+    ids are per principal (two principals may both have `my-thread`), and every
+    call finds a session only among the caller's own: another principal's
+    session answers NOT_FOUND exactly as a missing one. Admin principals
+    (`NAME<TAB>KEY<TAB>admin`) may read another principal's sessions by naming
+    it (`principal` in GetSession, GetHistory and ListSessions), each read
+    logged; anyone else naming another principal gets PERMISSION_DENIED. Streaming RPCs return the flat `Event`
     (AG-UI shaped) rather than a per-RPC response message, so that every stream
     (Turn, SubscribeTurn) is the same event vocabulary.
     """
 
     def CreateSession(self, request, context):
         """Creates a session. The server mints a ULID unless `session_id` is given.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """Lists the caller's sessions, newest first (by creation time), a page at
+        a time. Another principal's sessions are never listed (unless an admin
+        names that principal).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,6 +208,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.CreateSessionRequest.FromString,
                     response_serializer=turnmesh_dot_v1_dot_session__service__pb2.CreateSessionResponse.SerializeToString,
             ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.ListSessionsRequest.FromString,
+                    response_serializer=turnmesh_dot_v1_dot_session__service__pb2.ListSessionsResponse.SerializeToString,
+            ),
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
                     request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.GetSessionRequest.FromString,
@@ -226,7 +265,17 @@ class SessionService:
     """The public API: sessions with an agent and the turns of their conversation.
 
     Any session server accepts any call; a call for a session that another
-    server owns is forwarded there. Streaming RPCs return the flat `Event`
+    server owns is forwarded there.
+
+    Sessions belong to the principal that created them: the principal of the
+    caller's API key (`NAME<TAB>KEY` in the keys file names it; a bare key is its
+    own principal), or one anonymous principal on a mesh without keys. Session
+    ids are per principal (two principals may both have `my-thread`), and every
+    call finds a session only among the caller's own: another principal's
+    session answers NOT_FOUND exactly as a missing one. Admin principals
+    (`NAME<TAB>KEY<TAB>admin`) may read another principal's sessions by naming
+    it (`principal` in GetSession, GetHistory and ListSessions), each read
+    logged; anyone else naming another principal gets PERMISSION_DENIED. Streaming RPCs return the flat `Event`
     (AG-UI shaped) rather than a per-RPC response message, so that every stream
     (Turn, SubscribeTurn) is the same event vocabulary.
     """
@@ -248,6 +297,33 @@ class SessionService:
             '/turnmesh.v1.SessionService/CreateSession',
             turnmesh_dot_v1_dot_session__service__pb2.CreateSessionRequest.SerializeToString,
             turnmesh_dot_v1_dot_session__service__pb2.CreateSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.SessionService/ListSessions',
+            turnmesh_dot_v1_dot_session__service__pb2.ListSessionsRequest.SerializeToString,
+            turnmesh_dot_v1_dot_session__service__pb2.ListSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,7 +31,17 @@ class SessionServiceStub:
     """The public API: sessions with an agent and the turns of their conversation.
 
     Any session server accepts any call; a call for a session that another
-    server owns is forwarded there. Streaming RPCs return the flat `Event`
+    server owns is forwarded there.
+
+    Sessions belong to the principal that created them: the principal of the
+    caller's API key (`NAME<TAB>KEY` in the keys file names it; a bare key is its
+    own principal), or one anonymous principal on a mesh without keys. Session
+    ids are per principal (two principals may both have `my-thread`), and every
+    call finds a session only among the caller's own: another principal's
+    session answers NOT_FOUND exactly as a missing one. Admin principals
+    (`NAME<TAB>KEY<TAB>admin`) may read another principal's sessions by naming
+    it (`principal` in GetSession, GetHistory and ListSessions), each read
+    logged; anyone else naming another principal gets PERMISSION_DENIED. Streaming RPCs return the flat `Event`
     (AG-UI shaped) rather than a per-RPC response message, so that every stream
     (Turn, SubscribeTurn) is the same event vocabulary.
     """
@@ -42,6 +52,11 @@ class SessionServiceStub:
     def __new__(cls, channel: _aio.Channel) -> SessionServiceAsyncStub: ...
     CreateSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.CreateSessionRequest, _session_service_pb2.CreateSessionResponse]
     """Creates a session. The server mints a ULID unless `session_id` is given."""
+    ListSessions: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.ListSessionsRequest, _session_service_pb2.ListSessionsResponse]
+    """Lists the caller's sessions, newest first (by creation time), a page at
+    a time. Another principal's sessions are never listed (unless an admin
+    names that principal).
+    """
     GetSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.GetSessionRequest, _session_service_pb2.GetSessionResponse]
     """Returns a session's summary."""
     DeleteSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.DeleteSessionRequest, _session_service_pb2.DeleteSessionResponse]
@@ -73,7 +88,17 @@ class SessionServiceAsyncStub(SessionServiceStub):
     """The public API: sessions with an agent and the turns of their conversation.
 
     Any session server accepts any call; a call for a session that another
-    server owns is forwarded there. Streaming RPCs return the flat `Event`
+    server owns is forwarded there.
+
+    Sessions belong to the principal that created them: the principal of the
+    caller's API key (`NAME<TAB>KEY` in the keys file names it; a bare key is its
+    own principal), or one anonymous principal on a mesh without keys. Session
+    ids are per principal (two principals may both have `my-thread`), and every
+    call finds a session only among the caller's own: another principal's
+    session answers NOT_FOUND exactly as a missing one. Admin principals
+    (`NAME<TAB>KEY<TAB>admin`) may read another principal's sessions by naming
+    it (`principal` in GetSession, GetHistory and ListSessions), each read
+    logged; anyone else naming another principal gets PERMISSION_DENIED. Streaming RPCs return the flat `Event`
     (AG-UI shaped) rather than a per-RPC response message, so that every stream
     (Turn, SubscribeTurn) is the same event vocabulary.
     """
@@ -81,6 +106,11 @@ class SessionServiceAsyncStub(SessionServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.CreateSessionRequest, _session_service_pb2.CreateSessionResponse]  # type: ignore[assignment]
     """Creates a session. The server mints a ULID unless `session_id` is given."""
+    ListSessions: _aio.UnaryUnaryMultiCallable[_session_service_pb2.ListSessionsRequest, _session_service_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    """Lists the caller's sessions, newest first (by creation time), a page at
+    a time. Another principal's sessions are never listed (unless an admin
+    names that principal).
+    """
     GetSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.GetSessionRequest, _session_service_pb2.GetSessionResponse]  # type: ignore[assignment]
     """Returns a session's summary."""
     DeleteSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.DeleteSessionRequest, _session_service_pb2.DeleteSessionResponse]  # type: ignore[assignment]
@@ -111,7 +141,17 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     """The public API: sessions with an agent and the turns of their conversation.
 
     Any session server accepts any call; a call for a session that another
-    server owns is forwarded there. Streaming RPCs return the flat `Event`
+    server owns is forwarded there.
+
+    Sessions belong to the principal that created them: the principal of the
+    caller's API key (`NAME<TAB>KEY` in the keys file names it; a bare key is its
+    own principal), or one anonymous principal on a mesh without keys. Session
+    ids are per principal (two principals may both have `my-thread`), and every
+    call finds a session only among the caller's own: another principal's
+    session answers NOT_FOUND exactly as a missing one. Admin principals
+    (`NAME<TAB>KEY<TAB>admin`) may read another principal's sessions by naming
+    it (`principal` in GetSession, GetHistory and ListSessions), each read
+    logged; anyone else naming another principal gets PERMISSION_DENIED. Streaming RPCs return the flat `Event`
     (AG-UI shaped) rather than a per-RPC response message, so that every stream
     (Turn, SubscribeTurn) is the same event vocabulary.
     """
@@ -123,6 +163,17 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_session_service_pb2.CreateSessionResponse, _abc.Awaitable[_session_service_pb2.CreateSessionResponse]]:
         """Creates a session. The server mints a ULID unless `session_id` is given."""
+
+    @_abc_1.abstractmethod
+    def ListSessions(
+        self,
+        request: _session_service_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_service_pb2.ListSessionsResponse, _abc.Awaitable[_session_service_pb2.ListSessionsResponse]]:
+        """Lists the caller's sessions, newest first (by creation time), a page at
+        a time. Another principal's sessions are never listed (unless an admin
+        names that principal).
+        """
 
     @_abc_1.abstractmethod
     def GetSession(
