@@ -84,6 +84,7 @@ bench: install
 	$(PY) -m bench.suite
 	$(PY) -m bench.store_append
 	$(PY) -m bench.refusals --refusals 270000
+	$(PY) -m bench.listing
 
 # 64 conversations for 90 s while workers, a server and the router are killed;
 # writes chaos-report.json and fails if a turn was lost or duplicated.

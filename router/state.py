@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from turnmesh.runtime.errors import NotFound, Unavailable
+from turnmesh.runtime.principals import public_id
 
 log = logging.getLogger(__name__)
 
@@ -270,13 +271,14 @@ class RouterState:
             if departed is not None and not departed[1].shared_store:
                 # Its sessions live only in its own store: they wait for it.
                 raise Unavailable(
-                    f"the server that holds session {session_id!r} is unreachable; retry",
+                    f"the server that holds session {public_id(session_id)!r} is unreachable;"
+                    " retry",
                     reason=OWNER_AWAY,
                 )
         elif lookup_only:
             if self._clock() < self._warm_until or (caller and caller not in self._members):
                 raise Unavailable("the router restarted and is still learning who owns what")
-            raise NotFound(f"session {session_id!r} has no owner")
+            raise NotFound(f"session {public_id(session_id)!r} has no owner")
         owner = self._next_server()
         self._assign(session_id, owner.member_id)
         return owner, True

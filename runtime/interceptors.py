@@ -138,10 +138,14 @@ class ApiKeyInterceptor(ServerInterceptor):
             return await continuation(handler_call_details)
         metadata = handler_call_details.invocation_metadata or ()
         if self._trusted(metadata):
-            named = _named_principal(metadata)
+            # With keys, a member's call must say whose it is: one that names
+            # nobody (an older server's) never acts for the anonymous principal.
+            named = _named_principal(metadata, required=self._keys.configured)
             if named is None:
                 return await _denied(
-                    continuation, handler_call_details, Unauthenticated("a bad principal header")
+                    continuation,
+                    handler_call_details,
+                    Unauthenticated("a mesh call must name its principal, well formed"),
                 )
             principals.set_current(named)
             return await continuation(handler_call_details)
@@ -172,12 +176,13 @@ class ApiKeyInterceptor(ServerInterceptor):
         )
 
 
-def _named_principal(metadata: Any) -> Principal | None:
-    """The principal a trusted call names (anonymous if it names none)."""
+def _named_principal(metadata: Any, *, required: bool) -> Principal | None:
+    """The principal a trusted call names (None if malformed, or missing
+    where required; else anonymous if it names none)."""
     for key, value in metadata:
         if key == PRINCIPAL_METADATA:
             return Principal.from_header(value) if isinstance(value, str) else None
-    return ANONYMOUS_PRINCIPAL
+    return None if required else ANONYMOUS_PRINCIPAL
 
 
 INTERNAL_METADATA = "x-turnmesh-internal"

@@ -80,7 +80,14 @@ def decode_token(token: str) -> Position | None:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         nanos, session = json.loads(raw)
-        if isinstance(nanos, int) and not isinstance(nanos, bool) and isinstance(session, str):
+        # Bounded as a store's integers are (SQLite's are 64-bit).
+        if (
+            isinstance(nanos, int)
+            and not isinstance(nanos, bool)
+            and 0 <= nanos < 2**63
+            and isinstance(session, str)
+            and len(session) <= 128
+        ):
             return (nanos, session)
     except (ValueError, binascii.Error, TypeError, UnicodeDecodeError):
         pass

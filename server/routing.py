@@ -70,8 +70,8 @@ class RouterClient:
             log.debug("could not tell the router %s is gone: %s", session_id, exc.code())
 
     async def other_servers(self) -> list[Owner]:
-        """Every other session server the router lists (draining ones too:
-        they still hold their sessions)."""
+        """Every other session server (draining ones too: they still hold
+        their sessions); UNAVAILABLE while the router may not know them all."""
         try:
             response = await self._membership.router.ListMembers(
                 rpb.ListMembersRequest(
@@ -84,6 +84,8 @@ class RouterClient:
         except grpc.aio.AioRpcError as exc:
             log.warning("router could not list the servers: %s", exc.code())
             raise Unavailable("the mesh router is unavailable") from exc
+        if response.learning:  # restarted: its list may still lack a server
+            raise Unavailable("the mesh router is still learning the mesh; retry")
         me = self._membership.member.member_id
         return [Owner(m.member_id, m.address) for m in response.members if m.member_id != me]
 

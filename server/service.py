@@ -248,15 +248,17 @@ class SessionServicer(SessionServiceServicer):
         asked.page_size = size
         metadata = self._forward_metadata(context)
 
-        async def remote(stub: Stub) -> listing.Page[spb.Session] | None:
+        async def remote(stub: Stub) -> listing.Page[spb.Session]:
             try:
                 answer = await stub.ListSessions(
                     asked, metadata=metadata, timeout=LIST_CALL_SECONDS
                 )
             except grpc.aio.AioRpcError as exc:
-                # Its sessions cannot be used until it is back either.
+                # A page without its sessions would move the token past them.
                 log.warning("a server did not list its sessions: %s", exc.code().name)
-                return None
+                raise Unavailable(
+                    "a server holding sessions did not answer the listing; retry"
+                ) from exc
             return listing.Page(
                 [(listing.session_position(s), s) for s in answer.sessions],
                 listing.decode_token(answer.next_page_token),
@@ -268,7 +270,7 @@ class SessionServicer(SessionServiceServicer):
             *(remote(stub) for stub in servers),
         )
         self._audit(principal, "the session list")
-        return listing.merge([p for p in pages if p is not None], size)
+        return listing.merge(pages, size)
 
     async def GetSession(
         self, request: spb.GetSessionRequest, context: Context

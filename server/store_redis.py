@@ -449,7 +449,9 @@ class RedisStore(TurnCommits):
         stale = time.time() - DANGLING_AFTER_SECONDS
         for (at, shard), session_id, fields in zip(merged.items, ids, records, strict=True):
             record = _record(session_id, fields)
-            if record is not None:
+            # An entry names one session: a session made again under its id
+            # (after a delete cut short) has an entry of its own.
+            if record is not None and position(record.created_at, session_id) == at:
                 found.append((at, record))
             elif at[0] < stale * 1e9:
                 # Its delete (or create) stopped halfway. A younger entry may

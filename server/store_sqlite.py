@@ -428,7 +428,8 @@ def _migrate_from_0(db: sqlite3.Connection, legacy_principal: str) -> None:
     )
     if legacy_principal != ANONYMOUS:
         # Version-0 ids never hold "/", so no renamed id can meet an old one.
-        for table in SESSION_TABLES:
+        # Files from before some tables existed lack them (created after this).
+        for table in filter(lambda t: _has_table(db, t), SESSION_TABLES):
             db.execute(
                 f"UPDATE {table} SET session_id = ? || '/' || session_id", (legacy_principal,)
             )

@@ -256,17 +256,20 @@ class SessionTurns:
             while self._queue:
                 turn = self._queue.popleft()
                 self.running = turn
-                turn.task = asyncio.create_task(
-                    self._runner.run(self.session_id, self.agent_name, turn),
-                    name=f"turn-{turn.turn_id}",
-                )
-                # The turn's own cancellation must not stop the drain loop.
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(turn.task)
-                if not turn.log.done:
-                    self._end_unstarted(turn)  # cancelled before its coroutine ever ran
-                self.running = None
-                self._forget(turn)
+                try:
+                    turn.task = asyncio.create_task(
+                        self._runner.run(self.session_id, self.agent_name, turn),
+                        name=f"turn-{turn.turn_id}",
+                    )
+                    # The turn's own cancellation must not stop the drain loop.
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(turn.task)
+                    if not turn.log.done:
+                        self._end_unstarted(turn)  # cancelled before its coroutine ever ran
+                finally:
+                    # Whatever happened, the turn no longer counts as in flight.
+                    self.running = None
+                    self._forget(turn)
         finally:
             self.running = None
             self._drain_task = None

@@ -43,3 +43,17 @@ def test_bench_suite_smoke_run(tmp_path: Path) -> None:
     assert report["up_seconds"] > 0
     assert list(tmp_path.glob("*.png"))
     assert "| path | concurrency |" in next(tmp_path.glob("*.md")).read_text()
+
+
+def test_listing_bench_smoke_run() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.listing", "--sessions", "30", "--stores", "memory"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    assert row["store"] == "memory" and row["sessions_of_the_principal"] == 30
+    assert row["page_of_100_p50_ms"] > 0 and row["get_session_p50_ms"] > 0

@@ -284,6 +284,28 @@ async def test_a_create_of_a_taken_id_keeps_the_listing_whole(url: str, raw: Any
         await store.close()
 
 
+async def test_an_old_entry_never_lists_a_session_made_again_under_its_id(
+    url: str, raw: Any
+) -> None:
+    store = await _opened(url, "anonymous")
+    try:
+        # A delete cut short left the first session's entry; the id was made again.
+        await store.create(SessionRecord("acme/again", "demo", 1000.0, 1000.0))
+        await raw.delete(Keys("acme/again").record)
+        await store.create(SessionRecord("acme/again", "demo", 3000.0, 3000.0))
+        page = await store.list_sessions("acme", None, 10)
+        assert [(at, r.session_id) for at, r in page.items] == [
+            (position(3000.0, "acme/again"), "acme/again")
+        ]
+        assert (
+            await raw.zscore(listing_key_of("acme/again"), listing_entry(1000.0, "acme/again"))
+            is None
+        )  # the stale entry is dropped, so the quota's count is right again
+        assert await store.count_of("acme") == 1
+    finally:
+        await store.close()
+
+
 async def test_on_a_cluster_the_moved_keys_change_slot(redis_cluster: RedisCluster) -> None:
     """Each session's keys move to another slot (usually another node); the
     cluster holds other tests' sessions too, so only ours are looked at."""

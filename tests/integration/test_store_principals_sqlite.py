@@ -150,6 +150,26 @@ async def test_a_version_0_file_goes_to_the_legacy_principal(tmp_path: Path) -> 
     assert _raw(path)[0] == store_sqlite.SCHEMA_VERSION
 
 
+async def test_a_file_from_before_some_tables_moves_too(tmp_path: Path) -> None:
+    """Early files have no turn_status table (nor idempotency keys): the move
+    renames what is there and the schema adds the rest."""
+    path = tmp_path / "early.db"
+    _old_file(path, created=[CREATED])
+    db = sqlite3.connect(path)
+    try:
+        db.execute("DROP TABLE turn_status")
+        db.execute("DROP TABLE idempotency_keys")
+    finally:
+        db.close()
+    store = open_store(f"sqlite:{path}", 600, "acme")
+    try:
+        assert await store.get("acme/s-0") is not None
+        assert await store.count_of("acme") == 1
+        assert await store.abandon_turn("acme/s-0", "T9")  # the new table works
+    finally:
+        await store.close()
+
+
 async def test_a_version_0_file_stays_anonymous_by_default(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     _old_file(path)
@@ -195,6 +215,7 @@ async def test_a_failed_move_leaves_the_file_as_it_was(
     before = _raw(path)
     # The last rename fails: every earlier change must be rolled back.
     monkeypatch.setattr(store_sqlite, "SESSION_TABLES", (*store_sqlite.SESSION_TABLES, "nope"))
+    monkeypatch.setattr(store_sqlite, "_has_table", lambda db, name: True)
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         open_store(f"sqlite:{path}", 600, legacy_principal="acme")
     assert _raw(path) == before

@@ -66,7 +66,7 @@ def test_named_keys_admin_role_comments_and_rotation() -> None:
         "ac/me\tS3CRET",  # the scoped-id separator
         "acme\tsha256:S3CRET",
         "acme\tsha256:abcd",  # too short
-        "acme\tS3CRET words",
+        "acme\t\tadmin",  # no key
         "a\tS3CRET\tadmin\textra",
     ],
 )
@@ -169,8 +169,9 @@ async def test_the_call_acts_for_its_keys_principal_and_only_members_may_name_on
     assert await _principal_of_call(interceptor, ((INTERNAL_METADATA, "inner"), *forged)) == (
         Principal("victim", admin=True)
     )
+    # With keys, a member's call that names nobody is refused, never anonymous.
     assert await _principal_of_call(interceptor, ((MESH_KEY_METADATA, "mesh"),)) == (
-        principals.ANONYMOUS_PRINCIPAL
+        grpc.StatusCode.UNAUTHENTICATED
     )
     bad = ((MESH_KEY_METADATA, "mesh"), (PRINCIPAL_METADATA, "a/b"))
     assert await _principal_of_call(interceptor, bad) == grpc.StatusCode.UNAUTHENTICATED
@@ -182,6 +183,9 @@ async def test_without_keys_every_caller_is_anonymous_whatever_it_claims() -> No
     assert await _principal_of_call(interceptor, forged) == principals.ANONYMOUS_PRINCIPAL
     assert await _principal_of_call(interceptor, ((INTERNAL_METADATA, "inner"), *forged)) == (
         Principal("victim")
+    )
+    assert await _principal_of_call(interceptor, ((INTERNAL_METADATA, "inner"),)) == (
+        principals.ANONYMOUS_PRINCIPAL
     )
 
 
@@ -237,7 +241,8 @@ def test_page_tokens_are_opaque_and_checked() -> None:
     at = (1_700_000_000_123_456_789, "my-thread")
     assert listing.decode_token(listing.encode_token(at)) == at
     assert listing.encode_token(None) == "" and listing.decode_token("") is None
-    for junk in ("!!!", "e30", "WzEsMl0", "WyJ4IiwieSJd"):  # {}, [1,2], ["x","y"]
+    outside = [listing.encode_token((n, "x")) for n in (-1, 2**63)]  # beyond 64-bit stores
+    for junk in ("!!!", "e30", "WzEsMl0", "WyJ4IiwieSJd", *outside):  # {}, [1,2], ["x","y"]
         with pytest.raises(InvalidArgument):
             listing.decode_token(junk)
 

@@ -509,3 +509,32 @@ async def test_a_forwarding_server_marks_and_keys_its_call() -> None:
     )
     metadata = dict(tls_only._forward_metadata(cast(Any, context)))
     assert metadata["authorization"] == "Bearer user-key"  # mTLS-proven peers only
+
+
+class _SilentServer:
+    """Another server's stub whose ListSessions fails."""
+
+    async def ListSessions(self, request: Any, **_: Any) -> Any:
+        raise _unavailable()
+
+
+async def test_a_listing_that_misses_a_server_fails_rather_than_skip_its_sessions() -> None:
+    ownership = SessionOwnership(ME.member_id, FakeRouter())
+    core = SessionCore(MemoryStore(), cast(Any, None), "demo", SessionLimits(), ownership)
+
+    async def others() -> list[Any]:
+        return [_SilentServer()]
+
+    servicer = SessionServicer(
+        core,
+        ownership,
+        Forwarder(ownership, Owners({}).stub),
+        lambda: spb.LIFECYCLE_STATE_READY,
+        other_servers=others,
+    )
+    principals.set_current(Principal("acme"))
+    with pytest.raises(Unavailable):
+        await servicer.ListSessions(spb.ListSessionsRequest(), cast(Any, FakeContext(())))
+    servicer._other_servers = None  # alone in the mesh: its own page
+    listed = await servicer.ListSessions(spb.ListSessionsRequest(), cast(Any, FakeContext(())))
+    assert list(listed.sessions) == [] and listed.next_page_token == ""
