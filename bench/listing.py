@@ -56,7 +56,7 @@ def _p50(values: list[float]) -> float:
 async def measure(store: str, sessions: int, workdir: Path) -> dict[str, Any]:
     keys = workdir / "keys"
     keys.write_text("".join(f"{name}\t{key}\n" for name, key in KEYS.items()))
-    redis = RedisServer(workdir / "redis") if store == "redis" else None
+    redis = RedisServer(workdir) if store == "redis" else None
     mesh = Mesh(workdir / "mesh", common_args=("--mesh-key", MESH_KEY))
     try:
         mesh.start_router()

@@ -29,7 +29,7 @@ from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.eventlog import EventLogs, TurnLog
-from turnmesh.server.listing import MAX_PAGE_SIZE, SCAN_BUDGET, Filters, Page, Position
+from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now
@@ -328,7 +328,8 @@ class SessionCore:
         a full page's worth (the page may then hold fewer, with a token)."""
         items: list[tuple[Position, spb.Session]] = []
         cursor, scanned = before, 0
-        batch_size = size if wanted == Filters() else MAX_PAGE_SIZE
+        # Filters skip most sessions: read them in larger batches.
+        batch_size = size if wanted == Filters() else FILTER_BATCH
         while True:
             batch = await self.store.list_sessions(principal, cursor, batch_size)
             for index, (at, record) in enumerate(batch.items):

@@ -31,6 +31,7 @@ DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 # Sessions looked at per call beyond a full page when filters skip most.
 SCAN_BUDGET = 1_000
+FILTER_BATCH = 250
 MAX_METADATA_FILTERS = 16
 T = TypeVar("T")
 

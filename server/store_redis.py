@@ -430,15 +430,20 @@ class RedisStore(TurnCommits):
         if limit < 1:
             return Page([], None)
         high = "+" if before is None else "(" + listing_member(before)
+        # Sessions spread evenly over the shards, so each is asked for twice
+        # its share, not for the whole page: the merge keeps only what every
+        # shard has covered, so a lopsided spread costs another call, never a
+        # session.
+        wanted = min(limit, 2 * -(-limit // LISTING_SHARDS) + 2)
         async with self._redis.pipeline(transaction=False) as pipe:
             for shard in range(LISTING_SHARDS):
-                pipe.zrevrangebylex(listing_key(principal, shard), high, "-", start=0, num=limit)
+                pipe.zrevrangebylex(listing_key(principal, shard), high, "-", start=0, num=wanted)
             shards: list[list[bytes]] = await pipe.execute()
         pages: list[Page[int]] = []
         for shard, rows in enumerate(shards):
             items = [(listed_position(row), shard) for row in rows]
             # A shard that returned less than asked for has nothing further.
-            pages.append(Page(items, items[-1][0] if len(rows) == limit else None))
+            pages.append(Page(items, items[-1][0] if len(rows) == wanted else None))
         merged = merge(pages, limit)
         ids = [scoped(principal, at[1]) for at, _ in merged.items]
         async with self._redis.pipeline(transaction=False) as pipe:

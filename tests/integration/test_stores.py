@@ -175,6 +175,26 @@ async def test_listing_is_per_principal_newest_first_in_keyset_pages(
     assert theirs.frontier is None
 
 
+async def test_full_pages_walk_every_session_once_in_order(store: SessionStore) -> None:
+    """Pages of 100 over 250 sessions (on Redis each shard is asked for only
+    part of a page, so a shard's share decides how far a page reaches)."""
+    tenant = f"w{uuid.uuid4().hex[:12]}"
+    ids = [f"{tenant}/s{i:03d}" for i in range(250)]
+    for i, sid in enumerate(ids):
+        await store.create(_record(sid, at=1000.0 + i // 3))  # ties: three per instant
+    expected = sorted(ids, key=lambda sid: (1000 + int(sid[-3:]) // 3, sid), reverse=True)
+    listed: list[str] = []
+    before = None
+    for _ in range(20):
+        page = await store.list_sessions(tenant, before, 100)
+        assert len(page.items) <= 100
+        listed += [r.session_id for _, r in page.items]
+        if page.frontier is None:
+            break
+        before = page.frontier
+    assert listed == expected
+
+
 async def test_the_anonymous_principal_lists_bare_ids(store: SessionStore) -> None:
     sid = _sid()
     await store.create(_record(sid, at=float(uuid.uuid4().int % 10**9)))
