@@ -63,19 +63,27 @@ def sniff_problem(content: bytes, mime_type: str) -> str | None:
 
 # The part every document of the type has.
 _MAIN_PARTS = {"word/document.xml": DOCX, "xl/workbook.xml": XLSX, "ppt/presentation.xml": PPTX}
-# More entries than this is not a document we read (nor cheap to list here).
+# More entries, or a bigger directory, than this is not a document we read
+# (nor cheap to list here: the session server sniffs on its event loop).
 MAX_ZIP_ENTRIES = 5_000
+MAX_ZIP_DIRECTORY_BYTES = 256 * 1024
 
 
 def _office_type(content: bytes) -> str | None:
-    """The OOXML type by the zip's part names; the entry count is read from
-    the end record first, so listing them stays cheap."""
+    """The OOXML type by the zip's part names. The end record's counts are
+    checked first, and zipfile reads no more of the directory than the
+    record's size says, so a zip that lies about its entry count (one entry
+    claimed, a million listed) costs at most MAX_ZIP_DIRECTORY_BYTES."""
     tail = content[-(65_535 + 22) :]
     end = tail.rfind(b"PK\x05\x06")
-    if end < 0 or len(tail) < end + 12:
+    if end < 0 or len(tail) < end + 20:
         return None
     if int.from_bytes(tail[end + 10 : end + 12], "little") > MAX_ZIP_ENTRIES:
         return None
+    if int.from_bytes(tail[end + 12 : end + 16], "little") > MAX_ZIP_DIRECTORY_BYTES:
+        return None
+    if end >= 20 and tail[end - 20 : end - 16] == b"PK\x06\x07":
+        return None  # ZIP64: zipfile would take its own (unchecked) counts
     try:
         with zipfile.ZipFile(io.BytesIO(content)) as archive:
             names = set(archive.namelist())

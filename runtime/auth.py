@@ -14,7 +14,8 @@ so ``KEY`` and ``sha256:`` of it name the same principal, and a line without a
 tab means what it always did (a key holding a tab would now read as a name).
 Blank lines and ``#`` comments are skipped. A malformed line refuses the file
 at start, and keeps the keys loaded before on a reload; the message names the
-line's number, never its text. A key is never logged, echoed or a metric label.
+line's number, never its text. Deleting the file revokes its keys (once it is
+still gone at the next check, a second later). A key is never logged, echoed or a metric label.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class ApiKeys:
         self._file = Path(file) if file else None
         self._file_keys: dict[bytes, Principal] = {}
         self._file_stamp: int | None = None
+        self._missing = False  # the file was gone at the last check
         self._checked = 0.0
         if self._file is not None:
             self._reload(force=True)
@@ -129,6 +131,17 @@ class ApiKeys:
             if not force and stamp == self._file_stamp:
                 return
             keys = parse_keys(self._file.read_text())
+        except FileNotFoundError:
+            if force:
+                raise SystemExit(f"cannot read the API keys file {self._file}") from None
+            # Deleting the file revokes every key in it, once it stays gone
+            # for two checks: an editor that saves by renaming leaves it
+            # missing for an instant, which must not lock everyone out.
+            if self._missing and self._file_keys:
+                log.warning("the API keys file %s is gone: its keys are revoked", self._file)
+                self._file_keys = {}
+            self._missing, self._file_stamp = True, None
+            return
         except (OSError, UnicodeDecodeError, KeysFileError) as error:
             reason = error if isinstance(error, KeysFileError) else "cannot read it"
             if force:
@@ -137,9 +150,11 @@ class ApiKeys:
                 "the API keys file %s: %s; keeping the keys loaded before", self._file, reason
             )
             self._file_stamp = None if isinstance(error, OSError) else stamp
+            self._missing = False
             return
         self._file_keys = keys
         self._file_stamp = stamp
+        self._missing = False
         log.info("loaded %d API keys from %s", len(keys), self._file)
 
 

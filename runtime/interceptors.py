@@ -5,14 +5,20 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
 import grpc
 
 from turnmesh.runtime import principals
 from turnmesh.runtime.auth import ApiKeys, bearer
-from turnmesh.runtime.errors import RateLimited, TurnmeshError, Unauthenticated
+from turnmesh.runtime.errors import (
+    FieldViolation,
+    InvalidArgument,
+    RateLimited,
+    TurnmeshError,
+    Unauthenticated,
+)
 from turnmesh.runtime.handlers import (
     Continuation,
     MethodHandler,
@@ -50,6 +56,7 @@ class ErrorMappingInterceptor(ServerInterceptor):
         def unary(inner: Unary) -> Unary:
             async def mapped(request: Any, context: ServicerContext) -> Any:
                 try:
+                    _decoded(request)
                     return await inner(request, context)
                 except Exception as exc:
                     await _abort(context, exc, method)
@@ -59,6 +66,7 @@ class ErrorMappingInterceptor(ServerInterceptor):
         def stream(inner: Stream) -> Stream:
             async def mapped(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
                 try:
+                    _decoded(request)
                     async for item in inner(request, context):
                         yield item
                 except Exception as exc:
@@ -66,7 +74,42 @@ class ErrorMappingInterceptor(ServerInterceptor):
 
             return mapped
 
-        return wrap(handler, unary, stream)
+        wrapped = wrap(handler, unary, stream)
+        if handler.unary_unary is None and handler.unary_stream is None:
+            return wrapped  # a streamed request: its messages decode as they come
+        # grpc answers a request it cannot decode (nested past protobuf's depth
+        # limit, say) with UNKNOWN and the parser's text; this makes it a 400.
+        tolerant: MethodHandler = cast(Any, wrapped)._replace(
+            request_deserializer=_tolerant(handler.request_deserializer)
+        )
+        return tolerant
+
+
+class _Undecodable:
+    """What a request that could not be decoded arrives as."""
+
+
+UNDECODABLE = _Undecodable()
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception:  # DecodeError, or nesting past the decoder's limit
+            return UNDECODABLE
+
+    return decode
+
+
+def _decoded(request: Any) -> None:
+    if request is UNDECODABLE:
+        raise InvalidArgument(
+            [FieldViolation("request", "cannot be decoded: malformed, or nested too deeply")]
+        )
 
 
 async def _abort(context: ServicerContext, exc: Exception, method: str) -> None:

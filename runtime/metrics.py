@@ -7,6 +7,8 @@ session id or message content; principals only when the operator asks
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 # Session servers.
@@ -39,12 +41,27 @@ STORE_SECONDS = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
 )
 
+EVENT_LOOP_LAG = Gauge(
+    "turnmesh_event_loop_lag_seconds",
+    "How late the server's event loop woke a timer, at the last check (work that"
+    " holds the loop delays every call on it)",
+)
+
 # Workers.
 WORKER_RUNS = Counter("turnmesh_worker_runs", "Agent runs, by outcome", ["outcome"])
 WORKER_RUN_SECONDS = Histogram("turnmesh_worker_run_duration_seconds", "Agent run wall time")
 
 # Router.
 ROUTER_MEMBERS = Gauge("turnmesh_router_members", "Live mesh members", ["role"])
+
+
+async def watch_loop_lag(interval: float = 0.5) -> None:
+    """Set EVENT_LOOP_LAG forever: a timer's lateness, every ``interval``."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await asyncio.sleep(interval)
+        EVENT_LOOP_LAG.set(max(0.0, loop.time() - started - interval))
 
 
 def serve_metrics(host: str, port: int | None) -> str | None:

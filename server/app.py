@@ -15,7 +15,7 @@ from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import ApiKeyInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
-from turnmesh.runtime.metrics import serve_metrics
+from turnmesh.runtime.metrics import serve_metrics, watch_loop_lag
 from turnmesh.runtime.principals import ANONYMOUS
 from turnmesh.runtime.ratelimit import TokenBuckets
 from turnmesh.runtime.serving import (
@@ -204,6 +204,7 @@ class SessionServer:
         self._opened.push_async_callback(self.workers.stop)
         self._tasks.append(asyncio.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
+        self._tasks.append(asyncio.create_task(watch_loop_lag(), name="loop-lag"))
         log.info("session server %s listening on %s", self.member_id, address)
 
     async def _other_servers(self) -> list[SessionServiceAsyncStub]:

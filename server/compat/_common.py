@@ -199,14 +199,42 @@ def invalid(field: str, description: str) -> InvalidArgument:
     return InvalidArgument([FieldViolation(field, description)])
 
 
+# Deeper than any request of these APIs needs; far below Python's recursion limit.
+MAX_JSON_DEPTH = 64
+
+
 def parse_json_body(body: httpbody_pb2.HttpBody) -> dict[str, Any]:
     try:
         data = json.loads(body.data or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise invalid("body", f"not valid JSON: {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+    except RecursionError:
+        raise invalid("body", f"nested deeper than {MAX_JSON_DEPTH} levels") from None
     if not isinstance(data, dict):
         raise invalid("body", "must be a JSON object")
+    _check_values(data)
     return data
+
+
+def _check_values(data: dict[str, Any]) -> None:
+    """Refuse what JSON allows but text cannot hold: nesting past
+    MAX_JSON_DEPTH, and lone surrogates (``"\\ud800"``), which no protobuf
+    string and no UTF-8 can carry. Iterative: no recursion to exhaust."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise invalid("body", f"nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((k, depth) for k in value)
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+        elif isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise invalid("body", "holds a lone surrogate (\\ud800-\\udfff)") from None
 
 
 def json_body(payload: Any) -> httpbody_pb2.HttpBody:

@@ -112,7 +112,7 @@ def parse(body: httpbody_pb2.HttpBody) -> RunAgentInput:
             f"messages[{len(run.messages) - 1}].role", "the last message must be the user's"
         )
     policy = run.forwarded_props.get("policy", "collect")
-    if policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise invalid("forwardedProps.policy", f"one of {', '.join(sorted(POLICIES))}")
     return run
 

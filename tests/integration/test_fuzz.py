@@ -49,6 +49,11 @@ def deep(depth: int) -> Any:
     return value
 
 
+def _odd_body(field: str, value: str) -> bytes:
+    message = f'{{"role": "user", "content": {value}}}'
+    return f'{{"{field}": {value}, "messages": [{message}]}}'.encode()
+
+
 bodies = st.one_of(
     json_values.map(lambda v: json.dumps(v).encode()),
     st.dictionaries(
@@ -74,6 +79,11 @@ bodies = st.one_of(
     ).map(lambda v: json.dumps(v).encode()),
     st.binary(max_size=200),  # not JSON, often not UTF-8
     st.integers(min_value=10, max_value=200).map(lambda d: json.dumps(deep(d)).encode()),
+    # Lone surrogates, and the wrong JSON type where the surfaces want another.
+    st.tuples(
+        st.sampled_from(["message", "input", "content", "threadId", "model", "messages"]),
+        st.sampled_from(['"\\ud800"', '"a\\udfffb"', "[]", "{}", "1e999", "null"]),
+    ).map(lambda pair: _odd_body(*pair)),
 )
 
 ROUTES = [
@@ -117,8 +127,11 @@ def test_rest_paths_survive_hostile_bodies(shared_mesh: SharedMesh) -> None:
             ident=hostile_text,
             body=bodies,
             after=st.integers(min_value=-(2**40), max_value=2**40),
+            content_type=st.sampled_from(["application/json", "text/plain"]),
         )
-        def hit(route: tuple[str, str], ident: str, body: bytes, after: int) -> None:
+        def hit(
+            route: tuple[str, str], ident: str, body: bytes, after: int, content_type: str
+        ) -> None:
             method, template = route
             path = template.replace("{id}", quote(ident or "x", safe=""))
             params: dict[str, str] | None = None
@@ -134,7 +147,7 @@ def test_rest_paths_survive_hostile_bodies(shared_mesh: SharedMesh) -> None:
                 path,
                 content=body if method == "POST" else None,
                 params=params,
-                headers={"content-type": "application/json"},
+                headers={"content-type": content_type},
             )
             assert response.status_code < 500, (method, path, response.status_code, response.text)
             assert "Traceback" not in response.text

@@ -53,6 +53,8 @@ async def test_components_expose_turn_and_mesh_metrics(mesh_factory: Mesh) -> No
     assert s[("turnmesh_turns_in_flight", ())] == 0
     assert s[("turnmesh_active_sessions", ())] == 1
     assert s[("turnmesh_store_operation_seconds_count", (("operation", "commit_turn"),))] == 3
+    # The event loop's lag is watched (a stalled loop delays every caller).
+    assert 0 <= s[("turnmesh_event_loop_lag_seconds", ())] < 60
     # No series per principal unless asked (--metrics-principal-label).
     assert not any(name.startswith("turnmesh_principal_turns") for name, _ in s)
 

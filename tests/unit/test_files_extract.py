@@ -8,6 +8,7 @@ import os
 import struct
 import zipfile
 import zlib
+from typing import Any
 
 import docx as python_docx
 import openpyxl
@@ -145,6 +146,49 @@ def test_sniff_rejects_unrecognised_bytes_for_a_binary_type() -> None:
 def test_sniff_rejects_a_plain_zip_declared_as_office() -> None:
     problem = sniff_problem(_zip({"notes.txt": b"hello" * 100}), DOCX)
     assert problem == f"declared {DOCX} but the content is application/zip"
+
+
+def _lying_zip(entries: int) -> bytes:
+    """A docx-looking zip whose directory lists ``entries`` parts while its
+    end record claims one (the directory size it states is the true one)."""
+    # The main part last: only the directory can tell what this is.
+    content = bytearray(
+        _zip({**{f"p/{i}": b"" for i in range(entries)}, "word/document.xml": b"<w/>"})
+    )
+    end = content.rfind(b"PK\x05\x06")
+    content[end + 8 : end + 12] = struct.pack("<HH", 1, 1)
+    return bytes(content)
+
+
+def test_sniff_never_lists_a_zip_directory_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One entry claimed, 20,000 listed: the directory's stated size gives it
+    away, and zipfile is never asked to list it (that cost 10 s per file on
+    the server's event loop with a million entries)."""
+    lying, small = _lying_zip(20_000), _lying_zip(10)
+    opened: list[object] = []
+    real = zipfile.ZipFile
+
+    def counted(*args: Any, **kwargs: Any) -> zipfile.ZipFile:
+        opened.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(zipfile, "ZipFile", counted)
+    assert sniff_problem(lying, DOCX) == f"declared {DOCX} but the content is application/zip"
+    assert opened == []
+    # A real document of the same shape, small, is still read and accepted.
+    assert sniff_problem(small, DOCX) is None
+    assert len(opened) == 1
+
+
+def test_sniff_leaves_zip64_directories_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    content = bytearray(_zip({"notes.txt": b"x" * 100, "word/document.xml": b"<w/>"}))
+    end = content.rfind(b"PK\x05\x06")
+    locator = b"PK\x06\x07" + bytes(16)  # a ZIP64 end locator just before the end record
+    patched = bytes(content[:end]) + locator + bytes(content[end:])
+    monkeypatch.setattr(zipfile, "ZipFile", lambda *a, **k: pytest.fail("listed a ZIP64 zip"))
+    assert sniff_problem(patched, DOCX) is not None
 
 
 @pytest.mark.parametrize("mime_type", sorted(TEXT_TYPES))

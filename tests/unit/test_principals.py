@@ -89,6 +89,14 @@ def test_a_bad_reload_keeps_the_keys_loaded_before(
     assert keys.match("k1") == Principal("acme")  # still served, the bad file logged
     path.write_text("beta\tk2\n")
     assert keys.match("k1") is None and keys.match("k2") == Principal("beta")
+    # Deleted: revoked once it is still gone at the next check (an editor's
+    # save-by-rename leaves it missing for an instant only).
+    path.unlink()
+    assert keys.match("k2") == Principal("beta")
+    assert keys.match("k2") is None
+    assert keys.configured  # keys are still required: nobody gets in
+    path.write_text("beta\tk2\n")
+    assert keys.match("k2") == Principal("beta")
     path.write_text("x\tsha256:zz\n")
     with pytest.raises(SystemExit, match="line 1"):
         ApiKeys(file=str(path))
