@@ -152,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(server, "--max-sessions", ServerConfig, "max_sessions")
     _setting(server, "--max-sessions-per-principal", ServerConfig, "max_sessions_per_principal")
     _setting(server, "--max-turns-per-principal", ServerConfig, "max_turns_per_principal")
+    _setting(server, "--max-pending-bytes", ServerConfig, "max_pending_bytes_per_session")
+    _setting(
+        server,
+        "--max-pending-bytes-per-principal",
+        ServerConfig,
+        "max_pending_bytes_per_principal",
+    )
     _setting(server, "--rate-limit", ServerConfig, "rate_limit")
     _setting(server, "--api-keys-file", ServerConfig, "api_keys_file")
     _setting(server, "--store", ServerConfig, "store")

@@ -41,6 +41,10 @@ STORE_SECONDS = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
 )
 
+PENDING_BYTES = Gauge(
+    "turnmesh_pending_turn_bytes",
+    "Bytes of messages and files held by turns running or waiting on this server",
+)
 EVENT_LOOP_LAG = Gauge(
     "turnmesh_event_loop_lag_seconds",
     "How late the server's event loop woke a timer, at the last check (work that"

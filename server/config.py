@@ -46,7 +46,28 @@ class SessionLimits(BaseModel):
         ),
     )
     max_queued_per_session: int = Field(
-        default=64, gt=0, description="turns waiting on one session before new ones get 429"
+        default=64,
+        gt=0,
+        description=(
+            "messages waiting on one session (each of a coalesced batch counts) before"
+            " new ones get 429"
+        ),
+    )
+    max_pending_bytes_per_session: int = Field(
+        default=256 * 2**20,
+        gt=0,
+        description=(
+            "bytes of messages and files one session's running and waiting turns may hold"
+            " before new turns get 429 (coalesced ones included)"
+        ),
+    )
+    max_pending_bytes_per_principal: int = Field(
+        default=512 * 2**20,
+        gt=0,
+        description=(
+            "bytes of messages and files one principal's running and waiting turns may hold"
+            " on a server before new ones get 429 TURN_QUOTA_EXCEEDED"
+        ),
     )
     max_sessions_per_principal: int | None = Field(
         default=None,

@@ -33,7 +33,7 @@ from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Po
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now
-from turnmesh.server.turns import CancelReason, KeyUse, SessionTurns
+from turnmesh.server.turns import CancelReason, KeyUse, SessionTurns, pending_bytes
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -74,6 +74,8 @@ class SessionCore:
         self._turns: dict[str, SessionTurns] = {}
         # Turns running or queued here, per principal (its turn quota).
         self._in_flight: Counter[str] = Counter()
+        # Bytes of messages and files those turns hold, per principal.
+        self._held_bytes: Counter[str] = Counter()
         self.draining = False
         # Told when sessions are created here and when they go.
         self.ownership = ownership or SessionOwnership("")
@@ -238,13 +240,26 @@ class SessionCore:
             )
         if turns.queued >= self.limits.max_queued_per_session:
             raise ResourceExhausted(
-                f"session {public_id(record.session_id)!r} has {turns.queued} turns waiting already"
+                f"session {public_id(record.session_id)!r} has {turns.queued} messages"
+                " waiting already"
             )
         quota = self.limits.max_turns_per_principal
         principal = principal_of(record.session_id)
         if quota is not None and self._in_flight[principal] >= quota:
             raise TurnQuotaExceeded(
                 f"this caller has its maximum of {quota} turns running or waiting here"
+            )
+        # What the request would hold until its turn ends, joined or not.
+        size = pending_bytes(request.message, list(request.files))
+        if turns.pending_bytes + size > self.limits.max_pending_bytes_per_session:
+            raise ResourceExhausted(
+                f"session {public_id(record.session_id)!r} holds"
+                f" {turns.pending_bytes // 2**20} MiB of turns running or waiting already"
+            )
+        budget = self.limits.max_pending_bytes_per_principal
+        if self._held_bytes[principal] + size > budget:
+            raise TurnQuotaExceeded(
+                f"this caller's turns running or waiting here hold {budget // 2**20} MiB already"
             )
         arrived = turns.turn_for_key(key) if key else None
         if arrived is not None and arrived.turn_id != earlier:
@@ -281,7 +296,12 @@ class SessionCore:
         turns = self._turns.get(record.session_id)
         if turns is None:
             turns = SessionTurns(
-                record.session_id, record.agent_name, self.runner, self.logs, self._in_flight
+                record.session_id,
+                record.agent_name,
+                self.runner,
+                self.logs,
+                self._in_flight,
+                self._held_bytes,
             )
             self._turns[record.session_id] = turns
         return turns

@@ -27,6 +27,8 @@ from google.protobuf import struct_pb2
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from turnmesh.files import MAX_FILES, MAX_TOTAL_FILE_BYTES
+from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import NotFound, SessionBusy, TurnError
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
@@ -75,8 +77,22 @@ class PendingTurn:
     # The owner token the session carried when the turn was placed: its
     # commit writes nothing if the session changed owner since.
     fence: str = ""
+    # Bytes of its messages and files (budgets: ``pending_bytes``).
+    size: int = 0
     # The trace of the call that created the turn; the worker call joins it.
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
+
+
+def pending_bytes(message: str, files: list[message_pb2.File]) -> int:
+    """What a turn's request holds in memory until the turn ends."""
+    return len(message.encode()) + sum(len(f.content) for f in files)
+
+
+def _fits(held: list[message_pb2.File], more: list[message_pb2.File]) -> bool:
+    """Whether a batch may take more files and stay within one turn's limits."""
+    if len(held) + len(more) > MAX_FILES:
+        return False
+    return sum(len(f.content) for f in (*held, *more)) <= MAX_TOTAL_FILE_BYTES
 
 
 class KeyUse(NamedTuple):
@@ -113,10 +129,14 @@ class SessionTurns:
         runner: Runner,
         logs: EventLogs,
         in_flight: Counter[str] | None = None,
+        held_bytes: Counter[str] | None = None,
     ) -> None:
         self.session_id = session_id
         # Turns running or queued, per principal: this session's count there.
         self._in_flight = in_flight if in_flight is not None else Counter()
+        # Bytes of messages and files those turns hold, here and per principal.
+        self.pending_bytes = 0
+        self._held_bytes = held_bytes if held_bytes is not None else Counter()
         self._principal = principal_of(session_id)
         self.agent_name = agent_name
         self._runner = runner
@@ -134,8 +154,15 @@ class SessionTurns:
 
     @property
     def queued(self) -> int:
-        """Turns waiting behind the running one."""
-        return len(self._queue)
+        """Messages waiting behind the running turn (each one of a
+        coalesced batch counts)."""
+        return sum(len(turn.messages) for turn in self._queue)
+
+    def _hold(self, turn: PendingTurn, size: int) -> None:
+        turn.size += size
+        self.pending_bytes += size
+        self._held_bytes[self._principal] += size
+        metrics.PENDING_BYTES.inc(size)
 
     def turn_for_key(self, key: str) -> KeyUse | None:
         """The turn a retried request with this idempotency key belongs to."""
@@ -158,15 +185,24 @@ class SessionTurns:
             # The head of the queue of an idle session is as good as running
             # (the drain task just has not picked it up yet): never join it.
             head_is_next = self.running is None and len(self._queue) == 1
-            if self._queue and self._queue[-1].collecting and not head_is_next:
-                batch = self._queue[-1]
+            batch = self._queue[-1] if self._queue else None
+            if (
+                batch is not None
+                and batch.collecting
+                and not head_is_next
+                and _fits(batch.files, files)
+            ):
                 batch.messages.append(message)
                 batch.files.extend(files)
                 batch.metadata.MergeFrom(metadata)
                 batch.waiters += 1
+                self._hold(batch, pending_bytes(message, files))
                 self._remember_key(batch, idempotency_key, digest)
                 return batch
+            # A batch that would outgrow one turn's file limits stays as it
+            # is: this message starts the next batch (one more queued turn).
         turn = self._new_turn(message, files, metadata, policy, fence)
+        self._hold(turn, pending_bytes(message, files))
         turn.waiters = 1
         self._remember_key(turn, idempotency_key, digest)
         if policy == spb.TURN_POLICY_INTERRUPT:
@@ -285,6 +321,11 @@ class SessionTurns:
             self._in_flight[self._principal] -= 1
             if self._in_flight[self._principal] <= 0:
                 del self._in_flight[self._principal]
+            self.pending_bytes -= turn.size
+            self._held_bytes[self._principal] -= turn.size
+            metrics.PENDING_BYTES.dec(turn.size)
+            if self._held_bytes[self._principal] <= 0:
+                del self._held_bytes[self._principal]
 
     async def wait_idle(self) -> None:
         task = self._drain_task

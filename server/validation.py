@@ -13,8 +13,10 @@ from turnmesh.files import (
     MAX_TOTAL_FILE_BYTES,
     sniff_problem,
 )
+from turnmesh.files.extract import MAX_TEXT_CHARS as MAX_FILE_TEXT_CHARS
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument
 from turnmesh.runtime.ids import SESSION_ID_PATTERN
+from turnmesh.v1 import message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 MAX_MESSAGE_CHARS = 10_000
@@ -24,6 +26,8 @@ MAX_METADATA_BYTES = 64 * 1024
 MAX_SEED_MESSAGES = 10_000
 MAX_SEED_MESSAGE_CHARS = 100_000
 SEED_ROLES = frozenset({"user", "assistant", "system", "tool"})
+MAX_SEED_TOOL_CALLS = 128
+MAX_SEED_BYTES = 64 * 2**20
 
 
 def _raise_if(violations: list[FieldViolation]) -> None:
@@ -79,7 +83,49 @@ def validate_create_session(request: spb.CreateSessionRequest) -> None:
                     f"must be at most {MAX_SEED_MESSAGE_CHARS} characters",
                 )
             )
+        violations += _seed_parts_violations(f"messages[{index}]", message)
+    if request.ByteSize() > MAX_SEED_BYTES:
+        violations.append(
+            FieldViolation("messages", f"at most {MAX_SEED_BYTES // 2**20} MiB in all")
+        )
     _raise_if(violations)
+
+
+def _seed_parts_violations(at: str, message: message_pb2.Message) -> list[FieldViolation]:
+    """A seeded message holds no more than a turn could have put there: file
+    texts as the worker cuts them, a turn's file count, bounded tool calls
+    and metadata (every later turn carries the history to its worker)."""
+    violations = []
+    if len(message.files) > MAX_FILES:
+        violations.append(FieldViolation(f"{at}.files", f"at most {MAX_FILES} files"))
+    for n, ref in enumerate(message.files[:MAX_FILES]):
+        if len(ref.text) > MAX_FILE_TEXT_CHARS:
+            violations.append(
+                FieldViolation(
+                    f"{at}.files[{n}].text", f"must be at most {MAX_FILE_TEXT_CHARS} characters"
+                )
+            )
+        if len(ref.filename) > MAX_FILENAME_CHARS or len(ref.error) > MAX_MESSAGE_CHARS:
+            violations.append(FieldViolation(f"{at}.files[{n}]", "filename or error too long"))
+    if len(message.tool_calls) > MAX_SEED_TOOL_CALLS:
+        violations.append(
+            FieldViolation(f"{at}.tool_calls", f"at most {MAX_SEED_TOOL_CALLS} tool calls")
+        )
+    if any(
+        len(call.function.arguments) > MAX_SEED_MESSAGE_CHARS
+        for call in message.tool_calls[:MAX_SEED_TOOL_CALLS]
+    ):
+        violations.append(
+            FieldViolation(
+                f"{at}.tool_calls",
+                f"arguments must be at most {MAX_SEED_MESSAGE_CHARS} characters",
+            )
+        )
+    if message.metadata.ByteSize() > MAX_METADATA_BYTES:
+        violations.append(
+            FieldViolation(f"{at}.metadata", f"must be at most {MAX_METADATA_BYTES} bytes")
+        )
+    return violations
 
 
 def validate_subscribe(request: spb.SubscribeTurnRequest) -> None:

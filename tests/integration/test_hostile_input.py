@@ -5,12 +5,15 @@ exception's text), and the server's event loop keeps answering meanwhile."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 
 import httpx
 import pytest
 
 from tests.conftest import SharedMesh
+from tests.support.mesh import Mesh, eventually, until
 
 
 def _deep(depth: int) -> str:
@@ -73,3 +76,71 @@ def test_hostile_bodies_get_a_clear_4xx(
         problem = json.loads(response.text)
         # problem+json, or on the OpenAI paths OpenAI's error shape.
         assert "status" in problem or problem["error"]["type"] == "invalid_request_error"
+
+
+async def test_collected_requests_count_against_the_sessions_byte_budget(
+    mesh_factory: Mesh,
+) -> None:
+    """While a turn runs, COLLECT requests with files pile onto one session:
+    past its byte budget (1 MB here) they get 429 before anything more is
+    held, and another session's turn runs meanwhile."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
+    server = mesh.spawn_server(
+        "server", "--agent", "probe", "--max-pending-bytes", "1000000", "--metrics-port", "0"
+    )
+    mesh.wait_ready(worker, server)
+    envoy = mesh.start_envoy([server])
+    file = {
+        "filename": "big.txt",
+        "mime_type": "text/plain",
+        "content": base64.b64encode(b"a" * 300_000).decode(),
+    }
+    async with httpx.AsyncClient(base_url=f"http://{envoy.listener_address}", timeout=120) as rest:
+        sid = (await rest.post("/v1/sessions", json={})).json()["session"]["sessionId"]
+        other = (await rest.post("/v1/sessions", json={})).json()["session"]["sessionId"]
+        held = asyncio.create_task(
+            rest.post(
+                f"/v1/sessions/{sid}/turns",
+                json={"message": "hold", "metadata": {"gate": "budget", "deltas": 2}},
+            )
+        )
+        await until(lambda: any(mesh.probe_dir.glob("*.started")), what="the first turn")
+        joined = [
+            asyncio.create_task(
+                rest.post(
+                    f"/v1/sessions/{sid}/turns",
+                    json={"message": f"m{i}", "files": [file], "metadata": {"deltas": 1}},
+                )
+            )
+            for i in range(3)
+        ]
+        # The three fit (900 kB): wait until they are held, then one more does not.
+        metrics = f"http://{server.info['metrics_address']}/metrics"
+
+        async def all_held() -> bool:
+            return await _pending_bytes(rest, metrics) >= 900_000
+
+        await eventually(all_held, timeout=60, what="three coalesced requests held")
+        refused = await rest.post(
+            f"/v1/sessions/{sid}/turns",
+            json={"message": "one more", "files": [file]},
+        )
+        assert refused.status_code == 429, refused.text
+        assert "MiB of turns running or waiting" in refused.json()["detail"]
+        innocent = await rest.post(
+            f"/v1/sessions/{other}/turns", json={"message": "hi", "metadata": {"deltas": 1}}
+        )
+        assert innocent.status_code == 200 and "RUN_FINISHED" in innocent.text
+        (mesh.probe_dir / "gate-budget").write_text("open")
+        for response in [await held, *[await task for task in joined]]:
+            assert response.status_code == 200 and "RUN_FINISHED" in response.text
+
+
+async def _pending_bytes(rest: httpx.AsyncClient, metrics: str) -> float:
+    """What the server's turns hold (turnmesh_pending_turn_bytes)."""
+    for line in (await rest.get(metrics)).text.splitlines():
+        if line.startswith("turnmesh_pending_turn_bytes "):
+            return float(line.split()[1])
+    return 0.0

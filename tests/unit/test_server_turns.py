@@ -8,6 +8,7 @@ re-raising. SessionTurns itself ends a turn that never started.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -270,6 +271,31 @@ async def test_collect_coalesces_messages_sent_during_a_turn_into_one_follow_up(
     await turns.wait_idle()
     assert runner.started == [first.turn_id, follow_up.turn_id, later.turn_id]
     assert runner.max_running == 1
+
+
+async def test_a_batch_never_outgrows_one_turns_files_and_bytes_are_counted(
+    runner: FakeRunner, logs: EventLogs
+) -> None:
+    """Four requests of ten files each while a turn runs: a batch takes ten
+    at most (one turn's limit), the rest start the next batch; every byte
+    held counts for the session and its principal until its turn ends."""
+    held: Counter[str] = Counter()
+    turns = SessionTurns("acme/s1", "demo", runner, logs, Counter(), held)
+    first = submit(turns, "first", COLLECT)
+    await started(first)
+    ten = [message_pb2.File(content=b"x" * 100, filename=f"f{i}") for i in range(10)]
+    batches = [submit(turns, f"m{i}", COLLECT, files=ten) for i in range(4)]
+    assert len({t.turn_id for t in batches}) == 4
+    assert all(len(t.files) == 10 for t in batches)
+    assert turns.queued == 4  # messages waiting, each counted
+    assert turns.pending_bytes == len("first") + 4 * (2 + 1000)
+    assert held == Counter({"acme": turns.pending_bytes})
+    small = submit(turns, "small", COLLECT)  # no files: joins the last batch
+    assert small is batches[-1] and turns.queued == 5
+    for turn in (first, *batches):
+        runner.finish(turn)
+    await turns.wait_idle()
+    assert turns.pending_bytes == 0 and held == Counter()
 
 
 async def test_collect_on_an_idle_session_runs_alone(

@@ -355,3 +355,31 @@ def test_subscribe_reports_every_violation() -> None:
         "turn_id",
         "after_seq",
     ]
+
+
+def test_a_seeded_history_holds_no_more_than_turns_could_have_put_there() -> None:
+    """A file text of 60 MB in a seeded reference (which every later turn
+    would carry to its worker) is refused, as is anything a turn could not
+    have written."""
+    huge_ref = message_pb2.FileRef(mime_type="text/plain", text="x" * 200_001)
+    calls = [
+        message_pb2.ToolCall(id=f"c{i}", function=message_pb2.FunctionCall(arguments="{}"))
+        for i in range(129)
+    ]
+    request = spb.CreateSessionRequest(
+        messages=[
+            message_pb2.Message(role="user", content="hi", files=[huge_ref]),
+            message_pb2.Message(role="user", content="hi", files=[message_pb2.FileRef()] * 11),
+            message_pb2.Message(role="assistant", content="", tool_calls=calls),
+        ]
+    )
+    fields = fields_of(lambda: validate_create_session(request))
+    assert set(fields) == {
+        "messages[0].files[0].text",
+        "messages[1].files",
+        "messages[2].tool_calls",
+    }
+    fine = message_pb2.FileRef(mime_type="text/plain", text="x" * 200_000)
+    validate_create_session(
+        spb.CreateSessionRequest(messages=[message_pb2.Message(role="user", files=[fine])])
+    )
