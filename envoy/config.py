@@ -172,12 +172,15 @@ def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
                 for k, v in (
                     ("content-type", "text/html; charset=utf-8"),
                     ("cache-control", "no-cache"),
-                    # The page talks to this origin only and loads nothing else.
+                    # The page talks to this origin only, loads nothing else, and
+                    # is never framed by another page (clickjacking its key field).
                     (
                         "content-security-policy",
                         "default-src 'none'; script-src 'unsafe-inline'; "
-                        "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:",
+                        "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; "
+                        "frame-ancestors 'none'",
                     ),
+                    ("x-frame-options", "DENY"),
                     ("x-content-type-options", "nosniff"),
                 )
             ],

@@ -144,3 +144,10 @@ async def _pending_bytes(rest: httpx.AsyncClient, metrics: str) -> float:
         if line.startswith("turnmesh_pending_turn_bytes "):
             return float(line.split()[1])
     return 0.0
+
+
+def test_the_playground_is_never_framed_by_another_page(shared_mesh: SharedMesh) -> None:
+    page = httpx.get(f"http://{shared_mesh.edge}/", timeout=30)
+    assert page.status_code == 200
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
