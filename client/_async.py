@@ -12,6 +12,7 @@ from turnmesh.client._turns import (
     TurnOptions,
     TurnResult,
     build_create_request,
+    build_list_request,
     build_turn_request,
     collect_result,
 )
@@ -130,13 +131,7 @@ class AsyncClient:
         """One page of the caller's sessions, newest first; pass the response's
         ``next_page_token`` for the next (empty: no more). ``metadata``: only
         sessions with every key=value; ``principal``: an admin listing another's."""
-        request = spb.ListSessionsRequest(
-            page_size=page_size,
-            page_token=page_token,
-            agent_name=agent,
-            metadata=[f"{k}={v}" for k, v in (metadata or {}).items()],
-            principal=principal,
-        )
+        request = build_list_request(page_size, page_token, agent, metadata, principal)
         with map_rpc_errors():
             response = await self._stub.ListSessions(
                 request, metadata=self._metadata, timeout=self._timeout

@@ -13,6 +13,7 @@ from turnmesh.client._turns import (
     TurnOptions,
     TurnResult,
     build_create_request,
+    build_list_request,
     build_turn_request,
     collect_result,
 )
@@ -97,13 +98,7 @@ class Client:
         """One page of the caller's sessions, newest first; pass the response's
         ``next_page_token`` for the next (empty: no more). ``metadata``: only
         sessions with every key=value; ``principal``: an admin listing another's."""
-        request = spb.ListSessionsRequest(
-            page_size=page_size,
-            page_token=page_token,
-            agent_name=agent,
-            metadata=[f"{k}={v}" for k, v in (metadata or {}).items()],
-            principal=principal,
-        )
+        request = build_list_request(page_size, page_token, agent, metadata, principal)
         with map_rpc_errors():
             response: spb.ListSessionsResponse = self._stub.ListSessions(
                 request, metadata=self._metadata, timeout=self._timeout

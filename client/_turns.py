@@ -90,6 +90,18 @@ def build_create_request(
     return request
 
 
+def build_list_request(
+    page_size: int, page_token: str, agent: str, metadata: Mapping[str, str] | None, principal: str
+) -> spb.ListSessionsRequest:
+    return spb.ListSessionsRequest(
+        page_size=page_size,
+        page_token=page_token,
+        agent_name=agent,
+        metadata=[f"{k}={v}" for k, v in (metadata or {}).items()],
+        principal=principal,
+    )
+
+
 def collect_result(events: list[event_pb2.Event]) -> TurnResult:
     """The final answer of a turn: the text after its last tool result."""
     turn_id = events[0].run_id if events else ""

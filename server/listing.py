@@ -81,18 +81,22 @@ def decode_token(token: str) -> Position | None:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         nanos, session = json.loads(raw)
-        # Bounded as a store's integers are (SQLite's are 64-bit).
-        if (
-            isinstance(nanos, int)
-            and not isinstance(nanos, bool)
-            and 0 <= nanos < 2**63
-            and isinstance(session, str)
-            and len(session) <= 128
-        ):
-            return (nanos, session)
     except (ValueError, binascii.Error, TypeError, UnicodeDecodeError):
-        pass
-    raise InvalidArgument([FieldViolation("page_token", "not a token this API returned")])
+        raise _bad_token() from None
+    # Bounded as a store's integers are (SQLite's are 64-bit).
+    if (
+        isinstance(nanos, int)
+        and not isinstance(nanos, bool)
+        and 0 <= nanos < 2**63
+        and isinstance(session, str)
+        and len(session) <= 128
+    ):
+        return (nanos, session)
+    raise _bad_token()
+
+
+def _bad_token() -> InvalidArgument:
+    return InvalidArgument([FieldViolation("page_token", "not a token this API returned")])
 
 
 @dataclass(frozen=True)

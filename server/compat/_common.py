@@ -230,7 +230,8 @@ def _check_values(data: dict[str, Any]) -> None:
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list):
             stack.extend((v, depth + 1) for v in value)
-        elif isinstance(value, str):
+        elif isinstance(value, str) and not value.isascii():
+            # isascii scans without copying: base64 file bodies skip the encode.
             try:
                 value.encode()
             except UnicodeEncodeError:
