@@ -33,7 +33,7 @@ from turnmesh.runtime.principals import (
     PRINCIPAL_METADATA,
     Principal,
 )
-from turnmesh.runtime.ratelimit import TokenBuckets
+from turnmesh.runtime.ratelimit import RequestRates
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class ApiKeyInterceptor(ServerInterceptor):
         open_methods: frozenset[str],
         mesh_key: str | None,
         *,
-        rate_limit: TokenBuckets | None = None,
+        rate_limit: RequestRates | None = None,
         internal_token: str | None = None,
     ) -> None:
         self._keys = keys
@@ -200,7 +200,10 @@ class ApiKeyInterceptor(ServerInterceptor):
             reason = "a valid API key is required" if presented else "an API key is required"
             return await _denied(continuation, handler_call_details, Unauthenticated(reason))
         principals.set_current(principal)
-        if self._rates is not None and (wait := self._rates.take(principal.name.encode())) > 0:
+        if (
+            self._rates is not None
+            and (wait := await self._rates.admit(principal.name.encode())) > 0
+        ):
             return await _denied(
                 continuation,
                 handler_call_details,
