@@ -160,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         "max_pending_bytes_per_principal",
     )
     _setting(server, "--rate-limit", ServerConfig, "rate_limit")
+    _setting(server, "--rate-burst", ServerConfig, "rate_burst")
     _setting(server, "--api-keys-file", ServerConfig, "api_keys_file")
     _setting(server, "--store", ServerConfig, "store")
     _setting(server, "--lease-seconds", ServerConfig, "lease_seconds")

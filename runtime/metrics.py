@@ -45,6 +45,10 @@ PENDING_BYTES = Gauge(
     "turnmesh_pending_turn_bytes",
     "Bytes of messages and files held by turns running or waiting on this server",
 )
+RATE_LIMIT_FALLBACKS = Counter(
+    "turnmesh_rate_limit_fallbacks",
+    "Requests this server rate-limited alone because the shared limits (Redis) did not answer",
+)
 EVENT_LOOP_LAG = Gauge(
     "turnmesh_event_loop_lag_seconds",
     "How late the server's event loop woke a timer, at the last check (work that"

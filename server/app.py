@@ -17,7 +17,6 @@ from turnmesh.runtime.interceptors import ApiKeyInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
 from turnmesh.runtime.metrics import serve_metrics, watch_loop_lag
 from turnmesh.runtime.principals import ANONYMOUS
-from turnmesh.runtime.ratelimit import TokenBuckets
 from turnmesh.runtime.serving import (
     GrpcProcess,
     check_bind_host,
@@ -31,6 +30,7 @@ from turnmesh.server.config import ServerConfig
 from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import Forwarder
 from turnmesh.server.leases import Leases, LeaseStore
+from turnmesh.server.mesh_limits import request_rates, turn_leases
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.routing import RouterClient
 from turnmesh.server.service import SessionServicer
@@ -143,7 +143,14 @@ class SessionServer:
                 self.ownership.claim(session_id)
         self._opened.push_async_callback(self.router.close)
         # The config is the core's limits (a ServerConfig is a SessionLimits).
-        self.core = SessionCore(self.store, self.workers, c.default_agent, c, self.ownership)
+        # With Redis, the turn quota and request rates are the whole mesh's.
+        leases = turn_leases(self.store, self.member_id, c.lease_seconds, c.max_turns_per_principal)
+        self.core = SessionCore(
+            self.store, self.workers, c.default_agent, c, self.ownership, leases
+        )
+        if leases is not None:
+            leases.start()
+            self._opened.push_async_callback(leases.stop)
         servicer = SessionServicer(
             self.core,
             self.ownership,
@@ -179,7 +186,7 @@ class SessionServer:
                     self.api_keys,
                     open_methods,
                     c.mesh_key,
-                    rate_limit=TokenBuckets(c.rate_limit) if c.rate_limit else None,
+                    rate_limit=request_rates(self.store, c.rate_limit, c.rate_burst),
                     internal_token=self._internal_token,
                 )
             ],

@@ -82,7 +82,7 @@ class SessionLimits(BaseModel):
         gt=0,
         description=(
             "turns one principal may have running or queued on a server before new"
-            " ones get 429 TURN_QUOTA_EXCEEDED"
+            " ones get 429 TURN_QUOTA_EXCEEDED; with a Redis store, in the whole mesh"
         ),
     )
     metrics_principal_label: bool = Field(
@@ -123,7 +123,18 @@ class ServerConfig(MemberConfig, SessionLimits):
     rate_limit: float | None = Field(
         default=None,
         gt=0,
-        description="requests a second allowed per principal on each server (429 beyond it)",
+        description=(
+            "requests a second allowed per principal on each server (429 beyond it);"
+            " with a Redis store, in the whole mesh"
+        ),
+    )
+    rate_burst: float | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "requests a principal may make at once before --rate-limit paces it"
+            " (default: one second's worth, at least 1)"
+        ),
     )
     report_page_size: int = Field(
         default=5_000,

@@ -12,6 +12,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
@@ -21,7 +22,6 @@ from turnmesh.runtime.errors import (
     IdempotencyKeyReused,
     NotFound,
     ResourceExhausted,
-    SessionQuotaExceeded,
     TurnQuotaExceeded,
     Unavailable,
 )
@@ -32,11 +32,14 @@ from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
-from turnmesh.server.store import SessionRecord, SessionStore, now
-from turnmesh.server.turns import CancelReason, KeyUse, SessionTurns, pending_bytes
+from turnmesh.server.store import SessionRecord, SessionStore, now, session_quota_exceeded
+from turnmesh.server.turns import CancelReason, KeyUse, PendingTurn, SessionTurns, pending_bytes
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
+
+if TYPE_CHECKING:
+    from turnmesh.server.mesh_limits import TurnLease, TurnLeases
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,11 @@ class SessionCore:
         default_agent: str,
         limits: SessionLimits,
         ownership: SessionOwnership | None = None,
+        turn_leases: TurnLeases | None = None,
     ) -> None:
         self.store = store
+        # Set when the turn quota is the whole mesh's (Redis): its leases.
+        self.turn_leases = turn_leases
         self.workers = workers
         self.default_agent = default_agent
         self.limits = limits
@@ -130,9 +136,7 @@ class SessionCore:
             )
         quota = self.limits.max_sessions_per_principal
         if quota is not None and await self.store.count_of(principal) >= quota:
-            raise SessionQuotaExceeded(
-                f"this caller holds its maximum of {quota} sessions; delete one first"
-            )
+            raise session_quota_exceeded(quota)
 
     async def _create(
         self,
@@ -153,7 +157,8 @@ class SessionCore:
             metadata=json_format.MessageToDict(metadata),
             owner=self.ownership.new_token(),
         )
-        await self.store.create(record, messages)
+        # Checked again as it is written: creates racing at the quota never both pass.
+        await self.store.create(record, messages, self.limits.max_sessions_per_principal)
         self.ownership.claim(record.session_id, record.owner)
         self._count_sessions(await self.store.count())
         return self._to_proto(record)
@@ -233,7 +238,48 @@ class SessionCore:
             await self.workers.refresh()
             if not self.workers.has_agent(record.agent_name):
                 raise Unavailable(f"no live worker serves agent {record.agent_name!r}")
-        # Refused before the stream starts, with Retry-After (HTTP 429).
+        principal = principal_of(record.session_id)
+        # With Redis the turn quota is the whole mesh's: its lease is taken
+        # first, so the checks below and the submit still never await.
+        lease = await self._turn_lease(principal)
+        try:
+            placed = self._place(record, turns, request, key, digest, earlier, fence)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        if lease is not None:
+            if isinstance(placed, PendingTurn) and placed.on_end is None:
+                placed.on_end = lease.release  # a new turn: it holds the lease
+            else:
+                lease.release()  # joined a turn that holds its own
+        if not isinstance(placed, PendingTurn):
+            return placed
+        turn = placed
+        try:
+            if key:
+                await self.store.set_key(
+                    record.session_id, key, KeyUse(turn.turn_id, digest).encode()
+                )
+            await self.store.touch(record.session_id, now())
+        except Unavailable:
+            # The turn runs already: its caller follows it rather than retry
+            # it elsewhere (the key is known here; the commit still fences).
+            log.warning("could not record turn %s's key or activity", turn.turn_id)
+        return turn.log
+
+    def _place(
+        self,
+        record: SessionRecord,
+        turns: SessionTurns,
+        request: spb.TurnRequest,
+        key: str,
+        digest: str,
+        earlier: str | None,
+        fence: str,
+    ) -> PendingTurn | TurnLog:
+        """The checks that refuse a turn before its stream starts (HTTP 429,
+        Retry-After), then the turn placed; never awaits."""
         if self.runner.inflight >= self.limits.max_turns_in_flight:
             raise ResourceExhausted(
                 f"this server runs its maximum of {self.limits.max_turns_in_flight} turns"
@@ -245,7 +291,7 @@ class SessionCore:
             )
         quota = self.limits.max_turns_per_principal
         principal = principal_of(record.session_id)
-        if quota is not None and self._in_flight[principal] >= quota:
+        if quota is not None and self.turn_leases is None and self._in_flight[principal] >= quota:
             raise TurnQuotaExceeded(
                 f"this caller has its maximum of {quota} turns running or waiting here"
             )
@@ -267,7 +313,7 @@ class SessionCore:
             _same_request(arrived, digest, key)
             turns.rejoin(arrived.turn_id)
             return self.logs.get(record.session_id, arrived.turn_id)
-        turn = turns.submit(
+        return turns.submit(
             request.message,
             list(request.files),
             request.metadata,
@@ -276,17 +322,19 @@ class SessionCore:
             fence,
             digest,
         )
-        try:
-            if key:
-                await self.store.set_key(
-                    record.session_id, key, KeyUse(turn.turn_id, digest).encode()
-                )
-            await self.store.touch(record.session_id, now())
-        except Unavailable:
-            # The turn runs already: its caller follows it rather than retry
-            # it elsewhere (the key is known here; the commit still fences).
-            log.warning("could not record turn %s's key or activity", turn.turn_id)
-        return turn.log
+
+    async def _turn_lease(self, principal: str) -> TurnLease | None:
+        """A place in the principal's turn quota of the whole mesh (None
+        when the quota is this server's, counted in ``_place``)."""
+        quota = self.limits.max_turns_per_principal
+        if quota is None or self.turn_leases is None:
+            return None
+        lease = await self.turn_leases.take(principal, quota)
+        if lease is None:
+            raise TurnQuotaExceeded(
+                f"this caller has its maximum of {quota} turns running or waiting in the mesh"
+            )
+        return lease
 
     async def _stored_key(self, session_id: str, key: str) -> KeyUse | None:
         stored = await self.store.get_key(session_id, key)

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from turnmesh.runtime.errors import AlreadyExists, NotFound
+from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id
 from turnmesh.server.listing import Page, Position, position
 from turnmesh.v1 import event_pb2, message_pb2
@@ -51,10 +51,15 @@ class SessionStore(Protocol):
         """Connect, and bring data of an older layout up to date."""
 
     async def create(
-        self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
+        self,
+        record: SessionRecord,
+        messages: list[message_pb2.Message] | None = None,
+        quota: int | None = None,
     ) -> None:
         """Add a session with an optional starting history, atomically;
-        AlreadyExists if the id is taken."""
+        AlreadyExists if the id is taken; SessionQuotaExceeded if its
+        principal holds ``quota`` sessions already (creates racing at the
+        quota never pass it together)."""
 
     async def get(self, session_id: str) -> SessionRecord | None: ...
 
@@ -122,6 +127,12 @@ class SessionStore(Protocol):
     async def close(self) -> None: ...
 
 
+def session_quota_exceeded(quota: int) -> SessionQuotaExceeded:
+    return SessionQuotaExceeded(
+        f"this caller holds its maximum of {quota} sessions; delete one first"
+    )
+
+
 class StoreInUse(RuntimeError):
     """The store belongs to another server (a SQLite file is one server's)."""
 
@@ -149,10 +160,18 @@ class MemoryStore:
         return None
 
     async def create(
-        self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
+        self,
+        record: SessionRecord,
+        messages: list[message_pb2.Message] | None = None,
+        quota: int | None = None,
     ) -> None:
         if record.session_id in self._records:
             raise AlreadyExists(f"session {public_id(record.session_id)!r} already exists")
+        if (
+            quota is not None
+            and len(self._listed.get(principal_of(record.session_id), [])) >= quota
+        ):
+            raise session_quota_exceeded(quota)
         initial = [m.SerializeToString() for m in messages or []]
         record.message_count = len(initial)
         self._records[record.session_id] = record

@@ -51,7 +51,12 @@ from redis.exceptions import RedisClusterException
 from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id, scoped
 from turnmesh.server.listing import Page, Position, merge, position
-from turnmesh.server.store import SessionRecord, TurnAbandoned, TurnCommits
+from turnmesh.server.store import (
+    SessionRecord,
+    TurnAbandoned,
+    TurnCommits,
+    session_quota_exceeded,
+)
 from turnmesh.v1 import event_pb2, message_pb2
 
 IDLE_SHARDS = 16
@@ -213,7 +218,7 @@ def address_key(address: str) -> str:
     return f"tm:a:{tag(address)}"
 
 
-def _unavailable_when_down(cls: type[T]) -> type[T]:
+def unavailable_when_down(cls: type[T]) -> type[T]:
     """Every public coroutine of ``cls`` turns Redis being unreachable or
     refusing us into Unavailable (a retryable 503), not an internal error."""
     # Inherited ones too (commit_turn and append_messages come from TurnCommits).
@@ -254,7 +259,7 @@ def connect(url: str) -> Client:
     return redis.Redis.from_url(url, **timeouts)
 
 
-@_unavailable_when_down
+@unavailable_when_down
 class RedisStore(TurnCommits):
     def __init__(
         self, url: str, event_ttl_seconds: float, legacy_principal: str = ANONYMOUS
@@ -272,6 +277,11 @@ class RedisStore(TurnCommits):
     def shared(self) -> bool:
         return True
 
+    @property
+    def client(self) -> Client:
+        """The connection, for what else the mesh keeps in Redis (``mesh_limits``)."""
+        return self._redis
+
     async def open(self) -> None:
         """Check the server answers and bring data of an older layout up to date."""
         from turnmesh.server.store_redis_migrate import migrate
@@ -284,6 +294,7 @@ class RedisStore(TurnCommits):
         self,
         record: SessionRecord,
         messages: list[message_pb2.Message] | None = None,
+        quota: int | None = None,
     ) -> None:
         initial = list(messages or [])
         session_id = record.session_id
@@ -295,7 +306,15 @@ class RedisStore(TurnCommits):
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.zadd(idle_key(session_id), {session_id: record.last_activity}, nx=True)
             pipe.zadd(listing_key_of(session_id), {listed: 0})
-            await pipe.execute()
+            idled, _ = await pipe.execute()
+        # Listed, then counted: of creates racing at the quota, each counts
+        # the others' entries, so they never pass it together (at worst all
+        # of them are refused).
+        if quota is not None and await self.count_of(principal_of(session_id)) > quota:
+            await self._redis.zrem(listing_key_of(session_id), listed)
+            if idled:
+                await self._redis.zrem(idle_key(session_id), session_id)
+            raise session_quota_exceeded(quota)
         created = await self._create(
             keys=[keys.record, keys.history],
             args=[

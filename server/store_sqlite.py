@@ -40,7 +40,13 @@ from turnmesh.runtime.principals import (
     scoped,
 )
 from turnmesh.server.listing import Page, Position, position
-from turnmesh.server.store import SessionRecord, StoreInUse, TurnAbandoned, TurnCommits
+from turnmesh.server.store import (
+    SessionRecord,
+    StoreInUse,
+    TurnAbandoned,
+    TurnCommits,
+    session_quota_exceeded,
+)
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
@@ -163,12 +169,18 @@ class SqliteStore(TurnCommits):
     # Sessions ---------------------------------------------------------------
 
     async def create(
-        self, record: SessionRecord, messages: list[message_pb2.Message] | None = None
+        self,
+        record: SessionRecord,
+        messages: list[message_pb2.Message] | None = None,
+        quota: int | None = None,
     ) -> None:
         initial = list(messages or [])
+        principal = principal_of(record.session_id)
 
         def create(db: sqlite3.Connection) -> None:
             with _transaction(db):
+                if quota is not None and _count_of(db, principal) >= quota:
+                    raise session_quota_exceeded(quota)
                 try:
                     db.execute(
                         f"INSERT INTO sessions ({SESSION_COLUMNS}, principal, created_ns)"
@@ -180,7 +192,7 @@ class SqliteStore(TurnCommits):
                             record.last_activity,
                             json.dumps(record.metadata),
                             len(initial),
-                            principal_of(record.session_id),
+                            principal,
                             position(record.created_at, record.session_id)[0],
                         ),
                     )
@@ -342,13 +354,7 @@ class SqliteStore(TurnCommits):
         return Page(items, items[-1][0] if len(rows) > limit and items else None)
 
     async def count_of(self, principal: str) -> int:
-        return int(
-            await self._run(
-                lambda db: db.execute(
-                    "SELECT COUNT(*) FROM sessions WHERE principal = ?", (principal,)
-                ).fetchone()[0]
-            )
-        )
+        return await self._run(lambda db: _count_of(db, principal))
 
     # Events and keys ----------------------------------------------------------
 
@@ -448,6 +454,12 @@ def _lock_file(path: str) -> int:
             " SQLite serves one server (use Redis to run several)"
         ) from None
     return fd
+
+
+def _count_of(db: sqlite3.Connection, principal: str) -> int:
+    return int(
+        db.execute("SELECT COUNT(*) FROM sessions WHERE principal = ?", (principal,)).fetchone()[0]
+    )
 
 
 class _transaction:

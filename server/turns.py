@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import enum
 from collections import Counter, OrderedDict, deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -81,6 +81,9 @@ class PendingTurn:
     size: int = 0
     # The trace of the call that created the turn; the worker call joins it.
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
+    # Called once the turn no longer counts as running or waiting (its
+    # place in a quota the whole mesh shares: ``mesh_limits.TurnLease``).
+    on_end: Callable[[], None] | None = None
 
 
 def pending_bytes(message: str, files: list[message_pb2.File]) -> int:
@@ -318,6 +321,8 @@ class SessionTurns:
     def _forget(self, turn: PendingTurn) -> None:
         # The log stays in EventLogs (for SubscribeTurn); the pending record goes.
         if self._turns.pop(turn.turn_id, None) is not None:
+            if turn.on_end is not None:
+                turn.on_end()
             self._in_flight[self._principal] -= 1
             if self._in_flight[self._principal] <= 0:
                 del self._in_flight[self._principal]

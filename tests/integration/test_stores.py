@@ -5,6 +5,7 @@ layout."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from tests.support.mesh import RedisServer
 from tests.support.redis_cluster import RedisCluster
-from turnmesh.runtime.errors import AlreadyExists, NotFound
+from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.server.store import (
     SessionRecord,
     SessionStore,
@@ -204,6 +205,30 @@ async def test_the_anonymous_principal_lists_bare_ids(store: SessionStore) -> No
     assert sid in [r.session_id for _, r in page.items]
     assert await store.delete(sid)
     assert await store.count_of("anonymous") >= 0
+
+
+async def test_creates_racing_at_a_quota_never_pass_it_together(store: SessionStore) -> None:
+    principal = f"p-{uuid.uuid4().hex[:12]}"
+    records = [_record(f"{principal}/s{n}", 1000.0 + n) for n in range(8)]
+    raced = await asyncio.gather(
+        *(store.create(r, quota=2) for r in records), return_exceptions=True
+    )
+    made = [r.session_id for r, result in zip(records, raced, strict=True) if result is None]
+    assert all(isinstance(r, SessionQuotaExceeded) for r in raced if r is not None)
+    assert len(made) <= 2  # at the quota, racing creates may all be refused: never all pass
+    assert await store.count_of(principal) == len(made)
+    while len(made) < 2:
+        record = _record(f"{principal}/late{len(made)}", 2000.0 + len(made))
+        await store.create(record, quota=2)
+        made.append(record.session_id)
+    with pytest.raises(SessionQuotaExceeded):
+        await store.create(_record(f"{principal}/over", 3000.0), quota=2)
+    # Refused creates leave nothing behind: not listed, not counted, not indexed.
+    assert await store.count_of(principal) == 2
+    page = await store.list_sessions(principal, None, 10)
+    assert sorted(r.session_id for _, r in page.items) == sorted(made)
+    refused = {r.session_id for r in records} - set(made)
+    assert not refused & set(await store.idle_sessions(1e12))
 
 
 async def test_events_and_keys_persist_where_promised(store: SessionStore) -> None:

@@ -1,0 +1,296 @@
+"""Per-principal limits shared by every server of a mesh on Redis.
+
+With a Redis store, a principal's request rate and its turns running or
+waiting are counted in Redis, so ``--rate-limit`` and
+``--max-turns-per-principal`` hold for the whole mesh, not per server (its
+sessions are counted from the store's per-principal index already:
+``count_of``). Every key of principal P carries the hash tag ``{P}``, so its
+counters share one cluster slot and each script touches one key:
+
+- ``tm:l:{P}:r`` (string): the request rate, by GCRA: the theoretical arrival
+  time of the next request, in microseconds of Redis's clock (``TIME``, so
+  servers' clocks never matter), expiring once the bucket is full again. One
+  EVAL reads and moves it, so two servers can never both spend the last token.
+  It is a token bucket (rate R, burst B) in one number: the same answers as
+  ``runtime.ratelimit.TokenBuckets``.
+- ``tm:l:{P}:t`` (sorted set): one lease per turn running or waiting, scored
+  by when it lapses (milliseconds, Redis's clock). A server renews its own
+  every quarter of ``--lease-seconds`` and drops each as its turn ends, so the
+  turns of a server that crashed stop counting once their leases lapse: no
+  counter can leak.
+
+Hand-written: the Redis rate-limit libraries either offer windows of whole
+requests per whole seconds (``limits``; not a bucket with a fractional rate),
+keep a log per request (``pyrate-limiter``'s sorted sets), or open their own
+connections with key layouts of their own; a GCRA is one short script on the
+store's own client, cluster and error handling included, and a turn quota
+with leases exists in none of them.
+
+When Redis does not answer, turn leases (like the store) fail closed: 503,
+retryable. Request rates fall back to each server's own bucket at the same
+rate (logged, and counted in ``turnmesh_rate_limit_fallbacks_total``), so a
+mesh of N servers admits at most N times the rate until Redis is back: the
+limit still sheds load, and the calls a server can serve without Redis
+(following a turn it runs) go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+from turnmesh.runtime import metrics
+from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.ratelimit import RequestRates, TokenBuckets
+from turnmesh.server.store import SessionStore
+from turnmesh.server.store_redis import Client, RedisStore, tag, unavailable_when_down
+
+log = logging.getLogger(__name__)
+
+# After Redis failed a rate check, how long each server limits alone before
+# asking Redis again (a Redis that times out is not waited on per call).
+RETRY_SECONDS = 1.0
+
+# KEYS: the principal's rate key. ARGV: interval between requests (us), burst.
+# Returns 0 if the request may go (and counts it), else the microseconds until one may.
+GCRA = """
+local clock = redis.call('TIME')
+local now = clock[1] * 1000000 + clock[2]
+local interval = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+if tat < now then tat = now end
+local next_tat = tat + interval
+local wait = next_tat - tonumber(ARGV[2]) * interval - now
+if wait > 0 then return math.ceil(wait) end
+redis.call('SET', KEYS[1], string.format('%.3f', next_tat),
+           'PX', math.ceil((next_tat - now) / 1000))
+return 0
+"""
+
+# The key lives as long as its longest lease.
+_EXPIRE_WITH_LAST = """
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then redis.call('PEXPIREAT', KEYS[1], last[2]) end
+"""
+
+# KEYS: the principal's turn leases. ARGV: quota, ttl (ms), lease.
+# 1: taken; 0: the principal's live leases fill its quota.
+TAKE_TURN = (
+    """
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+"""
+    + _EXPIRE_WITH_LAST
+    + "return 1\n"
+)
+
+# KEYS: the principal's turn leases. ARGV: ttl (ms), leases... XX: a lease
+# that lapsed and was dropped (this server stalled) is not taken back.
+RENEW_TURNS = (
+    """
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])
+end
+"""
+    + _EXPIRE_WITH_LAST
+    + "return 1\n"
+)
+
+
+def rate_key(principal: str) -> str:
+    return f"tm:l:{tag(principal)}:r"
+
+
+def turns_key(principal: str) -> str:
+    return f"tm:l:{tag(principal)}:t"
+
+
+@unavailable_when_down
+class RedisLimits:
+    """The scripts, run on the store's client (Redis down: Unavailable)."""
+
+    def __init__(self, client: Client) -> None:
+        self._redis = client
+        self._gcra = client.register_script(GCRA)
+        self._take_turn = client.register_script(TAKE_TURN)
+        self._renew_turns = client.register_script(RENEW_TURNS)
+
+    async def wait(self, principal: str, rate: float, burst: float) -> float:
+        """Take one request of the principal's rate: 0 if it may go, else
+        the seconds until one may (nothing is taken then)."""
+        wait_us = await self._gcra(keys=[rate_key(principal)], args=[repr(1e6 / rate), repr(burst)])
+        return int(wait_us) / 1e6
+
+    async def take_turn(self, principal: str, quota: int, ttl_ms: int, lease: str) -> bool:
+        taken = await self._take_turn(keys=[turns_key(principal)], args=[quota, ttl_ms, lease])
+        return bool(taken)
+
+    async def renew_turns(self, principal: str, ttl_ms: int, leases: list[str]) -> None:
+        await self._renew_turns(keys=[turns_key(principal)], args=[ttl_ms, *leases])
+
+    async def drop_turn(self, principal: str, lease: str) -> None:
+        await self._redis.zrem(turns_key(principal), lease)
+
+    async def turns(self, principal: str) -> int:
+        """The principal's leases, lapsed ones included until the next take."""
+        return int(await self._redis.zcard(turns_key(principal)))
+
+
+def redis_limits(store: SessionStore) -> RedisLimits | None:
+    """Limits shared through the store's Redis; None for stores of one server."""
+    return RedisLimits(store.client) if isinstance(store, RedisStore) else None
+
+
+def request_rates(
+    store: SessionStore, rate: float | None, burst: float | None = None
+) -> RequestRates | None:
+    """``--rate-limit`` per principal: the mesh's on Redis, else this server's."""
+    if rate is None:
+        return None
+    limits = redis_limits(store)
+    return MeshRates(limits, rate, burst) if limits is not None else TokenBuckets(rate, burst)
+
+
+class MeshRates:
+    """One token bucket per principal for the whole mesh, in Redis; this
+    server's own buckets while Redis does not answer."""
+
+    def __init__(
+        self,
+        limits: RedisLimits,
+        rate: float,
+        burst: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limits = limits
+        self._local = TokenBuckets(rate, burst, clock)
+        self._clock = clock
+        self._alone_until: float | None = None  # set while Redis is failing us
+
+    @property
+    def rate(self) -> float:
+        return self._local.rate
+
+    async def admit(self, key: bytes) -> float:
+        if self._alone_until is None or self._clock() >= self._alone_until:
+            try:
+                wait = await self._limits.wait(key.decode(), self._local.rate, self._local.burst)
+            except Unavailable:
+                if self._alone_until is None:
+                    log.warning(
+                        "shared rate limits unreachable: this server limits each principal"
+                        " alone until Redis answers"
+                    )
+                self._alone_until = self._clock() + RETRY_SECONDS
+            else:
+                if self._alone_until is not None:
+                    log.info("shared rate limits answer again")
+                    self._alone_until = None
+                return wait
+        metrics.RATE_LIMIT_FALLBACKS.inc()
+        return self._local.take(key)
+
+
+class TurnLease:
+    """One turn's place in its principal's quota, until ``release``."""
+
+    def __init__(self, leases: TurnLeases, principal: str, lease: str) -> None:
+        self._leases = leases
+        self.principal = principal
+        self.lease = lease
+        self._released = False
+
+    def release(self) -> None:
+        """The turn ended (or never started): its place frees now. Never
+        awaits; if Redis misses the drop, the lease lapses by itself."""
+        if not self._released:
+            self._released = True
+            self._leases.forget(self)
+
+
+class TurnLeases:
+    """This server's turn leases: taken against the principal's quota in the
+    whole mesh, renewed while their turns last, dropped as they end."""
+
+    def __init__(self, limits: RedisLimits, member_id: str, lease_seconds: float) -> None:
+        self._limits = limits
+        self._member_id = member_id
+        self._seconds = lease_seconds
+        self._ttl_ms = max(1, int(lease_seconds * 1000))
+        # principal -> leases held here (at most the turns running or waiting here).
+        self._held: dict[str, set[str]] = {}
+        self._drops: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def take(self, principal: str, quota: int) -> TurnLease | None:
+        """A lease for one more turn of the principal; None if its quota is full."""
+        lease = f"{self._member_id}|{secrets.token_hex(8)}"
+        if not await self._limits.take_turn(principal, quota, self._ttl_ms, lease):
+            return None
+        self._held.setdefault(principal, set()).add(lease)
+        return TurnLease(self, principal, lease)
+
+    def forget(self, lease: TurnLease) -> None:
+        held = self._held.get(lease.principal)
+        if held is not None:
+            held.discard(lease.lease)
+            if not held:
+                del self._held[lease.principal]
+        task = asyncio.create_task(self._drop(lease), name="turn-lease-drop")
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
+
+    async def _drop(self, lease: TurnLease) -> None:
+        try:
+            await self._limits.drop_turn(lease.principal, lease.lease)
+        except Unavailable:
+            log.debug("turn lease %s lapses by itself", lease.lease)
+
+    async def renew(self) -> None:
+        for principal, held in list(self._held.items()):
+            await self._limits.renew_turns(principal, self._ttl_ms, sorted(held))
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._keep(), name="turn-leases")
+
+    async def _keep(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(self._seconds / 4)
+            try:
+                await self.renew()
+            except Exception:
+                if not failing:
+                    log.warning("could not renew turn leases; retrying", exc_info=True)
+                failing = True
+            else:
+                failing = False
+
+    async def stop(self) -> None:
+        """Stop renewing; wait for the drops in flight (turns ended first)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._drops:
+            await asyncio.gather(*self._drops, return_exceptions=True)
+
+
+def turn_leases(
+    store: SessionStore, member_id: str, lease_seconds: float, quota: int | None
+) -> TurnLeases | None:
+    """Turn leases when the turn quota is the mesh's (Redis and a quota)."""
+    limits = redis_limits(store)
+    if limits is None or quota is None:
+        return None
+    return TurnLeases(limits, member_id, lease_seconds)
