@@ -252,8 +252,8 @@ class TurnLeases:
     async def _drop(self, lease: TurnLease) -> None:
         try:
             await self._limits.drop_turn(lease.principal, lease.lease)
-        except Unavailable:
-            log.debug("turn lease %s lapses by itself", lease.lease)
+        except Exception:  # Redis down or closing: it lapses by itself
+            log.debug("turn lease %s lapses by itself", lease.lease, exc_info=True)
 
     async def renew(self) -> None:
         for principal, held in list(self._held.items()):

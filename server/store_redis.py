@@ -21,10 +21,11 @@ cluster; every score 0, members ``NANOS|ID``, creation time in Unix
 nanoseconds as 20 digits and the public id, so lexical order is listing order
 and ZREVRANGEBYLEX reads a keyset page), ``tm:m:{M'}`` (member M's lease: its
 address, expiring), ``tm:a:{A'}`` (which member holds address A, expiring
-with its lease). A create indexes its session before its script runs and a
-delete unlists it after its keys are gone, so a crash leaves an index entry
-without a session (skipped, and dropped in time), never a session that is
-not listed or expired.
+with its lease); ``tm:l:{P}:r`` and ``tm:l:{P}:t`` are principal P's limits
+shared by the mesh (``mesh_limits``). A create indexes its session before
+its script runs and a delete unlists it after its keys are gone, so a crash
+leaves an index entry without a session (skipped, and dropped in time), never
+a session that is not listed or expired.
 
 Creating a session, committing a turn and taking a session over are Lua
 scripts, each atomic on its slot: a commit to a deleted session cannot

@@ -14,9 +14,12 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as redis
+from google.protobuf import struct_pb2
 from prometheus_client import REGISTRY
 
 from tests.support.mesh import Component, Mesh, RedisServer, eventually
+from tests.unit._server_fakes import FakeRunner, spin_until
+from tests.unit.test_server_core import FakePool
 from turnmesh.client import (
     AsyncClient,
     RateLimitedError,
@@ -24,10 +27,12 @@ from turnmesh.client import (
     TurnmeshClientError,
     TurnQuotaExceededError,
 )
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import SessionBusy, TurnQuotaExceeded, Unavailable
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.ratelimit import TokenBuckets
 from turnmesh.runtime.serving import insecure_channel
+from turnmesh.server.config import SessionLimits
+from turnmesh.server.core import SessionCore
 from turnmesh.server.mesh_limits import (
     MeshRates,
     RedisLimits,
@@ -35,9 +40,12 @@ from turnmesh.server.mesh_limits import (
     rate_key,
     turns_key,
 )
+from turnmesh.server.store import MemoryStore
 from turnmesh.server.store_redis import connect
+from turnmesh.server.turns import CancelReason
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
 MESH_KEY = "tm-mesh-limits-key-0123456789"
@@ -145,6 +153,65 @@ async def test_turn_leases_hold_the_quota_across_servers_and_lapse_when_not_rene
 
 async def _leases(limits: RedisLimits, principal: str, count: int) -> bool:
     return await limits.turns(principal) == count
+
+
+# A server's turns and their leases ---------------------------------------------
+
+
+@pytest.fixture
+async def redis_limits(redis_server: RedisServer) -> AsyncIterator[tuple[RedisLimits, Any]]:
+    url = _db_url(redis_server, DB + 2)
+    await _flush(url)
+    client, raw = connect(url), connect(url)
+    yield RedisLimits(client), raw
+    await client.aclose()
+    await raw.aclose()
+
+
+async def test_each_turn_holds_one_lease_from_placed_to_ended(
+    redis_limits: tuple[RedisLimits, Any],
+) -> None:
+    limits, raw = redis_limits
+    leases = TurnLeases(limits, "server-a", 6.0)
+    core = SessionCore(
+        MemoryStore(),
+        FakePool("demo"),  # type: ignore[arg-type]
+        "demo",
+        SessionLimits(max_turns_per_principal=3),
+        turn_leases=leases,
+    )
+    runner = FakeRunner()
+    core.runner = runner  # type: ignore[assignment]
+    for sid in ("acme/s1", "acme/s2"):
+        await core.create_session(sid, "demo", struct_pb2.Struct())
+
+    def turn(sid: str, policy: spb.TurnPolicy.ValueType) -> spb.TurnRequest:
+        return spb.TurnRequest(session_id=sid, message="hi", policy=policy)
+
+    async def held(count: int) -> bool:
+        return bool(await raw.zcard(turns_key("acme")) == count)
+
+    running = await core.start_turn(turn("acme/s1", spb.TURN_POLICY_ENQUEUE))
+    await spin_until(lambda: running.turn_id in runner.started)
+    batch = await core.start_turn(turn("acme/s1", spb.TURN_POLICY_COLLECT))
+    assert await held(2)
+    # A message that joins the batch gives back the lease it took.
+    joined = await core.start_turn(turn("acme/s1", spb.TURN_POLICY_COLLECT))
+    assert joined.turn_id == batch.turn_id
+    await eventually(lambda: held(2), what="the joined message's lease to go")
+    # So does one refused after its lease was taken.
+    with pytest.raises(SessionBusy):
+        await core.start_turn(turn("acme/s1", spb.TURN_POLICY_REJECT))
+    await eventually(lambda: held(2), what="the refused turn's lease to go")
+    await core.start_turn(turn("acme/s2", spb.TURN_POLICY_ENQUEUE))
+    with pytest.raises(TurnQuotaExceeded, match="in the mesh"):
+        await core.start_turn(turn("acme/s2", spb.TURN_POLICY_ENQUEUE))
+    assert await held(3)  # the refused one took none
+    for turns in core._turns.values():
+        turns.cancel_all(CancelReason.CANCELLED)
+        await turns.wait_idle()
+    await eventually(lambda: held(0), what="every ended turn's lease to go")
+    await leases.stop()
 
 
 # Redis unreachable ---------------------------------------------------------------
