@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(worker, "--file-concurrency", WorkerConfig, "file_concurrency")
     _setting(worker, "--file-timeout", WorkerConfig, "file_timeout_seconds", env="file_timeout")
     _setting(worker, "--file-memory-mb", WorkerConfig, "file_memory_mb")
+    _setting(worker, "--file-queue", WorkerConfig, "file_queue")
+    _setting(worker, "--file-queue-mb", WorkerConfig, "file_queue_mb")
 
     edge = sub.add_parser(
         "edge", help="run Envoy in front of session servers (what a container runs)"

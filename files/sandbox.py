@@ -23,6 +23,16 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from turnmesh.files.fair import (
+    DEFAULT_QUEUE_BYTES,
+    DEFAULT_QUEUE_FILES,
+    FairLimits,
+    FairScheduler,
+    QueueFull,
+)
+from turnmesh.runtime import metrics
+from turnmesh.runtime.principals import ANONYMOUS
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -83,7 +93,8 @@ def _kill_group(pid: int | None) -> None:
 
 
 class Sandbox:
-    """Extracts files in child processes, ``concurrency`` at a time."""
+    """Extracts files in child processes, ``concurrency`` at a time, the
+    slots shared fairly among principals and their turns (``fair``)."""
 
     def __init__(
         self,
@@ -91,10 +102,14 @@ class Sandbox:
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
         concurrency: int = 2,
+        queue_files: int = DEFAULT_QUEUE_FILES,
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
         self.timeout_seconds = timeout_seconds
         self.memory_bytes = memory_bytes
-        self._slots = asyncio.Semaphore(concurrency)
+        self.scheduler = FairScheduler(
+            FairLimits(slots=concurrency, queue_files=queue_files, queue_bytes=queue_bytes)
+        )
         self._context = multiprocessing.get_context("forkserver")
         self._context.set_forkserver_preload(PRELOAD)
 
@@ -103,16 +118,24 @@ class Sandbox:
         on the first file."""
         self._run_blocking("text/plain", b"warm-up")
 
-    async def extract(self, mime_type: str, content: bytes) -> Outcome:
-        """The file's text; cancelling this (the turn was cancelled) kills
-        the reader at once."""
+    async def extract(
+        self, mime_type: str, content: bytes, *, principal: str = ANONYMOUS, turn: str = ""
+    ) -> Outcome:
+        """The file's text once ``turn`` of ``principal`` gets a slot (or why
+        it may not wait for one); cancelling this (the turn was cancelled)
+        leaves the queue or kills the reader, at once."""
         stop = threading.Event()
-        async with self._slots:
-            try:
-                return await asyncio.to_thread(self._run_blocking, mime_type, content, stop)
-            except asyncio.CancelledError:
-                stop.set()
-                raise
+        try:
+            async with self.scheduler.slot(principal, turn, len(content)) as waited:
+                metrics.FILE_QUEUE_SECONDS.observe(waited)
+                try:
+                    return await asyncio.to_thread(self._run_blocking, mime_type, content, stop)
+                except asyncio.CancelledError:
+                    stop.set()
+                    raise
+        except QueueFull as full:
+            metrics.FILE_QUEUE_REFUSED.labels(full.limit).inc()
+            return Outcome(error=str(full))
 
     def _run_blocking(
         self, mime_type: str, content: bytes, stop: threading.Event | None = None

@@ -58,6 +58,17 @@ EVENT_LOOP_LAG = Gauge(
 # Workers.
 WORKER_RUNS = Counter("turnmesh_worker_runs", "Agent runs, by outcome", ["outcome"])
 WORKER_RUN_SECONDS = Histogram("turnmesh_worker_run_duration_seconds", "Agent run wall time")
+FILE_QUEUE_SECONDS = Histogram(
+    "turnmesh_file_queue_seconds",
+    "How long an attached file waited for a reader slot (slots are shared fairly)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+FILE_QUEUE_DEPTH = Gauge("turnmesh_file_queue_depth", "Attached files waiting for a reader slot")
+FILE_QUEUE_REFUSED = Counter(
+    "turnmesh_file_queue_refused",
+    "Files refused a place in the reader queue, by the bound they hit (turn, principal, worker)",
+    ["limit"],
+)
 
 # Router.
 ROUTER_MEMBERS = Gauge("turnmesh_router_members", "Live mesh members", ["role"])

@@ -10,6 +10,8 @@ from pydantic import Field
 
 from turnmesh.agent import AgentLoadError, AgentRunnable, load_agent
 from turnmesh.files import Sandbox
+from turnmesh.files.fair import DEFAULT_QUEUE_BYTES, DEFAULT_QUEUE_FILES
+from turnmesh.runtime import metrics
 from turnmesh.runtime.config import MemberConfig
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import MeshKeyInterceptor
@@ -66,6 +68,17 @@ class WorkerConfig(MemberConfig):
     file_concurrency: int = Field(
         default=2, ge=1, le=64, description="attached files read at once (each in its own process)"
     )
+    # Files waiting for a reader, slots shared fairly (files/fair.py): one
+    # principal may hold half of this queue (at least 100 MB: half of it
+    # still takes the largest file), one turn its own file limits.
+    file_queue: int = Field(
+        default=DEFAULT_QUEUE_FILES, ge=1, description="attached files that may wait for a reader"
+    )
+    file_queue_mb: int = Field(
+        default=DEFAULT_QUEUE_BYTES // (1024 * 1024),
+        ge=100,
+        description="MB of attached files that may wait for a reader",
+    )
 
 
 async def serve(config: WorkerConfig) -> None:
@@ -83,7 +96,10 @@ async def serve(config: WorkerConfig) -> None:
         timeout_seconds=config.file_timeout_seconds,
         memory_bytes=config.file_memory_mb * 1024 * 1024,
         concurrency=config.file_concurrency,
+        queue_files=config.file_queue,
+        queue_bytes=config.file_queue_mb * 1024 * 1024,
     )
+    metrics.FILE_QUEUE_DEPTH.set_function(lambda: sandbox.scheduler.waiting)
     servicer = WorkerServicer(agent, agent_name=agent_name, worker_id=member_id, sandbox=sandbox)
 
     def register(server: grpc.aio.Server) -> None:

@@ -15,18 +15,21 @@ from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.worker.emitter import ET, make_event
 
 
-async def _read_one(sandbox: Sandbox, file: message_pb2.File) -> tuple[str, Outcome]:
+async def _read_one(
+    sandbox: Sandbox, file: message_pb2.File, principal: str, turn: str
+) -> tuple[str, Outcome]:
     # hashlib releases the GIL on large inputs: the loop keeps serving.
     digest = asyncio.to_thread(lambda: hashlib.sha256(file.content).hexdigest())
-    outcome = sandbox.extract(file.mime_type, file.content)
+    outcome = sandbox.extract(file.mime_type, file.content, principal=principal, turn=turn)
     return await asyncio.gather(digest, outcome)
 
 
 async def read_files(
-    sandbox: Sandbox, files: list[message_pb2.File]
+    sandbox: Sandbox, files: list[message_pb2.File], *, principal: str, turn: str
 ) -> tuple[list[AgentFile], list[message_pb2.FileRef]]:
-    """What the agent gets, and what the history records (no bytes)."""
-    results = await asyncio.gather(*(_read_one(sandbox, f) for f in files))
+    """What the agent gets, and what the history records (no bytes). The
+    files wait for reader slots shared fairly among principals and turns."""
+    results = await asyncio.gather(*(_read_one(sandbox, f, principal, turn) for f in files))
     agent_files, refs = [], []
     for file, (sha256, outcome) in zip(files, results, strict=True):
         agent_files.append(

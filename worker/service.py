@@ -95,7 +95,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             # this stream carries only what the agent does, then how it ended.
             pending: list[event_pb2.Event] = []
             if request.files:
-                files, refs = await read_files(self.sandbox, list(request.files))
+                files, refs = await read_files(
+                    self.sandbox,
+                    list(request.files),
+                    principal=agent_request.principal,
+                    # Scoped session ids are unique mesh-wide; ids hold no space.
+                    turn=f"{request.session_id} {request.turn_id}",
+                )
                 agent_request = dataclasses.replace(agent_request, files=files)
                 yield worker_service_pb2.RunResponse(events=file_events(refs), files=refs)
             emitter = QueueEmitter()

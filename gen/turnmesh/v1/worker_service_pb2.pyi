@@ -33,6 +33,10 @@ class RunRequest(_message.Message):
     METADATA_FIELD_NUMBER: _builtins.int
     HISTORY_BASE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
+    """The session's mesh-wide id: PRINCIPAL/ID, or the bare ID for the
+    anonymous principal. The worker takes the turn's principal from it (for
+    the agent, and to share its file readers fairly among principals).
+    """
     turn_id: _builtins.str
     history_base: _builtins.int
     """How many messages of history the worker already holds for this session
