@@ -27,34 +27,6 @@ MEMORY_ERROR = "the file needs more memory to read than a worker allows"
 CRASHED = "the file could not be read (its reader crashed)"
 
 
-def _pdf(bodies: list[bytes]) -> bytes:
-    """A PDF of the given objects (numbered from 1, the first is the catalog)."""
-    out = bytearray(b"%PDF-1.4\n")
-    offsets: list[int] = []
-    for number, body in enumerate(bodies, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(bodies) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\n" % (len(bodies) + 1)
-    out += b"startxref\n%d\n%%%%EOF\n" % xref
-    return bytes(out)
-
-
-def _blank_pdf(pages: int) -> bytes:
-    """Blank pages, written directly: pypdf's PdfWriter takes a second for 20,000."""
-    kids = b" ".join(b"%d 0 R" % (n + 3) for n in range(pages))
-    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 100 100] >>"
-    return _pdf(
-        [
-            b"<< /Type /Catalog /Pages 2 0 R >>",
-            b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, pages),
-            *[page] * pages,
-        ]
-    )
-
-
 def _deep_page_tree_pdf(depth: int) -> bytes:
     """One page under ``depth`` nested /Pages nodes: pypdf refuses past 100."""
     nodes = [
@@ -63,7 +35,7 @@ def _deep_page_tree_pdf(depth: int) -> bytes:
         for n in range(2, depth + 2)
     ]
     page = b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 100 100] >>" % (depth + 1)
-    return _pdf([b"<< /Type /Catalog /Pages 2 0 R >>", *nodes, page])
+    return samples.raw_pdf([b"<< /Type /Catalog /Pages 2 0 R >>", *nodes, page])
 
 
 def _rgba_png(width: int, height: int) -> bytes:
@@ -85,7 +57,7 @@ def _rgba_png(width: int, height: int) -> bytes:
 @pytest.fixture(scope="module")
 def slow_pdf() -> bytes:
     """20,000 blank pages: reading them takes about a second."""
-    return _blank_pdf(20_000)
+    return samples.blank_pdf(20_000)
 
 
 @pytest.fixture
