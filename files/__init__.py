@@ -1,5 +1,6 @@
 """Files attached to a turn: which are accepted (``types``), and their text
-(``extract``, run in a ``sandbox`` process with limits)."""
+(``extract``, run in a ``sandbox`` process with limits, whose slots ``fair``
+shares among principals and turns)."""
 
 from turnmesh.files.sandbox import Outcome, Sandbox
 from turnmesh.files.types import (

@@ -122,8 +122,9 @@ class Sandbox:
         self, mime_type: str, content: bytes, *, principal: str = ANONYMOUS, turn: str = ""
     ) -> Outcome:
         """The file's text once ``turn`` of ``principal`` gets a slot (or why
-        it may not wait for one); cancelling this (the turn was cancelled)
-        leaves the queue or kills the reader, at once."""
+        it may not wait for one; callers naming no turn share one, and its
+        bounds); cancelling this (the turn was cancelled) leaves the queue or
+        kills the reader, at once."""
         stop = threading.Event()
         try:
             async with self.scheduler.slot(principal, turn, len(content)) as waited:

@@ -58,8 +58,16 @@ async def test_a_small_turn_is_read_while_a_big_turn_of_another_principal_waits(
     def metric(name: str) -> float:
         return _metrics(metrics_address)[name]
 
-    async def depth_is(n: int) -> bool:
-        return await asyncio.to_thread(metric, "turnmesh_file_queue_depth") == n
+    async def depth() -> float:
+        return await asyncio.to_thread(metric, "turnmesh_file_queue_depth")
+
+    async def alice_queued() -> bool:
+        # One of hers is being read, the rest wait (for seconds: the worker's
+        # fork server starts, then the first file takes a second).
+        return await depth() == BIG_FILES - 1
+
+    async def queue_empty() -> bool:
+        return await depth() == 0
 
     # 20,000 blank pages: each takes a reader about a second.
     slow = samples.blank_pdf(20_000)
@@ -83,9 +91,7 @@ async def test_a_small_turn_is_read_while_a_big_turn_of_another_principal_waits(
         big = stub.Run(big_request, timeout=300)
         # The big turn's first response comes only once all its files are read.
         big_read = asyncio.create_task(big.read())
-        await eventually(
-            lambda: depth_is(BIG_FILES - 1), timeout=60, what="alice's first file read"
-        )
+        await eventually(alice_queued, timeout=60, what="alice's files queued")
 
         # Alice's next file finds her share of the queue full: it fails alone, at once.
         more = wpb.RunRequest(
@@ -106,7 +112,7 @@ async def test_a_small_turn_is_read_while_a_big_turn_of_another_principal_waits(
 
         # Bob's turn finished while alice's files were still waiting.
         assert not big_read.done()
-        assert await asyncio.to_thread(metric, "turnmesh_file_queue_depth") >= 1
+        assert await depth() >= 1
         (read,) = small[0].files
         assert (read.text, read.error) == ("bob's note", "")
         assert small[-1].events[-1].type == event_pb2.RUN_FINISHED
@@ -117,7 +123,7 @@ async def test_a_small_turn_is_read_while_a_big_turn_of_another_principal_waits(
 
         # Cancelled, alice's waiting files leave the queue and are never read.
         big.cancel()
-        await eventually(lambda: depth_is(0), timeout=10, what="alice's files gone")
+        await eventually(queue_empty, timeout=10, what="alice's files gone")
         # At most the one granted between the scrape and the cancel.
         after = await asyncio.to_thread(metric, "turnmesh_file_queue_seconds_count")
         assert after <= granted + 1
