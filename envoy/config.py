@@ -142,7 +142,7 @@ def _collector_cluster(endpoint: str) -> dict[str, Any]:
 
 def _cors(config: EdgeConfig) -> dict[str, Any]:
     origins = (
-        [{"prefix": ""}]
+        [{"safe_regex": {"regex": ".+"}}]  # Envoy refuses an empty prefix
         if "*" in config.cors_origins
         else [{"exact": origin.rstrip("/")} for origin in config.cors_origins]
     )

@@ -19,6 +19,7 @@ VARIANTS = {
     "dns-upstream": EdgeConfig(upstreams=["turnmesh-server-headless:7100"], host="0.0.0.0"),
     "traced-ip": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="http://127.0.0.1:4317"),
     "traced-name": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="otel-collector:4317"),
+    "any-origin": EdgeConfig(upstreams=["127.0.0.1:7100"], cors_origins=("*",)),
 }
 
 
