@@ -8,13 +8,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from turnmesh.cli._restart import DEFAULT_BUDGET, RestartPolicy
+from turnmesh.envoy import guards
 from turnmesh.envoy.config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
 from turnmesh.runtime.tls import TlsFiles
 
 ENV_PREFIX = "TURNMESH_"
+# Envoy's limits with one number each: flags of `up` and `edge` alike.
+EDGE_LIMITS = (
+    "rate_limit_per_ip",
+    "max_streams_per_connection",
+    "max_connections",
+    "max_heap_mb",
+    "trusted_proxy_hops",
+)
 
 
 class UpConfig(BaseModel):
@@ -48,6 +57,39 @@ class UpConfig(BaseModel):
     edge_tls_key: Path | None = None
     # A public host without API keys is refused unless this is set.
     allow_open: bool = False
+    # Envoy's limits (envoy/guards.py), flags of `up` and `edge` alike.
+    rate_limit_per_ip: int = Field(
+        default=guards.DEFAULT_RATE_LIMIT_PER_IP,
+        ge=0,
+        description="requests a second per client IP at Envoy, bursts of twice that "
+        "(0: no limit; 127.0.0.1 and ::1 are never limited)",
+    )
+    max_streams_per_connection: int = Field(
+        default=guards.DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        ge=1,
+        le=guards.MAX_STREAMS,
+        description="concurrent HTTP/2 streams (gRPC calls) on one client connection",
+    )
+    max_connections: int = Field(
+        default=guards.DEFAULT_MAX_CONNECTIONS,
+        ge=1,
+        description="client connections Envoy holds at once; near it, idle ones close sooner",
+    )
+    max_heap_mb: int = Field(
+        default=guards.DEFAULT_MAX_HEAP_MB,
+        ge=1,
+        description="Envoy's heap in MiB; new requests get 429 at 95 percent of it",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="a Host name the API answers to besides localhost and --host (repeat; "
+        "'*': any); without API keys other names get 421",
+    )
+    trusted_proxy_hops: int = Field(
+        default=0,
+        ge=0,
+        description="proxies in front of Envoy whose X-Forwarded-For names the client",
+    )
     # Which exits of a child restart it, and how many restarts a component
     # gets within _restart.BUDGET_WINDOW before `up` gives up.
     restart: RestartPolicy = RestartPolicy.ON_FAILURE
@@ -57,6 +99,14 @@ class UpConfig(BaseModel):
     # Servers get this long to finish running turns on Ctrl-C; with the other
     # steps, everything is gone within 5 seconds.
     drain_seconds: float = Field(default=2.5, ge=0, le=30)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: object) -> object:
+        # TURNMESH_ALLOWED_HOSTS=a,b as the environment gives it.
+        if isinstance(value, str):
+            return [h.strip() for h in value.split(",") if h.strip()]
+        return value
 
     @model_validator(mode="after")
     def _tls_complete(self) -> UpConfig:
@@ -72,6 +122,16 @@ class UpConfig(BaseModel):
         if self.tls_ca and self.tls_cert and self.tls_key:
             return TlsFiles(ca_file=self.tls_ca, cert_file=self.tls_cert, key_file=self.tls_key)
         return None
+
+    @property
+    def edge_guards(self) -> guards.EdgeGuards:
+        return guards.EdgeGuards(
+            rate_limit_per_ip=self.rate_limit_per_ip,
+            max_streams_per_connection=self.max_streams_per_connection,
+            max_heap_mb=self.max_heap_mb,
+            allowed_hosts=tuple(self.allowed_hosts),
+            trusted_proxy_hops=self.trusted_proxy_hops,
+        )
 
     @property
     def edge_tls(self) -> tuple[Path, Path] | None:

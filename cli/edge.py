@@ -10,7 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from turnmesh.envoy import EdgeConfig
+from turnmesh.cli._up_config import EDGE_LIMITS
+from turnmesh.envoy import EdgeConfig, EdgeGuards
+from turnmesh.envoy.guards import DEFAULT_MAX_CONNECTIONS
 from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
 from turnmesh.runtime.exposure import check_edge_exposure
 from turnmesh.runtime.tls import TlsConfigError, tls_files
@@ -40,6 +42,18 @@ def edge_config(args: argparse.Namespace) -> EdgeConfig:
         upstream_tls=upstream_tls,
         otlp_endpoint=args.otlp_endpoint,
         cors_origins=_origins(args.cors_origins),
+        api_keys=args.api_keys,
+        max_connections=args.max_connections or DEFAULT_MAX_CONNECTIONS,
+        guards=_guards(args),
+    )
+
+
+def _guards(args: argparse.Namespace) -> EdgeGuards:
+    # Unset flags: EdgeGuards' own defaults (max_connections is EdgeConfig's).
+    given = {name: getattr(args, name) for name in EDGE_LIMITS if name != "max_connections"}
+    return EdgeGuards(
+        **{k: v for k, v in given.items() if v is not None},
+        allowed_hosts=tuple(args.allowed_hosts or ()),
     )
 
 

@@ -123,6 +123,22 @@ def _router_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _edge_limits(p: argparse.ArgumentParser, *, env: bool) -> None:
+    """Envoy's limits (envoy/guards.py) as flags; help and defaults from UpConfig."""
+    from turnmesh.cli._up_config import EDGE_LIMITS, UpConfig
+
+    for name in EDGE_LIMITS:
+        _setting(p, "--" + name.replace("_", "-"), UpConfig, name)
+    hosts = _env("allowed_hosts") if env else None
+    p.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        default=[h.strip() for h in hosts.split(",") if h.strip()] if hosts else None,
+        help=UpConfig.model_fields["allowed_hosts"].description,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from turnmesh.cli._restart import BUDGET_WINDOW, DEFAULT_BUDGET, RestartPolicy
     from turnmesh.envoy.config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
@@ -213,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("cors_origins", ",".join(DEFAULT_CORS_ORIGINS)),
         help="browser origins allowed to call the API, comma-separated ('*' for any)",
     )
+    edge.add_argument(
+        "--api-keys-required",
+        dest="api_keys",
+        action="store_true",
+        default=_env("api_keys_required") == "1",
+        help="the servers behind check API keys: any Host is then answered unless "
+        "--allowed-host names some",
+    )
+    _edge_limits(edge, env=True)
     edge.add_argument("--config-dir", default=_env("config_dir"), help="where envoy.json goes")
     concurrency = _env("concurrency")
     edge.add_argument(
@@ -269,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="browser origins allowed to call the API, comma-separated ('*' for any; "
         f"default {','.join(DEFAULT_CORS_ORIGINS)}; the playground needs none)",
     )
+    _edge_limits(up, env=False)
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
     up.add_argument("--log-level", default=None)

@@ -41,7 +41,7 @@ from turnmesh.cli._ports import free_ports
 from turnmesh.cli._restart import BUDGET_WINDOW, RestartBudget
 from turnmesh.cli._status import STATUS_FILE, table, write_status
 from turnmesh.cli._supervisor import Component, Launch, Ready, Supervisor
-from turnmesh.cli._up_config import UpConfig, load
+from turnmesh.cli._up_config import EDGE_LIMITS, UpConfig, load
 from turnmesh.runtime.exposure import check_up_exposure
 
 READY_TIMEOUT = 60.0
@@ -98,6 +98,7 @@ def _preflight(config: UpConfig) -> None:
             host=config.host,
             port=config.port,
             admin_port=config.admin_port,
+            guards=config.edge_guards,
         )
         try:
             validate(write_config(probe, Path(tmp) / "envoy.json"))
@@ -281,6 +282,9 @@ class Mesh:
             upstream_tls=c.mesh_tls,
             otlp_endpoint=c.otlp_endpoint,
             cors_origins=tuple(o.strip() for o in c.cors_origins.split(",") if o.strip()),
+            max_connections=c.max_connections,
+            api_keys=_api_keys_given(c),
+            guards=c.edge_guards,
         )
         path = write_config(edge, self.run_dir / "envoy.json")
         try:
@@ -375,6 +379,7 @@ def run_up(args: argparse.Namespace) -> int:
         "cors_origins": args.cors_origins,
         "restart": args.restart,
         "restart_budget": args.restart_budget,
+        **{name: getattr(args, name) for name in (*EDGE_LIMITS, "allowed_hosts")},
     }
     try:
         config = load(args.config, flags)

@@ -10,11 +10,13 @@ RPCs come out as SSE. Errors a REST client can get are all
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import turnmesh.v1
+from turnmesh.envoy import guards
+from turnmesh.envoy.guards import DEFAULT_MAX_CONNECTIONS, EdgeGuards
 from turnmesh.playground import INDEX as PLAYGROUND_PAGE
 from turnmesh.runtime import errors
 from turnmesh.runtime.tls import TlsFiles
@@ -74,7 +76,7 @@ class EdgeConfig:
     admin_port: int = 0
     descriptor_set: Path = DESCRIPTOR_SET
     health_check_interval_ms: int = 1000
-    max_connections: int = 10_000
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     # HTTPS on the public listener: (certificate chain, private key) PEM paths.
     listener_tls: tuple[Path, Path] | None = None
     # Mutual TLS to the session servers: the mesh CA and Envoy's own certificate.
@@ -86,6 +88,10 @@ class EdgeConfig:
     cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
     # The page served at GET / (None: no playground).
     playground: Path | None = PLAYGROUND
+    # Whether the servers behind check API keys (a keyless edge checks Host).
+    api_keys: bool = False
+    # Per-IP, per-connection and overall limits (envoy/guards.py).
+    guards: EdgeGuards = field(default_factory=EdgeGuards)
 
 
 TLS_SOCKET = "envoy.transport_sockets.tls"
@@ -277,7 +283,9 @@ def _problem_mappers() -> list[dict[str, Any]]:
 
     def status(op: str, code: int) -> dict[str, Any]:
         value = {"default_value": code, "runtime_key": f"turnmesh.problem_{op}_{code}"}
-        return {"status_code_filter": {"comparison": {"op": op, "value": value}}}
+        found = {"status_code_filter": {"comparison": {"op": op, "value": value}}}
+        # Envoy's overload replies are answered as 429 (envoy/guards.py).
+        return guards.or_shed(found, code) if op == "EQ" else found
 
     def openai_mapper(status_filter: dict[str, Any], error_type: str) -> dict[str, Any]:
         return {
@@ -299,7 +307,7 @@ def _problem_mappers() -> list[dict[str, Any]]:
     # everyone's problem type and title come from the one error table.
     problems = errors.edge_problems()
     mappers = [
-        openai_mapper(status("EQ", code), error_type)
+        guards.shed(openai_mapper(status("EQ", code), error_type), code)
         for code, (_, _, error_type) in problems.items()
     ]
     mappers += [
@@ -307,7 +315,8 @@ def _problem_mappers() -> list[dict[str, Any]]:
         openai_mapper(status("GE", 400), "invalid_request_error"),
     ]
     mappers += [
-        mapper(status("EQ", code), title, slug) for code, (slug, title, _) in problems.items()
+        guards.shed(mapper(status("EQ", code), title, slug), code)
+        for code, (slug, title, _) in problems.items()
     ]
     mappers.append(mapper(status("GE", 400), errors.EDGE_FALLBACK[1], errors.EDGE_FALLBACK[0]))
     return mappers
@@ -415,12 +424,13 @@ def render(config: EdgeConfig) -> dict[str, Any]:
             "virtual_hosts": [
                 {
                     "name": "mesh",
-                    "domains": ["*"],
+                    "domains": guards.allowed_domains(config),
                     # Mesh-internal headers never come from outside.
                     "request_headers_to_remove": list(INTERNAL_HEADERS),
                     "typed_per_filter_config": {"envoy.filters.http.cors": _cors(config)},
                     "routes": [
                         *_playground_routes(config),
+                        *guards.cross_origin_routes(config),
                         {
                             # Native gRPC (reflection is a bidi stream) must not
                             # be buffered; gRPC's own message limits apply.
@@ -444,10 +454,12 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                         },
                         {"match": {"prefix": "/"}, "route": route},
                     ],
-                }
+                },
+                *guards.foreign_hosts(config, route, INTERNAL_HEADERS),
             ],
         },
         "http_filters": [
+            *guards.http_filters(config),
             {
                 # Answers preflights for allowed origins, before anything else.
                 "name": "envoy.filters.http.cors",
@@ -480,6 +492,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
             },
         ],
     }
+    manager.update(guards.connection_manager(config))
     cluster = {
         "name": "session_servers",
         # Addresses as given; names (a Kubernetes headless Service) are
@@ -556,18 +569,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         }
     return {
         "admin": {"address": _address("127.0.0.1", config.admin_port)},
-        "overload_manager": {
-            "resource_monitors": [
-                {
-                    "name": "envoy.resource_monitors.global_downstream_max_connections",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.resource_monitors"
-                        ".downstream_connections.v3.DownstreamConnectionsConfig",
-                        "max_active_downstream_connections": config.max_connections,
-                    },
-                }
-            ]
-        },
+        "overload_manager": guards.overload_manager(config),
         "static_resources": {
             "listeners": [
                 {

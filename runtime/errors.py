@@ -399,6 +399,10 @@ _EDGE_ONLY: dict[int, tuple[str, str, str]] = {
     405: ("method-not-allowed", "Method not allowed", "invalid_request_error"),
     408: ("request-timeout", "Request timeout", "invalid_request_error"),
     413: ("payload-too-large", "Payload too large", "invalid_request_error"),
+    # A cross-origin POST whose body is not JSON (envoy/guards.py).
+    415: ("unsupported-media-type", "Unsupported media type", "invalid_request_error"),
+    # A Host the edge does not answer to (envoy/guards.py).
+    421: ("misdirected-request", "Misdirected request", "invalid_request_error"),
     431: (
         "request-header-fields-too-large",
         "Request header fields too large",

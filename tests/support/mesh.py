@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from turnmesh.client import AsyncClient
-from turnmesh.envoy import EdgeConfig
+from turnmesh.envoy import EdgeConfig, EdgeGuards
 from turnmesh.envoy.process import RunningEnvoy, write_config
 from turnmesh.envoy.process import start as start_envoy
 from turnmesh.runtime.serving import insecure_channel
@@ -156,6 +156,8 @@ class Mesh:
         ca_file: Path | None = None,
         otlp_endpoint: str | None = None,
         cors_origins: tuple[str, ...] | None = None,
+        guards: EdgeGuards | None = None,
+        api_keys: bool = False,
     ) -> RunningEnvoy:
         """Envoy on a free port in front of the given servers; waits until a
         REST readiness call succeeds through it (over HTTPS trusting
@@ -170,6 +172,9 @@ class Mesh:
         )
         if cors_origins is not None:
             config = replace(config, cors_origins=cors_origins)
+        if guards is not None:
+            config = replace(config, guards=guards)
+        config = replace(config, api_keys=api_keys)
         scheme, context = "http", None
         if listener_tls is not None:
             scheme, context = "https", ssl.create_default_context(cafile=ca_file)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from turnmesh.envoy import EdgeConfig, render
+from turnmesh.envoy import EdgeConfig, EdgeGuards, render
 from turnmesh.envoy.process import EnvoyError, validate, write_config
 
 VARIANTS = {
@@ -20,6 +20,18 @@ VARIANTS = {
     "traced-ip": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="http://127.0.0.1:4317"),
     "traced-name": EdgeConfig(upstreams=["127.0.0.1:7100"], otlp_endpoint="otel-collector:4317"),
     "any-origin": EdgeConfig(upstreams=["127.0.0.1:7100"], cors_origins=("*",)),
+    "guarded-keyless": EdgeConfig(
+        upstreams=["127.0.0.1:7100"],
+        host="10.0.0.5",
+        cors_origins=("https://a.example", "https://b.example"),
+        guards=EdgeGuards(allowed_hosts=("api.example.com", "*.example.org", "[::1]:80")),
+    ),
+    "guarded-keyed": EdgeConfig(
+        upstreams=["127.0.0.1:7100"],
+        api_keys=True,
+        cors_origins=("*",),
+        guards=EdgeGuards(rate_limit_per_ip=0, trusted_proxy_hops=2, max_heap_mb=64),
+    ),
 }
 
 
@@ -52,7 +64,9 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     }
     routes = host["routes"]
     assert "direct_response" in routes[0]  # the playground page
-    for route in routes[1:]:
+    forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
+    assert len(forwarded) == 2
+    for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
         f for f in manager["http_filters"] if f["name"].endswith("grpc_json_transcoder")

@@ -1,0 +1,423 @@
+"""What one client, one connection and the whole edge may hold: the Envoy
+fragments ``config.render`` puts into the bootstrap.
+
+- Per client IP: a token bucket of requests (``local_ratelimit`` with one
+  dynamic descriptor per ``remote_address``), answered 429 with Retry-After.
+  Envoy 1.40 cannot count connections per IP (``connection_limit`` and the
+  network ``local_ratelimit`` count per listener), so connections are bounded
+  per connection (concurrent HTTP/2 streams, flow-control windows, the
+  listener's buffer limit) and overall (``max_connections``).
+- Overall: the overload manager sheds requests with 429 before the heap is at
+  risk (never 503: a saturated edge must not look down), resets the streams
+  holding the most buffers, and near the connection cap closes connections
+  after each response and shortens idle timeouts, so idle connections cannot
+  lock everyone else out for long.
+- Browsers: a Host allow-list against DNS rebinding (421 for other names;
+  health stays open to any), and a cross-origin POST that skipped CORS
+  preflight (any body but JSON) is refused with 415.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from turnmesh.v1 import session_service_pb2
+
+if TYPE_CHECKING:
+    from turnmesh.envoy.config import EdgeConfig
+
+# Requests a second one client IP may make, sustained; bursts of twice that.
+# Generous: behind NAT one address is many people.
+DEFAULT_RATE_LIMIT_PER_IP = 200
+DEFAULT_MAX_STREAMS_PER_CONNECTION = 100
+MAX_STREAMS = 2**31 - 1  # HTTP/2's own ceiling
+DEFAULT_MAX_HEAP_MB = 1024
+# Connections open at once, across all clients (file descriptors: Envoy needs
+# about as many again upstream).
+DEFAULT_MAX_CONNECTIONS = 10_000
+# Peers never limited per IP: a proxy or a benchmark on this machine speaks
+# for many clients at once.
+LOOPBACK_PEERS = ("127.0.0.1", "::1")
+# Distinct client IPs with a bucket of their own; past it the least recently
+# seen one starts over with a full bucket (Envoy's default is 20).
+TRACKED_CLIENT_IPS = 100_000
+RETRY_AFTER_SECONDS = 1
+# Envoy answers overload with 503; the edge says 429 instead.
+SHED_STATUS = 429
+SHED_DETAIL = f"too many requests at the edge: retry after {RETRY_AFTER_SECONDS} s"
+# Near the connection cap, an idle connection is closed after this long
+# (scaled down from the configured idle timeout, never below).
+PRESSED_IDLE_TIMEOUT = "10s"
+# A stream silent this long (half-sent headers too) is cut under pressure; a
+# turn's stream is never that silent (the servers' keepalive is every 15 s).
+PRESSED_STREAM_IDLE_TIMEOUT = "60s"
+
+# The names any keyless edge answers to (ports are stripped before matching).
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+# Open to any Host: load balancers and Kubernetes probe by address. The
+# transcoder turns GET /health into the RPC's path and routes again.
+_SESSIONS = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
+HEALTH_PATHS = ("/health", "/ready", f"/{_SESSIONS}/GetHealth", f"/{_SESSIONS}/GetReadiness")
+GRPC_HEALTH_PREFIX = "/grpc.health.v1.Health/"
+# Bodies a browser sends cross-origin only after a CORS preflight: JSON, and
+# gRPC (also what the transcoder turns JSON into before routing again).
+PREFLIGHTED_CONTENT_TYPE = r"(?i)^\s*application/(grpc|([a-z0-9.!#$&^_-]+\+)?json)\s*([;+].*)?$"
+_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?$|^\[[0-9a-f:.]+\]$")
+_PORT = re.compile(r":\d+$")
+
+
+@dataclass(frozen=True)
+class EdgeGuards:
+    """Limits at the edge; each is a flag of ``turnmesh up`` and ``turnmesh edge``."""
+
+    # Requests a second per client IP (0: no limit); bursts of twice that.
+    rate_limit_per_ip: int = DEFAULT_RATE_LIMIT_PER_IP
+    # Concurrent HTTP/2 streams (gRPC calls) on one connection.
+    max_streams_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION
+    # Envoy's heap; requests are shed (429) at 95 % of it.
+    max_heap_mb: int = DEFAULT_MAX_HEAP_MB
+    # Host names (besides localhost and the listen address) the API answers
+    # to; "*": any. Empty: any on a keyed mesh, only those on a keyless one.
+    allowed_hosts: tuple[str, ...] = ()
+    # Proxies in front of Envoy that append X-Forwarded-For (0: the peer's
+    # address is the client's; a client's own header is never trusted).
+    trusted_proxy_hops: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rate_limit_per_ip < 0 or self.trusted_proxy_hops < 0:
+            raise ValueError("--rate-limit-per-ip and --trusted-proxy-hops cannot be negative")
+        if not 1 <= self.max_streams_per_connection <= MAX_STREAMS:
+            raise ValueError(f"--max-streams-per-connection must be 1 to {MAX_STREAMS}")
+        if self.max_heap_mb < 1:
+            raise ValueError("--max-heap-mb must be at least 1")
+        for host in self.allowed_hosts:
+            if host != "*":
+                _name(host)  # raises on what is no host name
+
+
+# -- per client IP and per connection ------------------------------------------
+
+
+def _bucket(tokens_per_second: int, burst: int) -> dict[str, Any]:
+    return {"max_tokens": burst, "tokens_per_fill": tokens_per_second, "fill_interval": "1s"}
+
+
+def _percent(value: int) -> dict[str, Any]:
+    return {"numerator": value, "denominator": "HUNDRED"}
+
+
+def http_filters(config: EdgeConfig) -> list[dict[str, Any]]:
+    """The per-IP rate limit, first: a refused request costs nothing more."""
+    rate = config.guards.rate_limit_per_ip
+    if rate <= 0:
+        return []
+    unlimited = 1_000_000_000
+    exempt = [
+        {
+            "entries": [{"key": "remote_address", "value": peer}],
+            "token_bucket": _bucket(unlimited, unlimited),
+        }
+        for peer in LOOPBACK_PEERS
+    ]
+    return [
+        {
+            "name": "envoy.filters.http.local_ratelimit",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3"
+                ".LocalRateLimit",
+                "stat_prefix": "per_client_ip",
+                # Only the per-IP buckets count: the filter's own is never empty.
+                "token_bucket": _bucket(unlimited, unlimited),
+                "always_consume_default_token_bucket": False,
+                # Runtime keys: an operator may turn it off without a restart.
+                "filter_enabled": {
+                    "runtime_key": "turnmesh.rate_limit_per_ip_enabled",
+                    "default_value": _percent(100),
+                },
+                "filter_enforced": {
+                    "runtime_key": "turnmesh.rate_limit_per_ip_enforced",
+                    "default_value": _percent(100),
+                },
+                "rate_limits": [{"actions": [{"remote_address": {}}]}],
+                # An empty value: one bucket per address seen (first match wins).
+                "descriptors": [
+                    *exempt,
+                    {
+                        "entries": [{"key": "remote_address"}],
+                        "token_bucket": _bucket(rate, 2 * rate),
+                    },
+                ],
+                "max_dynamic_descriptors": TRACKED_CLIENT_IPS,
+                # REST callers get it from the 429 local-reply mapper; this one
+                # reaches gRPC callers, as trailing metadata.
+                "response_headers_to_add": [_retry_after()],
+                # gRPC callers get the code a server's own limit gives.
+                "rate_limited_as_resource_exhausted": True,
+            },
+        }
+    ]
+
+
+def connection_manager(config: EdgeConfig) -> dict[str, Any]:
+    """Keys for the HTTP connection manager."""
+    return {
+        # The client is the peer (or what trusted proxies say it is): a
+        # client's own X-Forwarded-For must not pick its rate-limit bucket.
+        "use_remote_address": True,
+        "xff_num_trusted_hops": config.guards.trusted_proxy_hops,
+        # Host names match without their port (the allow-list below).
+        "strip_any_host_port": True,
+        "http2_protocol_options": {
+            "max_concurrent_streams": config.guards.max_streams_per_connection,
+            # What a peer may send before Envoy reads it: per stream and per
+            # connection, in line with the listener's 1 MiB buffer limit.
+            "initial_stream_window_size": 1024 * 1024,
+            "initial_connection_window_size": 4 * 1024 * 1024,
+        },
+    }
+
+
+# -- overall: the overload manager ---------------------------------------------
+
+HEAP = "envoy.resource_monitors.fixed_heap"
+CONNECTIONS = "envoy.resource_monitors.global_downstream_max_connections"
+
+
+def _threshold(monitor: str, value: float) -> dict[str, Any]:
+    return {"name": monitor, "threshold": {"value": value}}
+
+
+def _scaled(monitor: str, start: float, full: float) -> dict[str, Any]:
+    return {"name": monitor, "scaled": {"scaling_threshold": start, "saturation_threshold": full}}
+
+
+def overload_manager(config: EdgeConfig) -> dict[str, Any]:
+    return {
+        "refresh_interval": "0.25s",
+        "resource_monitors": [
+            {
+                "name": HEAP,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap"
+                    ".v3.FixedHeapConfig",
+                    "max_heap_size_bytes": config.guards.max_heap_mb * 1024 * 1024,
+                },
+            },
+            {
+                "name": CONNECTIONS,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors"
+                    ".downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": config.max_connections,
+                },
+            },
+        ],
+        "actions": [
+            # New requests get 429 (Envoy's 503 "overload", mapped below).
+            {
+                "name": "envoy.overload_actions.stop_accepting_requests",
+                "triggers": [_threshold(HEAP, 0.95)],
+            },
+            # The streams holding the most buffered bytes are reset first.
+            {
+                "name": "envoy.overload_actions.reset_high_memory_stream",
+                "triggers": [_scaled(HEAP, 0.85, 0.95)],
+            },
+            # Connections close after their response: clients come back to a
+            # fresh accept, and held connections cannot pile up.
+            {
+                "name": "envoy.overload_actions.disable_http_keepalive",
+                "triggers": [_threshold(HEAP, 0.9), _threshold(CONNECTIONS, 0.9)],
+            },
+            # Idle connections and silent streams (slow headers) are cut sooner.
+            {
+                "name": "envoy.overload_actions.reduce_timeouts",
+                "triggers": [_scaled(CONNECTIONS, 0.8, 0.95), _scaled(HEAP, 0.85, 0.95)],
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.config.overload.v3"
+                    ".ScaleTimersOverloadActionConfig",
+                    "timer_scale_factors": [
+                        {
+                            "timer": "HTTP_DOWNSTREAM_CONNECTION_IDLE",
+                            "min_timeout": PRESSED_IDLE_TIMEOUT,
+                        },
+                        {
+                            "timer": "HTTP_DOWNSTREAM_STREAM_IDLE",
+                            "min_timeout": PRESSED_STREAM_IDLE_TIMEOUT,
+                        },
+                    ],
+                },
+            },
+        ],
+        # Streams buffering 1 MiB or more are tracked for reset_high_memory_stream.
+        "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},
+    }
+
+
+def _retry_after() -> dict[str, Any]:
+    return {
+        "header": {"key": "retry-after", "value": str(RETRY_AFTER_SECONDS)},
+        "append_action": "ADD_IF_ABSENT",
+    }
+
+
+def or_shed(status_filter: dict[str, Any], code: int) -> dict[str, Any]:
+    """The local-reply filter for ``code``, widened for 429 to Envoy's
+    overload replies (503; they carry no response flag, only their details)."""
+    if code != SHED_STATUS:
+        return status_filter
+    overloaded = {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3"
+                ".ExpressionFilter",
+                "expression": "response.code_details == 'overload'",
+            },
+        }
+    }
+    return {"or_filter": {"filters": [status_filter, overloaded]}}
+
+
+def shed(mapper: dict[str, Any], code: int) -> dict[str, Any]:
+    """The local-reply mapper for ``code``; for 429, it answers overload
+    replies as 429 and tells the client when to come back."""
+    if code != SHED_STATUS:
+        return mapper
+    return {
+        **mapper,
+        "status_code": SHED_STATUS,
+        "headers_to_add": [_retry_after()],
+        "body": {"inline_string": SHED_DETAIL},
+    }
+
+
+# -- browsers: Host allow-list and cross-origin bodies -------------------------
+
+
+def _checks_hosts(config: EdgeConfig) -> bool:
+    hosts = config.guards.allowed_hosts
+    if "*" in hosts:
+        return False
+    return bool(hosts) or not config.api_keys
+
+
+def _name(host: str) -> str:
+    """A host as Envoy matches it: lower case, no port, IPv6 in brackets."""
+    host = host.strip().lower()
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        name = _PORT.sub("", host) if not host.startswith("[") else host.split("]")[0] + "]"
+        if not _HOST.match(name):
+            raise ValueError(f"--allowed-host {host!r} is not a host name") from None
+        return name
+    return f"[{address}]" if address.version == 6 else str(address)
+
+
+def allowed_domains(config: EdgeConfig) -> list[str]:
+    """The API's virtual host domains: every name, or the allowed ones."""
+    if not _checks_hosts(config):
+        return ["*"]
+    names = [*LOCAL_HOSTS, *config.guards.allowed_hosts]
+    if not _is_unspecified(config.host):  # 0.0.0.0 is no name a client uses
+        names.append(config.host)
+    return list(dict.fromkeys(_name(n) for n in names))
+
+
+def _is_unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def _no_body_filters() -> dict[str, Any]:
+    """Per-route: answer at once, before the buffer filter reads a body."""
+    return {
+        "envoy.filters.http.buffer": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute",
+            "disabled": True,
+        },
+        "envoy.filters.http.grpc_json_transcoder": {
+            "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+            "disabled": True,
+        },
+    }
+
+
+def foreign_hosts(
+    config: EdgeConfig, route: dict[str, Any], internal_headers: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Requests naming any other Host: health checks pass (``route``), the
+    rest get 421. 421 Misdirected Request, not 403: the name is not served
+    here at all, and 403 already means a key that may not do something."""
+    if not _checks_hosts(config):
+        return []
+    health = [{"match": {"path": path}, "route": route} for path in HEALTH_PATHS]
+    grpc_health = {"match": {"prefix": GRPC_HEALTH_PREFIX}, "route": route}
+    refused = {
+        "match": {"prefix": "/"},
+        "direct_response": {
+            "status": 421,
+            "body": {
+                "inline_string": "this server does not answer to that Host; an operator "
+                "allows a name with --allowed-host"
+            },
+        },
+        "typed_per_filter_config": _no_body_filters(),
+    }
+    return [
+        {
+            "name": "other-hosts",
+            "domains": ["*"],
+            "request_headers_to_remove": list(internal_headers),
+            "routes": [*health, grpc_health, refused],
+        }
+    ]
+
+
+def cross_origin_routes(config: EdgeConfig) -> list[dict[str, Any]]:
+    """A POST from an origin CORS does not allow, with a body that is not
+    JSON (text/plain, a form, none: what a browser sends without a
+    preflight), gets 415 before anything reads it. Requests with no Origin
+    (curl, SDKs) and the playground (same origin, JSON) are unaffected. A
+    route, not Lua: a Lua error fails open, a matcher cannot."""
+    origins = config.cors_origins
+    if "*" in origins:
+        return []
+    headers: list[dict[str, Any]] = [
+        {"name": ":method", "string_match": {"exact": "POST"}},
+        {"name": "origin", "present_match": True},
+        {
+            "name": "content-type",
+            "string_match": {"safe_regex": {"regex": PREFLIGHTED_CONTENT_TYPE}},
+            "invert_match": True,
+            "treat_missing_header_as_empty": True,
+        },
+    ]
+    if origins:
+        allowed = "|".join(re.escape(o.rstrip("/")) for o in origins)
+        headers.append(
+            {
+                "name": "origin",
+                "string_match": {"safe_regex": {"regex": f"^({allowed})$"}},
+                "invert_match": True,
+            }
+        )
+    return [
+        {
+            "match": {"prefix": "/", "headers": headers},
+            "direct_response": {
+                "status": 415,
+                "body": {
+                    "inline_string": "a cross-origin request must send Content-Type: "
+                    "application/json (the origin is not allowed by CORS)"
+                },
+            },
+            "typed_per_filter_config": _no_body_filters(),
+        }
+    ]
