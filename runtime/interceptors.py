@@ -11,7 +11,7 @@ from typing import Any, cast
 import grpc
 
 from turnmesh.runtime import principals
-from turnmesh.runtime.auth import ApiKeys, bearer
+from turnmesh.runtime.auth import ApiKeys, authenticate, bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
     InvalidArgument,
@@ -194,11 +194,10 @@ class ApiKeyInterceptor(ServerInterceptor):
             return await continuation(handler_call_details)
         if not self._keys.configured:
             return await continuation(handler_call_details)
-        presented = bearer(metadata)
-        principal = self._keys.match(presented) if presented else None
-        if principal is None:
-            reason = "a valid API key is required" if presented else "an API key is required"
-            return await _denied(continuation, handler_call_details, Unauthenticated(reason))
+        try:
+            principal = authenticate(self._keys, bearer(metadata))
+        except Unauthenticated as error:
+            return await _denied(continuation, handler_call_details, error)
         principals.set_current(principal)
         if (
             self._rates is not None
