@@ -5,6 +5,7 @@ a container or a host of its own runs at the edge."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from turnmesh.envoy import EdgeConfig
 from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
+from turnmesh.envoy.timeouts import EdgeTimeouts
 from turnmesh.runtime.exposure import check_edge_exposure
 from turnmesh.runtime.tls import TlsConfigError, tls_files
 
@@ -40,6 +42,10 @@ def edge_config(args: argparse.Namespace) -> EdgeConfig:
         upstream_tls=upstream_tls,
         otlp_endpoint=args.otlp_endpoint,
         cors_origins=_origins(args.cors_origins),
+        authenticate=not args.no_key_check,
+        timeouts=EdgeTimeouts(
+            **{f.name: getattr(args, f"{f.name}_timeout") for f in dataclasses.fields(EdgeTimeouts)}
+        ),
     )
 
 

@@ -281,6 +281,7 @@ class Mesh:
             upstream_tls=c.mesh_tls,
             otlp_endpoint=c.otlp_endpoint,
             cors_origins=tuple(o.strip() for o in c.cors_origins.split(",") if o.strip()),
+            authenticate=_api_keys_given(c),
         )
         path = write_config(edge, self.run_dir / "envoy.json")
         try:

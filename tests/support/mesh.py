@@ -21,6 +21,7 @@ from turnmesh.client import AsyncClient
 from turnmesh.envoy import EdgeConfig
 from turnmesh.envoy.process import RunningEnvoy, write_config
 from turnmesh.envoy.process import start as start_envoy
+from turnmesh.envoy.timeouts import EdgeTimeouts
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -156,10 +157,13 @@ class Mesh:
         ca_file: Path | None = None,
         otlp_endpoint: str | None = None,
         cors_origins: tuple[str, ...] | None = None,
+        timeouts: EdgeTimeouts | None = None,
+        authenticate: bool | None = None,
     ) -> RunningEnvoy:
         """Envoy on a free port in front of the given servers; waits until a
         REST readiness call succeeds through it (over HTTPS trusting
-        ``ca_file`` when the listener has TLS)."""
+        ``ca_file`` when the listener has TLS). It checks keys at the edge
+        when the servers have them, as ``turnmesh up`` does."""
         config = EdgeConfig(
             upstreams=[s.address for s in servers],
             port=0,
@@ -167,6 +171,10 @@ class Mesh:
             listener_tls=listener_tls,
             upstream_tls=upstream_tls,
             otlp_endpoint=otlp_endpoint,
+            authenticate=any(_has_api_keys(s) for s in servers)
+            if authenticate is None
+            else authenticate,
+            timeouts=timeouts or EdgeTimeouts(),
         )
         if cors_origins is not None:
             config = replace(config, cors_origins=cors_origins)
@@ -218,6 +226,12 @@ class Mesh:
             except subprocess.TimeoutExpired:
                 os.kill(c.pid, signal.SIGKILL)
                 c.proc.wait(timeout=10)
+
+
+def _has_api_keys(server: Component) -> bool:
+    # Spawned components get no TURNMESH_* variables: a file is the only way.
+    args = server.proc.args
+    return isinstance(args, list) and "--api-keys-file" in args
 
 
 def wait_for(predicate: object, timeout: float = 20.0, what: str = "condition") -> None:
