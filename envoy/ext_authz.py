@@ -5,7 +5,7 @@ instead of being buffered.
 
 Native gRPC skips it: Envoy does not buffer gRPC (flow control holds each
 stream to the connection's buffer limit) and the servers refuse a call
-without a key before its handler runs. Health, readiness and the playground
+without a key before receiving its message (``runtime/interceptors.py``). Health, readiness and the playground
 skip it too: they never depend on keys.
 """
 

@@ -12,7 +12,9 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
 import pytest
 
@@ -26,9 +28,9 @@ from turnmesh.runtime import errors
 KEY = "tm-edge-key-0123456789abcdef"
 MESH_KEY = "tm-edge-mesh-key-fedcba9876543210"
 PRINCIPAL = "acme"
-# A second for headers and three for a whole request: what the slow-client
-# tests wait for. The key check gets as long as production's and more.
-TIMEOUTS = EdgeTimeouts(request_headers=1.0, request=3.0, auth=5.0)
+# A second for headers and two for a whole request (the key check included:
+# a healthy one takes milliseconds): what the slow-client tests wait for.
+TIMEOUTS = EdgeTimeouts(request_headers=1.0, request=2.0)
 # How long any one answer may take on a busy 2-core machine (a healthy run
 # answers in milliseconds, or in a timeout above).
 BOUND = 60.0
@@ -191,6 +193,28 @@ async def test_unauthenticated_uploads_are_refused_before_their_bodies(
     assert all(" 401 " in x and "up=- flags=UAEX" in x for x in refused), refused
 
 
+async def test_unauthenticated_grpc_messages_are_refused_unread(edge: Edge) -> None:
+    """Native gRPC skips the edge's check; the server refuses a call without
+    a key before receiving its message, not after holding all 100 MiB."""
+    message = b"\x0a\x80\x80\x80\x32" + b"a" * (100 * MIB)  # field 1: 100 MiB of id
+    baseline = peak = _rss(edge.server.pid)
+    options = [("grpc.max_send_message_length", 128 * MIB)]
+    async with grpc.aio.insecure_channel(edge.address, options=options) as channel:
+        call: Any = channel.unary_unary("/turnmesh.v1.SessionService/GetSession")
+        calls = asyncio.gather(
+            *(call(message, timeout=BOUND) for _ in range(3)), return_exceptions=True
+        )
+        while not calls.done():
+            peak = max(peak, _rss(edge.server.pid))
+            await asyncio.sleep(0.01)
+        refusals = await calls
+    for refusal in refusals:
+        assert isinstance(refusal, grpc.aio.AioRpcError), refusal
+        assert refusal.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert ("www-authenticate", 'Bearer realm="turnmesh"') in list(refusal.trailing_metadata())
+    assert peak - baseline <= 64 * MIB, (baseline, peak)  # it held 730 MiB for these three
+
+
 async def test_a_wrong_key_is_refused_at_the_edge_as_the_server_would(edge: Edge) -> None:
     """The edge's 401 is the server's own, byte for byte in JSON, on REST and
     on OpenAI's paths, and the server never sees the call."""
@@ -198,24 +222,25 @@ async def test_a_wrong_key_is_refused_at_the_edge_as_the_server_would(edge: Edge
         ("/v1/sessions", {}),
         ("/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "x"}]}),
     ]
-    for path, body in calls:
-        for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": KEY}):
-            answers = []
-            for envoy in (edge.envoy, edge.plain):
-                async with httpx.AsyncClient(timeout=BOUND) as http:
-                    answers.append(
-                        await http.post(
-                            f"http://{envoy.listener_address}{path}", json=body, headers=headers
-                        )
-                    )
-            at_edge, at_server = answers
-            assert at_edge.status_code == at_server.status_code == 401, at_edge.text
-            assert at_edge.json() == at_server.json(), (path, headers)
-            for name in ("content-type", "www-authenticate"):
-                assert at_edge.headers[name] == at_server.headers[name], name
-            assert "wrong-key" not in at_edge.text
-    row = errors.Unauthenticated.row()
-    assert at_edge.json()["error"]["type"] == row.openai_type
+    async with httpx.AsyncClient(timeout=BOUND) as http:
+        answers = [
+            await asyncio.gather(
+                *(
+                    http.post(f"http://{envoy.listener_address}{path}", json=body, headers=headers)
+                    for envoy in (edge.envoy, edge.plain)
+                )
+            )
+            for path, body in calls
+            for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": KEY})
+        ]
+    for at_edge, at_server in answers:
+        where = (at_edge.request.url.path, at_edge.request.headers.get("authorization"))
+        assert at_edge.status_code == at_server.status_code == 401, at_edge.text
+        assert at_edge.json() == at_server.json(), where
+        for name in ("content-type", "www-authenticate"):
+            assert at_edge.headers[name] == at_server.headers[name], (name, where)
+        assert "wrong-key" not in at_edge.text
+    assert answers[-1][0].json()["error"]["type"] == errors.Unauthenticated.row().openai_type
     refused = await _logged(edge, lambda x: '"POST /v1/' in x and " 401 " in x, 6)
     assert all("up=- flags=UAEX" in x for x in refused), refused
     # Through the plain edge the server itself refused them.
