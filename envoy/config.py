@@ -559,6 +559,8 @@ def render(config: EdgeConfig) -> dict[str, Any]:
     }
     if config.listener_tls is not None:
         filter_chain["transport_socket"] = _listener_tls(*config.listener_tls)
+        # A TLS handshake that stalls is cut like half-sent headers.
+        filter_chain["transport_socket_connect_timeout"] = f"{config.timeouts.request_headers:.3f}s"
     clusters = [cluster]
     bootstrap_extra: dict[str, Any] = {}
     if config.otlp_endpoint:

@@ -5,8 +5,8 @@ instead of being buffered.
 
 Native gRPC skips it: Envoy does not buffer gRPC (flow control holds each
 stream to the connection's buffer limit) and the servers refuse a call
-without a key before receiving its message (``runtime/interceptors.py``). Health, readiness and the playground
-skip it too: they never depend on keys.
+without a key before receiving its message (``runtime/interceptors.py``).
+Health, readiness and the playground skip it too: they never depend on keys.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ FILTER = "envoy.filters.http.ext_authz"
 CLUSTER = "session_servers"
 # An allowed request's principal, in the access log.
 PRINCIPAL = f"%DYNAMIC_METADATA({FILTER}:principal)%"
-# When no server answers the check: 503 (the key could not be checked), never
-# allowed through.
-ERROR_STATUS = 503
+# When the check fails (no server answered it): 503, the key could not be
+# checked; never let through.
+ERROR_STATUS = errors.Unavailable.http_status
 
 
 def ext_authz_filter(timeout_seconds: float) -> dict[str, Any]:
@@ -73,11 +73,15 @@ def reply_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
         return {"status_code_filter": {"comparison": {"op": "EQ", "value": value}}}
 
     def mapper(
-        filters: list[dict[str, Any]], body: dict[str, Any], content_type: str
+        filters: list[dict[str, Any]],
+        body: dict[str, Any],
+        content_type: str,
+        headers: list[dict[str, Any]],
     ) -> dict[str, Any]:
         return {
             "filter": {"and_filter": {"filters": [by_check, *filters]}},
             "body_format_override": {"json_format": body, "content_type": content_type},
+            "headers_to_add": headers,
         }
 
     def problem(r: errors.Row, detail: str) -> dict[str, Any]:
@@ -91,46 +95,25 @@ def reply_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
         }
 
     def openai(r: errors.Row, message: str) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": message,
-                "type": r.openai_type,
-                "param": None,
-                "code": r.reason.lower(),
-            }
+        error = {"message": message, "type": r.openai_type, "param": None, "code": r.reason.lower()}
+        return {"error": error}
+
+    retry = [
+        {
+            "header": {"key": errors.RETRY_AFTER_KEY, "value": "1"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }
-
-    failed = "the API key could not be checked: no session server answered in time"
-    return [
-        mapper(
-            [openai_paths, status(row.http_status)],
-            openai(row, "%LOCAL_REPLY_BODY%"),
-            "application/json",
-        ),
-        mapper(
-            [status(row.http_status)],
-            problem(row, "%LOCAL_REPLY_BODY%"),
-            "application/problem+json",
-        ),
-        {
-            **mapper(
-                [openai_paths, status(ERROR_STATUS)],
-                openai(unavailable, failed),
-                "application/json",
-            ),
-            "headers_to_add": [_retry_after()],
-        },
-        {
-            **mapper(
-                [status(ERROR_STATUS)], problem(unavailable, failed), "application/problem+json"
-            ),
-            "headers_to_add": [_retry_after()],
-        },
     ]
-
-
-def _retry_after() -> dict[str, Any]:
-    return {
-        "header": {"key": errors.RETRY_AFTER_KEY, "value": "1"},
-        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-    }
+    cases = [
+        # The detail the server gave (the denial's body), its status and headers.
+        (row, "%LOCAL_REPLY_BODY%", []),
+        (unavailable, "the API key could not be checked; try again", retry),
+    ]
+    mappers = []
+    for r, detail, headers in cases:
+        code = status(r.http_status)
+        mappers += [
+            mapper([openai_paths, code], openai(r, detail), "application/json", headers),
+            mapper([code], problem(r, detail), "application/problem+json", headers),
+        ]
+    return mappers

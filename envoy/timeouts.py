@@ -11,7 +11,8 @@ from typing import Any
 class EdgeTimeouts:
     """Seconds; ``turnmesh edge --NAME-timeout`` sets each one."""
 
-    # Until a request's headers are all in (half-sent headers: slowloris).
+    # Until a request's headers are all in (half-sent headers: slowloris), and
+    # for a TLS handshake.
     request_headers: float = 10.0
     # Until a whole request is in, body and all (the response starting also
     # ends it, so streams are never cut by it). With the 135 MiB body limit

@@ -83,6 +83,7 @@ def test_tls_on_the_listener_and_to_the_servers(tmp_path: Path) -> None:
         )
     )
     listener = config["static_resources"]["listeners"][0]["filter_chains"][0]
+    assert listener["transport_socket_connect_timeout"] == "10.000s"
     downstream = listener["transport_socket"]["typed_config"]["common_tls_context"]
     assert downstream["tls_certificates"][0]["certificate_chain"]["filename"].endswith("edge.crt")
     assert downstream["alpn_protocols"] == ["h2", "http/1.1"]
