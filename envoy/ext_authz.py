@@ -34,8 +34,24 @@ def ext_authz_filter(timeout_seconds: float) -> dict[str, Any]:
             "grpc_service": {
                 "envoy_grpc": {
                     "cluster_name": CLUSTER,
-                    # Another server, when the one asked was unreachable.
-                    "retry_policy": {"retry_on": "connect-failure,refused-stream,unavailable"},
+                    # Another server, at once, when the one asked was
+                    # unreachable or draining (the route's safe retries).
+                    "retry_policy": {
+                        "retry_on": "connect-failure,refused-stream,unavailable,"
+                        "reset-before-request",
+                        "num_retries": 2,
+                        "retry_back_off": {"base_interval": "0.025s", "max_interval": "0.25s"},
+                        "retry_host_predicate": [
+                            {
+                                "name": "envoy.retry_host_predicates.previous_hosts",
+                                "typed_config": {
+                                    "@type": "type.googleapis.com/envoy.extensions.retry.host"
+                                    ".previous_hosts.v3.PreviousHostsPredicate"
+                                },
+                            }
+                        ],
+                        "host_selection_retry_max_attempts": 3,
+                    },
                 },
                 "timeout": f"{timeout_seconds:.3f}s",
             },
