@@ -5,6 +5,7 @@ a container or a host of its own runs at the edge."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -14,6 +15,7 @@ from turnmesh.cli._up_config import EDGE_LIMITS
 from turnmesh.envoy import EdgeConfig, EdgeGuards
 from turnmesh.envoy.guards import DEFAULT_MAX_CONNECTIONS
 from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
+from turnmesh.envoy.timeouts import EdgeTimeouts
 from turnmesh.runtime.exposure import check_edge_exposure
 from turnmesh.runtime.tls import TlsConfigError, tls_files
 
@@ -45,6 +47,9 @@ def edge_config(args: argparse.Namespace) -> EdgeConfig:
         api_keys=args.api_keys,
         max_connections=args.max_connections or DEFAULT_MAX_CONNECTIONS,
         guards=_guards(args),
+        timeouts=EdgeTimeouts(
+            **{f.name: getattr(args, f"{f.name}_timeout") for f in dataclasses.fields(EdgeTimeouts)}
+        ),
     )
 
 

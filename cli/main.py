@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -28,6 +29,22 @@ def _scalar(annotation: Any) -> Callable[[str], Any]:
         if kind in (int, float, str):
             return cast(Callable[[str], Any], kind)
     raise TypeError(f"no flag type for {annotation!r}")
+
+
+def _edge_timeouts(parser: argparse.ArgumentParser) -> None:
+    """--NAME-timeout for each of Envoy's timeouts (seconds; defaults from EdgeTimeouts)."""
+    from turnmesh.envoy.timeouts import EdgeTimeouts
+
+    for item in dataclasses.fields(EdgeTimeouts):
+        flag = item.name.replace("_", "-")
+        raw = _env(f"{item.name}_timeout")
+        parser.add_argument(
+            f"--{flag}-timeout",
+            dest=f"{item.name}_timeout",
+            type=float,
+            default=float(raw) if raw else item.default,
+            help=f"seconds (default {item.default:g}; README: Running in production)",
+        )
 
 
 def _setting(
@@ -229,16 +246,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("cors_origins", ",".join(DEFAULT_CORS_ORIGINS)),
         help="browser origins allowed to call the API, comma-separated ('*' for any)",
     )
-    edge.add_argument(
+    # What the servers behind do about keys (unknown: Envoy checks keys before
+    # bodies and answers only to allowed Host names, both).
+    keys = edge.add_mutually_exclusive_group()
+    keys.add_argument(
         "--api-keys-required",
         dest="api_keys",
-        action="store_true",
-        default=_env("api_keys_required") == "1",
-        help="the servers behind check API keys: any Host is then answered unless "
-        "--allowed-host names some",
+        action="store_const",
+        const=True,
+        default=True if _env("api_keys_required") == "1" else None,
+        help="the servers behind check API keys: Envoy checks each REST request's key before"
+        " its body is read, and any Host is answered unless --allowed-host names some",
+    )
+    keys.add_argument(
+        "--no-key-check",
+        dest="api_keys",
+        action="store_const",
+        const=False,
+        help="the servers have no API keys: skip asking them about each REST request's key"
+        " (saves one call per request); only allowed Host names are answered",
     )
     _edge_limits(edge, env=True)
     edge.add_argument("--config-dir", default=_env("config_dir"), help="where envoy.json goes")
+    _edge_timeouts(edge)
     concurrency = _env("concurrency")
     edge.add_argument(
         "--concurrency",

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import turnmesh.v1
-from turnmesh.envoy import guards
+from turnmesh.envoy import ext_authz, guards
 from turnmesh.envoy.guards import DEFAULT_MAX_CONNECTIONS, EdgeGuards
+from turnmesh.envoy.timeouts import EdgeTimeouts, manager_timeouts
 from turnmesh.playground import INDEX as PLAYGROUND_PAGE
 from turnmesh.runtime import errors
 from turnmesh.runtime.tls import TlsFiles
@@ -32,9 +33,6 @@ COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"]
 # 100 MiB of files as base64 (4/3: 133.4 MiB) in JSON, plus the rest of the
 # request (a 10,000-character message, 64 KiB of metadata, names): 135 MiB.
 MAX_REQUEST_BODY_BYTES = 135 * 1024 * 1024
-# Idle streams are kept open by the servers' keepalive events; this only
-# reaps streams whose peer vanished.
-STREAM_IDLE_TIMEOUT = "3600s"
 
 DEFAULT_PORT = 8080
 DEFAULT_ADMIN_PORT = 9901
@@ -58,7 +56,7 @@ ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(X-TURNMESH-ORIGINAL-METHOD?:METHOD)% '
     '%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
     "%RESPONSE_CODE% grpc=%GRPC_STATUS% %DURATION%ms up=%UPSTREAM_HOST% "
-    "flags=%RESPONSE_FLAGS%\n"
+    f"flags=%RESPONSE_FLAGS% principal={ext_authz.PRINCIPAL}\n"
 )
 
 
@@ -88,10 +86,20 @@ class EdgeConfig:
     cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
     # The page served at GET / (None: no playground).
     playground: Path | None = PLAYGROUND
-    # Whether the servers behind check API keys (a keyless edge checks Host).
-    api_keys: bool = False
+    # Whether the servers behind check API keys; None: not known (a
+    # standalone edge without --api-keys-required or --no-key-check).
+    # Unless they have none, Envoy asks them about each REST request's key
+    # before reading its body (ext_authz); unless they have keys, it answers
+    # only to allowed Host names (DNS rebinding). Not known: both.
+    api_keys: bool | None = None
     # Per-IP, per-connection and overall limits (envoy/guards.py).
     guards: EdgeGuards = field(default_factory=EdgeGuards)
+    timeouts: EdgeTimeouts = field(default_factory=EdgeTimeouts)
+
+    @property
+    def authenticate(self) -> bool:
+        """Whether Envoy checks keys before bodies (ext_authz)."""
+        return self.api_keys is not False
 
 
 TLS_SOCKET = "envoy.transport_sockets.tls"
@@ -195,7 +203,8 @@ def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
                 "envoy.filters.http.grpc_json_transcoder": {
                     "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
                     "disabled": True,
-                }
+                },
+                **ext_authz.skipped(),
             },
         }
     ]
@@ -374,6 +383,8 @@ def render(config: EdgeConfig) -> dict[str, Any]:
             "stream_sse_style_delimited": True,
         },
         "convert_grpc_status": True,
+        # Whole bodies for unary REST (the buffer filter before it has them).
+        "max_request_body_size": MAX_REQUEST_BODY_BYTES,
         "request_validation_options": {
             "reject_unknown_method": True,
             "reject_unknown_query_parameters": True,
@@ -404,8 +415,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         ".v3.HttpConnectionManager",
         "stat_prefix": "public",
         "codec_type": "AUTO",
-        "stream_idle_timeout": STREAM_IDLE_TIMEOUT,
-        "request_timeout": "0s",
+        **manager_timeouts(config.timeouts),
         "access_log": [
             {
                 "name": "envoy.access_loggers.stdout",
@@ -416,7 +426,9 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                 },
             }
         ],
-        "local_reply_config": {"mappers": _problem_mappers()},
+        "local_reply_config": {
+            "mappers": [*ext_authz.reply_mappers(_openai_paths()), *_problem_mappers()]
+        },
         "route_config": {
             "name": "public",
             # The playground page is served from memory (Envoy's default cap is 4 KiB).
@@ -449,9 +461,19 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                                     "@type": "type.googleapis.com/envoy.extensions.filters"
                                     ".http.buffer.v3.BufferPerRoute",
                                     "disabled": True,
-                                }
+                                },
+                                **ext_authz.skipped(),
                             },
                         },
+                        # Health and readiness never depend on keys.
+                        *(
+                            {
+                                "match": {"path": path},
+                                "route": route,
+                                "typed_per_filter_config": ext_authz.skipped(),
+                            }
+                            for path in ("/health", "/ready")
+                        ),
                         {"match": {"prefix": "/"}, "route": route},
                     ],
                 },
@@ -474,6 +496,8 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                     "default_source_code": {"inline_string": lua_source},
                 },
             },
+            # The key, checked on the headers before any body is read.
+            *([ext_authz.ext_authz_filter(config.timeouts.auth)] if config.authenticate else []),
             {
                 # REST bodies over the attachment limits get 413 here, before
                 # anything reaches a server.
@@ -553,6 +577,8 @@ def render(config: EdgeConfig) -> dict[str, Any]:
     }
     if config.listener_tls is not None:
         filter_chain["transport_socket"] = _listener_tls(*config.listener_tls)
+        # A TLS handshake that stalls is cut like half-sent headers.
+        filter_chain["transport_socket_connect_timeout"] = f"{config.timeouts.request_headers:.3f}s"
     clusters = [cluster]
     bootstrap_extra: dict[str, Any] = {}
     if config.otlp_endpoint:

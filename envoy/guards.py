@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from turnmesh.envoy import ext_authz
 from turnmesh.v1 import session_service_pb2
 
 if TYPE_CHECKING:
@@ -336,8 +337,10 @@ def _is_unspecified(host: str) -> bool:
 
 
 def _no_body_filters() -> dict[str, Any]:
-    """Per-route: answer at once, before the buffer filter reads a body."""
+    """Per-route: answer at once, before the key check or the buffer filter
+    reads a body."""
     return {
+        **ext_authz.skipped(),
         "envoy.filters.http.buffer": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute",
             "disabled": True,
@@ -357,7 +360,11 @@ def foreign_hosts(
     here at all, and 403 already means a key that may not do something."""
     if not _checks_hosts(config):
         return []
-    health = [{"match": {"path": path}, "route": route} for path in HEALTH_PATHS]
+    # Health never depends on keys (nor on the Host).
+    health = [
+        {"match": {"path": path}, "route": route, "typed_per_filter_config": ext_authz.skipped()}
+        for path in HEALTH_PATHS
+    ]
     grpc_health = {"match": {"prefix": GRPC_HEALTH_PREFIX}, "route": route}
     refused = {
         "match": {"prefix": "/"},

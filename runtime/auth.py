@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from turnmesh.runtime.errors import Unauthenticated
 from turnmesh.runtime.principals import ADMIN, ANONYMOUS, PRINCIPAL_PATTERN, Principal
 
 log = logging.getLogger(__name__)
@@ -166,3 +167,15 @@ def bearer(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
             if scheme.lower() == "bearer":
                 return token.strip()
     return ""
+
+
+def authenticate(keys: ApiKeys, presented: str) -> Principal:
+    """The principal of a public caller's key on a mesh with keys; raises
+    Unauthenticated if it is missing or wrong. The one decision the servers'
+    interceptor and Envoy's ext_authz check (``runtime.ext_authz``) share."""
+    principal = keys.match(presented) if presented else None
+    if principal is None:
+        raise Unauthenticated(
+            "a valid API key is required" if presented else "an API key is required"
+        )
+    return principal

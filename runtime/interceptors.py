@@ -11,7 +11,7 @@ from typing import Any, cast
 import grpc
 
 from turnmesh.runtime import principals
-from turnmesh.runtime.auth import ApiKeys, bearer
+from turnmesh.runtime.auth import ApiKeys, authenticate, bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
     InvalidArgument,
@@ -194,11 +194,10 @@ class ApiKeyInterceptor(ServerInterceptor):
             return await continuation(handler_call_details)
         if not self._keys.configured:
             return await continuation(handler_call_details)
-        presented = bearer(metadata)
-        principal = self._keys.match(presented) if presented else None
-        if principal is None:
-            reason = "a valid API key is required" if presented else "an API key is required"
-            return await _denied(continuation, handler_call_details, Unauthenticated(reason))
+        try:
+            principal = authenticate(self._keys, bearer(metadata))
+        except Unauthenticated as error:
+            return await _denied(continuation, handler_call_details, error)
         principals.set_current(principal)
         if (
             self._rates is not None
@@ -252,23 +251,26 @@ def has_mesh_key(metadata: Any, expected: bytes) -> bool:
 async def _denied(
     continuation: Continuation, details: grpc.HandlerCallDetails, error: TurnmeshError
 ) -> MethodHandler | None:
-    """A handler of the same kind as the method's, that aborts with the error."""
+    """A handler that aborts with the error before reading the request. It
+    takes the request as a stream whatever the method's kind: for a unary
+    request grpc would first receive the whole message (up to the 101 MiB
+    receive limit, an unauthenticated caller's too) only to refuse it."""
     handler = await continuation(details)
     if handler is None:
         return None
     status = error.to_status()
 
-    def unary(_: Unary) -> Unary:
-        async def deny(request: Any, context: ServicerContext) -> Any:
-            await context.abort(status.code, status.details, status.trailing_metadata)
+    async def deny(requests: Any, context: ServicerContext) -> Any:
+        await context.abort(status.code, status.details, status.trailing_metadata)
 
-        return deny
+    async def deny_stream(requests: Any, context: ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(status.code, status.details, status.trailing_metadata)
+        yield None  # type: ignore[unreachable]  # makes this an async generator
 
-    def stream(_: Stream) -> Stream:
-        async def deny(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
-            await context.abort(status.code, status.details, status.trailing_metadata)
-            yield None  # type: ignore[unreachable]  # makes this an async generator
-
-        return deny
-
-    return wrap(handler, unary, stream)
+    codec: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None or handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(deny, **codec)
+    return grpc.stream_stream_rpc_method_handler(deny_stream, **codec)

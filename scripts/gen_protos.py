@@ -27,6 +27,15 @@ PACKAGE_DIR = Path("turnmesh") / "v1"
 DESCRIPTOR_SET = "turnmesh.binpb"
 # Types Envoy must know to print google.rpc.Status details in JSON errors.
 EXTRA_DESCRIPTOR_PROTOS = ("google/rpc/error_details.proto", "google/rpc/status.proto")
+# Envoy's external authorization service, which the session servers serve to
+# Envoy's ext_authz filter. Its protos (and their imports: udpa, validate,
+# xds) come from the npm package @grpc/grpc-js-xds, pinned in tools/: the PyPI
+# package xds-protos would overwrite opentelemetry-proto's and
+# googleapis-common-protos' modules with older ones. Only a descriptor set is
+# made, which runtime/ext_authz.py loads into a pool of its own.
+XDS_DEPS = ROOT / "tools" / "node_modules" / "@grpc" / "grpc-js-xds" / "deps"
+ENVOY_AUTH_PROTO = "envoy/service/auth/v3/external_auth.proto"
+ENVOY_AUTH_DESCRIPTOR_SET = "envoy_auth.binpb"
 
 
 def _include_dirs() -> list[str]:
@@ -89,6 +98,24 @@ def _write_init(package: Path, protos: list[Path]) -> None:
     (package / "__init__.py").write_text("\n".join(lines) + "\n")
 
 
+def _envoy_auth_descriptors(out: Path) -> None:
+    if not XDS_DEPS.is_dir():
+        raise SystemExit(f"{XDS_DEPS} is missing: run `make install` (npm ci in tools/)")
+    includes = [XDS_DEPS / d for d in ("envoy-api", "xds", "protoc-gen-validate", "googleapis")]
+    grpc_tools_include = resources.files("grpc_tools") / "_proto"
+    code = protoc.main(
+        [
+            "grpc_tools.protoc",
+            *[f"-I{d}" for d in [*includes, grpc_tools_include]],
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+            ENVOY_AUTH_PROTO,
+        ]
+    )
+    if code != 0:
+        raise SystemExit(f"protoc failed on {ENVOY_AUTH_PROTO} with exit code {code}")
+
+
 def generate(out_dir: Path) -> None:
     protos = sorted((PROTO_DIR / PACKAGE_DIR).glob("*.proto"))
     rel = [str(p.relative_to(PROTO_DIR)) for p in protos]
@@ -115,6 +142,7 @@ def generate(out_dir: Path) -> None:
                 *EXTRA_DESCRIPTOR_PROTOS,
             ]
         )
+        _envoy_auth_descriptors(tmp_out / PACKAGE_DIR / ENVOY_AUTH_DESCRIPTOR_SET)
         package = tmp_out / PACKAGE_DIR
         _write_init(package, protos)
         (package / "py.typed").write_text("")

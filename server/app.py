@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 import grpc
 
 from turnmesh.runtime.auth import ApiKeys
+from turnmesh.runtime.ext_authz import CHECK_METHOD, authorization_handler
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import ApiKeyInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
@@ -171,10 +172,12 @@ class SessionServer:
         def register(server: grpc.aio.Server) -> None:
             session_service_pb2_grpc.add_SessionServiceServicer_to_server(servicer, server)
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
+            # Envoy's key check on each REST request: the key is in the request.
+            server.add_generic_rpc_handlers((authorization_handler(self.api_keys),))
 
         open_methods = frozenset(
             f"/{SERVICE_NAME}/{name}" for name in ("GetHealth", "GetReadiness")
-        )
+        ) | {CHECK_METHOD}
         self._process = GrpcProcess(
             host=c.host,
             port=c.port,

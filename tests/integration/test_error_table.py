@@ -103,7 +103,13 @@ async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
     await process.set_serving(True)
     mesh.connect(process.address)
     config = write_config(
-        EdgeConfig(upstreams=[process.address], port=0, admin_port=0, playground=None),
+        EdgeConfig(
+            upstreams=[process.address],
+            port=0,
+            admin_port=0,
+            playground=None,
+            api_keys=False,  # no keys here
+        ),
         workdir / "envoy.json",
     )
     with (workdir / "envoy.log").open("wb") as log:

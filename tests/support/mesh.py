@@ -21,6 +21,7 @@ from turnmesh.client import AsyncClient
 from turnmesh.envoy import EdgeConfig, EdgeGuards
 from turnmesh.envoy.process import RunningEnvoy, write_config
 from turnmesh.envoy.process import start as start_envoy
+from turnmesh.envoy.timeouts import EdgeTimeouts
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -157,11 +158,13 @@ class Mesh:
         otlp_endpoint: str | None = None,
         cors_origins: tuple[str, ...] | None = None,
         guards: EdgeGuards | None = None,
-        api_keys: bool = False,
+        timeouts: EdgeTimeouts | None = None,
+        api_keys: bool | None = None,
     ) -> RunningEnvoy:
         """Envoy on a free port in front of the given servers; waits until a
         REST readiness call succeeds through it (over HTTPS trusting
-        ``ca_file`` when the listener has TLS)."""
+        ``ca_file`` when the listener has TLS). It checks keys at the edge
+        when the servers have them, as ``turnmesh up`` does."""
         config = EdgeConfig(
             upstreams=[s.address for s in servers],
             port=0,
@@ -169,12 +172,13 @@ class Mesh:
             listener_tls=listener_tls,
             upstream_tls=upstream_tls,
             otlp_endpoint=otlp_endpoint,
+            api_keys=any(_has_api_keys(s) for s in servers) if api_keys is None else api_keys,
+            timeouts=timeouts or EdgeTimeouts(),
         )
         if cors_origins is not None:
             config = replace(config, cors_origins=cors_origins)
         if guards is not None:
             config = replace(config, guards=guards)
-        config = replace(config, api_keys=api_keys)
         scheme, context = "http", None
         if listener_tls is not None:
             scheme, context = "https", ssl.create_default_context(cafile=ca_file)
@@ -223,6 +227,12 @@ class Mesh:
             except subprocess.TimeoutExpired:
                 os.kill(c.pid, signal.SIGKILL)
                 c.proc.wait(timeout=10)
+
+
+def _has_api_keys(server: Component) -> bool:
+    # Spawned components get no TURNMESH_* variables: a file is the only way.
+    args = server.proc.args
+    return isinstance(args, list) and "--api-keys-file" in args
 
 
 def wait_for(predicate: object, timeout: float = 20.0, what: str = "condition") -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from turnmesh.envoy import EdgeConfig, EdgeGuards, render
+from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
 from turnmesh.envoy.process import EnvoyError, validate, write_config
+from turnmesh.envoy.timeouts import EdgeTimeouts
 
 VARIANTS = {
     "one-server": EdgeConfig(upstreams=["127.0.0.1:7100"]),
@@ -31,6 +34,11 @@ VARIANTS = {
         api_keys=True,
         cors_origins=("*",),
         guards=EdgeGuards(rate_limit_per_ip=0, trusted_proxy_hops=2, max_heap_mb=64),
+    ),
+    "keyless": EdgeConfig(upstreams=["127.0.0.1:7100"], api_keys=False),
+    "short-timeouts": EdgeConfig(
+        upstreams=["127.0.0.1:7100"],
+        timeouts=EdgeTimeouts(request_headers=0.5, request=1.5, stream_idle=2, connection_idle=3),
     ),
 }
 
@@ -65,7 +73,8 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     routes = host["routes"]
     assert "direct_response" in routes[0]  # the playground page
     forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
-    assert len(forwarded) == 2
+    # Native gRPC, /health and /ready (no key check), and the REST API.
+    assert len(forwarded) == 4
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
@@ -90,6 +99,7 @@ def test_tls_on_the_listener_and_to_the_servers(tmp_path: Path) -> None:
         )
     )
     listener = config["static_resources"]["listeners"][0]["filter_chains"][0]
+    assert listener["transport_socket_connect_timeout"] == "10.000s"
     downstream = listener["transport_socket"]["typed_config"]["common_tls_context"]
     assert downstream["tls_certificates"][0]["certificate_chain"]["filename"].endswith("edge.crt")
     assert downstream["alpn_protocols"] == ["h2", "http/1.1"]
@@ -107,3 +117,116 @@ def test_names_are_resolved_and_addresses_are_static() -> None:
     assert static["static_resources"]["clusters"][0]["type"] == "STATIC"
     named = render(EdgeConfig(upstreams=["turnmesh-server-headless:7100"]))
     assert named["static_resources"]["clusters"][0]["type"] == "STRICT_DNS"
+
+
+def _manager(config: EdgeConfig) -> dict[str, Any]:
+    listener = render(config)["static_resources"]["listeners"][0]
+    manager: dict[str, Any] = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    return manager
+
+
+def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
+    manager = _manager(EdgeConfig(upstreams=["127.0.0.1:7100"]))
+    names = [f["name"].removeprefix("envoy.filters.http.") for f in manager["http_filters"]]
+    assert names == [
+        "local_ratelimit",
+        "cors",
+        "lua",
+        "ext_authz",
+        "buffer",
+        "grpc_json_transcoder",
+        "router",
+    ]
+    check = manager["http_filters"][3]["typed_config"]
+    assert check["failure_mode_allow"] is False
+    assert "with_request_body" not in check  # headers only: no body is read for it
+    service = check["grpc_service"]
+    # The servers' cluster, so its health checks and mutual TLS apply.
+    assert service["envoy_grpc"]["cluster_name"] == "session_servers"
+    assert service["timeout"] == "2.000s"
+    assert check["allowed_headers"] == {"patterns": [{"exact": "authorization"}]}
+    # Skipped by native gRPC (the servers check it; Envoy buffers no gRPC),
+    # health, readiness and the playground, and by nothing else that reaches
+    # a server (refusals at the edge, such as cross-origin bodies, answer first).
+    host = manager["route_config"]["virtual_hosts"][0]
+    skipping = [
+        r["match"]
+        for r in host["routes"]
+        if "envoy.filters.http.ext_authz" in r.get("typed_per_filter_config", {})
+        and ("route" in r or r["match"].get("path") == "/")
+    ]
+    assert skipping == [
+        {"path": "/", "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+        {
+            "prefix": "/",
+            "headers": [{"name": "content-type", "string_match": {"prefix": "application/grpc"}}],
+        },
+        {"path": "/health"},
+        {"path": "/ready"},
+    ]
+    assert host["routes"][-1] == {"match": {"prefix": "/"}, "route": host["routes"][-1]["route"]}
+    # Its denials read as the servers' own 401s (the first mappers).
+    flags = [
+        m["filter"]["and_filter"]["filters"][0]
+        for m in manager["local_reply_config"]["mappers"][:4]
+    ]
+    assert flags == [{"response_flag_filter": {"flags": ["UAEX"]}}] * 4
+    assert "principal=%DYNAMIC_METADATA(envoy.filters.http.ext_authz:principal)%" in str(manager)
+
+
+def test_a_mesh_without_keys_has_no_check() -> None:
+    manager = _manager(EdgeConfig(upstreams=["127.0.0.1:7100"], api_keys=False))
+    assert "envoy.filters.http.ext_authz" not in [f["name"] for f in manager["http_filters"]]
+
+
+def test_slow_clients_are_bounded() -> None:
+    manager = _manager(EdgeConfig(upstreams=["127.0.0.1:7100"]))
+    assert manager["request_headers_timeout"] == "10.000s"
+    assert manager["request_timeout"] == "300.000s"
+    assert manager["stream_idle_timeout"] == "600.000s"
+    assert manager["common_http_protocol_options"] == {"idle_timeout": "60.000s"}
+    transcoder = next(
+        f for f in manager["http_filters"] if f["name"].endswith("grpc_json_transcoder")
+    )["typed_config"]
+    assert transcoder["max_request_body_size"] == MAX_REQUEST_BODY_BYTES
+    short = _manager(
+        EdgeConfig(upstreams=["127.0.0.1:7100"], timeouts=EdgeTimeouts(request_headers=0.5))
+    )
+    assert short["request_headers_timeout"] == "0.500s"
+
+
+def test_turnmesh_edge_sets_the_check_and_the_timeouts() -> None:
+    from turnmesh.cli.edge import edge_config
+    from turnmesh.cli.main import build_parser
+
+    args = build_parser().parse_args(["edge", "--upstream", "127.0.0.1:7100"])
+    assert edge_config(args).api_keys is None  # not known: checks keys and Host names
+    assert edge_config(args).authenticate is True
+    assert edge_config(args).timeouts == EdgeTimeouts()
+    args = build_parser().parse_args(
+        ["edge", "--upstream", "127.0.0.1:7100", "--api-keys-required"]
+    )
+    assert edge_config(args).api_keys is True and edge_config(args).authenticate is True
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["edge", "--api-keys-required", "--no-key-check"])
+    args = build_parser().parse_args(
+        ["edge", "--upstream", "127.0.0.1:7100", "--no-key-check", "--request-timeout", "30"]
+    )
+    assert edge_config(args).authenticate is False
+    assert edge_config(args).api_keys is False
+    assert edge_config(args).timeouts == EdgeTimeouts(request=30)
+
+
+def test_an_edge_that_does_not_know_about_keys_checks_both_and_health_needs_neither() -> None:
+    config = EdgeConfig(upstreams=["127.0.0.1:7100"])  # turnmesh edge, told nothing
+    manager = _manager(config)
+    assert "envoy.filters.http.ext_authz" in [f["name"] for f in manager["http_filters"]]
+    hosts = manager["route_config"]["virtual_hosts"]
+    assert [h["name"] for h in hosts] == ["mesh", "other-hosts"]  # Host names checked
+    for host in hosts:
+        for route in host["routes"]:
+            path = route["match"].get("path", "")
+            if path in ("/health", "/ready") or "direct_response" in route:
+                # Health never waits on a key; refusals answer before any check.
+                skip = route["typed_per_filter_config"]["envoy.filters.http.ext_authz"]
+                assert skip["disabled"] is True, route

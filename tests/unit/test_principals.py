@@ -148,10 +148,13 @@ async def _principal_of_call(
 
     details: Any = type("D", (), {"method": "/x.Y/Z", "invocation_metadata": metadata})()
     wrapped = await interceptor.intercept_service(continuation, details)
-    assert wrapped is not None and wrapped.unary_unary is not None
+    assert wrapped is not None
+    # A refusal takes the request as a stream (it never reads it).
+    behaviour: Any = wrapped.unary_unary or wrapped.stream_unary
+    assert behaviour is not None
     context = _Context()
     try:
-        await wrapped.unary_unary(None, cast(Any, context))
+        await behaviour(None, cast(Any, context))
     except _Aborted:
         return context.code
     return seen[0]

@@ -1,0 +1,135 @@
+"""The key check at the edge: Envoy's ext_authz filter asks a session server
+(``runtime/ext_authz.py``) about each REST request's headers before any body
+is read, so an unauthenticated upload gets 401 and its connection closes
+instead of being buffered.
+
+Native gRPC skips it: Envoy does not buffer gRPC (flow control holds each
+stream to the connection's buffer limit) and the servers refuse a call
+without a key before receiving its message (``runtime/interceptors.py``).
+Health, readiness and the playground skip it too: they never depend on keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnmesh.runtime import errors
+
+FILTER = "envoy.filters.http.ext_authz"
+# The cluster of session servers: health-checked, and with mutual TLS when
+# the mesh has it, for the check as for the calls.
+CLUSTER = "session_servers"
+# An allowed request's principal, in the access log.
+PRINCIPAL = f"%DYNAMIC_METADATA({FILTER}:principal)%"
+# When the check fails (no server answered it): 503, the key could not be
+# checked; never let through.
+ERROR_STATUS = errors.Unavailable.http_status
+
+
+def ext_authz_filter(timeout_seconds: float) -> dict[str, Any]:
+    return {
+        "name": FILTER,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+            "grpc_service": {
+                "envoy_grpc": {
+                    "cluster_name": CLUSTER,
+                    # Another server, at once, when the one asked was
+                    # unreachable or draining (the route's safe retries).
+                    "retry_policy": {
+                        "retry_on": "connect-failure,refused-stream,unavailable,"
+                        "reset-before-request",
+                        "num_retries": 2,
+                        "retry_back_off": {"base_interval": "0.025s", "max_interval": "0.25s"},
+                        "retry_host_predicate": [
+                            {
+                                "name": "envoy.retry_host_predicates.previous_hosts",
+                                "typed_config": {
+                                    "@type": "type.googleapis.com/envoy.extensions.retry.host"
+                                    ".previous_hosts.v3.PreviousHostsPredicate"
+                                },
+                            }
+                        ],
+                        "host_selection_retry_max_attempts": 3,
+                    },
+                },
+                "timeout": f"{timeout_seconds:.3f}s",
+            },
+            "transport_api_version": "V3",
+            "failure_mode_allow": False,
+            "status_on_error": {"code": ERROR_STATUS},
+            # Only the key goes to the check (not cookies, not the body).
+            "allowed_headers": {"patterns": [{"exact": "authorization"}]},
+        },
+    }
+
+
+def skipped() -> dict[str, Any]:
+    """A route's typed_per_filter_config entry that skips the check."""
+    return {
+        FILTER: {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3"
+            ".ExtAuthzPerRoute",
+            "disabled": True,
+        }
+    }
+
+
+def reply_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
+    """Local reply mappers (first in the list) giving the check's denials the
+    bodies the servers' own refusals have: problem+json with ``grpc_code`` and
+    ``reason``, or OpenAI's error shape on its paths. Its failures are 503s
+    that say why."""
+    row = errors.Unauthenticated.row()
+    unavailable = errors.Unavailable.row()
+    by_check = {"response_flag_filter": {"flags": ["UAEX"]}}
+
+    def status(code: int) -> dict[str, Any]:
+        value = {"default_value": code, "runtime_key": f"turnmesh.ext_authz_{code}"}
+        return {"status_code_filter": {"comparison": {"op": "EQ", "value": value}}}
+
+    def mapper(
+        filters: list[dict[str, Any]],
+        body: dict[str, Any],
+        content_type: str,
+        headers: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        return {
+            "filter": {"and_filter": {"filters": [by_check, *filters]}},
+            "body_format_override": {"json_format": body, "content_type": content_type},
+            "headers_to_add": headers,
+        }
+
+    def problem(r: errors.Row, detail: str) -> dict[str, Any]:
+        return {
+            "type": r.problem_type,
+            "title": r.title,
+            "status": "%RESPONSE_CODE%",
+            "detail": detail,
+            "grpc_code": r.code.value[0],
+            "reason": r.reason,
+        }
+
+    def openai(r: errors.Row, message: str) -> dict[str, Any]:
+        error = {"message": message, "type": r.openai_type, "param": None, "code": r.reason.lower()}
+        return {"error": error}
+
+    retry = [
+        {
+            "header": {"key": errors.RETRY_AFTER_KEY, "value": "1"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    ]
+    cases = [
+        # The detail the server gave (the denial's body), its status and headers.
+        (row, "%LOCAL_REPLY_BODY%", []),
+        (unavailable, "the API key could not be checked; try again", retry),
+    ]
+    mappers = []
+    for r, detail, headers in cases:
+        code = status(r.http_status)
+        mappers += [
+            mapper([openai_paths, code], openai(r, detail), "application/json", headers),
+            mapper([code], problem(r, detail), "application/problem+json", headers),
+        ]
+    return mappers
