@@ -20,11 +20,12 @@ class EdgeTimeouts:
     # 460 KiB/s (3.8 Mbit/s) for the largest body, proportionally less for a
     # smaller one; a client that trickles gets 408.
     request: float = 300.0
-    # A stream (request or response) with no bytes either way. Turns that run
-    # send a keepalive event every 15 s; a turn queued silently behind others
-    # in its session for longer than this loses its stream (its events stay
-    # readable with SubscribeTurn).
-    stream_idle: float = 600.0
+    # A stream (request or response) with no bytes either way: this reaps
+    # streams whose peer vanished. Turns that run send a keepalive event every
+    # 15 s, but a turn queued behind a long one in its session is silent until
+    # it starts, so this stays long (an hour; the overload manager shortens it
+    # to a minute when connections run short).
+    stream_idle: float = 3600.0
     # A connection with no request in flight (an idle keep-alive connection,
     # or one that never sent a byte).
     connection_idle: float = 60.0

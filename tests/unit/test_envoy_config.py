@@ -183,7 +183,7 @@ def test_slow_clients_are_bounded() -> None:
     manager = _manager(EdgeConfig(upstreams=["127.0.0.1:7100"]))
     assert manager["request_headers_timeout"] == "10.000s"
     assert manager["request_timeout"] == "300.000s"
-    assert manager["stream_idle_timeout"] == "600.000s"
+    assert manager["stream_idle_timeout"] == "3600.000s"
     assert manager["common_http_protocol_options"] == {"idle_timeout": "60.000s"}
     transcoder = next(
         f for f in manager["http_filters"] if f["name"].endswith("grpc_json_transcoder")
