@@ -33,7 +33,13 @@ from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Po
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now
-from turnmesh.server.turns import CancelReason, KeyUse, SessionTurns, pending_bytes
+from turnmesh.server.turns import (
+    CancelReason,
+    KeyUse,
+    SessionTurns,
+    file_bytes,
+    pending_bytes,
+)
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -212,7 +218,15 @@ class SessionCore:
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
         key = request.idempotency_key
-        digest = request_digest(request) if key else ""
+        files = list(request.files)
+        # Measuring (and hashing) files copies their bytes: in a thread, where
+        # the event loop runs between one file's copy and the next.
+        files_size = await asyncio.to_thread(file_bytes, files) if files else 0
+        digest = ""
+        if key and files:
+            digest = await asyncio.to_thread(request_digest, request)
+        elif key:
+            digest = request_digest(request)
         earlier: str | None = None
         if key:
             use = turns.turn_for_key(key) or await self._stored_key(record.session_id, key)
@@ -250,7 +264,7 @@ class SessionCore:
                 f"this caller has its maximum of {quota} turns running or waiting here"
             )
         # What the request would hold until its turn ends, joined or not.
-        size = pending_bytes(request.message, list(request.files))
+        size = pending_bytes(request.message, files, files_size)
         if turns.pending_bytes + size > self.limits.max_pending_bytes_per_session:
             raise ResourceExhausted(
                 f"session {public_id(record.session_id)!r} holds"
@@ -269,12 +283,13 @@ class SessionCore:
             return self.logs.get(record.session_id, arrived.turn_id)
         turn = turns.submit(
             request.message,
-            list(request.files),
+            files,
             request.metadata,
             request.policy,
             key,
             fence,
             digest,
+            files_size,
         )
         try:
             if key:

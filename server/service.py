@@ -318,7 +318,7 @@ class SessionServicer(SessionServiceServicer):
     async def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncIterator[event_pb2.Event]:
-        validation.validate_turn(request)
+        await validation.validate_turn_async(request)
         sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> AsyncIterator[event_pb2.Event]:

@@ -78,17 +78,17 @@ def test_agui_events_carry_exactly_aguis_fields(kind: event_pb2.EventType.ValueT
         assert out["role"] == ("tool" if kind == ET.TOOL_CALL_RESULT else "assistant")
 
 
-def test_chat_completion_requests_are_checked_field_by_field() -> None:
+async def test_chat_completion_requests_are_checked_field_by_field() -> None:
     with pytest.raises(InvalidArgument) as info:
-        openai_chat.parse(body({"model": "", "messages": [{"role": "robot"}]}))
+        await openai_chat.parse(body({"model": "", "messages": [{"role": "robot"}]}))
     assert fields(info.value) == ["model", "messages[0].role"]
     with pytest.raises(InvalidArgument) as info:
-        openai_chat.parse(httpbody_pb2.HttpBody(data=b"[1, 2]"))
+        await openai_chat.parse(httpbody_pb2.HttpBody(data=b"[1, 2]"))
     assert fields(info.value) == ["body"]
 
 
-def test_chat_history_maps_developer_to_system_and_parts_to_text() -> None:
-    request = openai_chat.parse(
+async def test_chat_history_maps_developer_to_system_and_parts_to_text() -> None:
+    request = await openai_chat.parse(
         body(
             {
                 "model": "demo",
@@ -107,19 +107,19 @@ def test_chat_history_maps_developer_to_system_and_parts_to_text() -> None:
     assert [(m.role, m.content) for m in history] == [("system", "rules"), ("user", "a")]
 
 
-def test_responses_input_must_end_with_a_user_message() -> None:
+async def test_responses_input_must_end_with_a_user_message() -> None:
     with pytest.raises(InvalidArgument) as info:
-        openai_responses.parse(
+        await openai_responses.parse(
             body({"model": "demo", "input": [{"role": "assistant", "content": "x"}]})
         )
     assert fields(info.value) == ["input"]
-    parsed = openai_responses.parse(body({"model": "demo", "input": "hi"}))
+    parsed = await openai_responses.parse(body({"model": "demo", "input": "hi"}))
     assert [i.text() for i in parsed.items()] == ["hi"]
 
 
-def test_agui_input_is_checked() -> None:
+async def test_agui_input_is_checked() -> None:
     with pytest.raises(InvalidArgument) as info:
-        agui.parse(
+        await agui.parse(
             body(
                 {
                     "threadId": "t",
@@ -130,5 +130,7 @@ def test_agui_input_is_checked() -> None:
         )
     assert fields(info.value) == ["forwardedProps.policy"]
     with pytest.raises(InvalidArgument) as info:
-        agui.parse(body({"threadId": "t", "messages": [{"role": "assistant", "content": "x"}]}))
+        await agui.parse(
+            body({"threadId": "t", "messages": [{"role": "assistant", "content": "x"}]})
+        )
     assert fields(info.value) == ["messages[0].role"]
