@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(worker, "--file-concurrency", WorkerConfig, "file_concurrency")
     _setting(worker, "--file-timeout", WorkerConfig, "file_timeout_seconds", env="file_timeout")
     _setting(worker, "--file-memory-mb", WorkerConfig, "file_memory_mb")
+    _setting(worker, "--history-cache-mb", WorkerConfig, "history_cache_mb")
 
     edge = sub.add_parser(
         "edge", help="run Envoy in front of session servers (what a container runs)"
