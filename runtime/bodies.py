@@ -91,15 +91,16 @@ def check_values(data: dict[str, Any]) -> None:
                 raise BodyError("holds a lone surrogate (\\ud800-\\udfff)") from None
 
 
-def b64decode(value: str) -> bytes:
-    """Strict base64 (its alphabet only, padding only at the end), decoded
-    BASE64_CHUNK characters per call. binascii.Error (a ValueError) if not."""
-    if len(value) <= BASE64_CHUNK:
-        return binascii.a2b_base64(value, strict_mode=True)
+def b64decode(value: str, start: int = 0) -> bytes:
+    """``value[start:]`` as strict base64 (its alphabet only, padding only at
+    the end), decoded BASE64_CHUNK characters per call, never copied whole.
+    binascii.Error (a ValueError) if it is not."""
+    if len(value) - start <= BASE64_CHUNK:
+        return binascii.a2b_base64(value[start:], strict_mode=True)
     chunks = []
-    for start in range(0, len(value), BASE64_CHUNK):
-        chunk = value[start : start + BASE64_CHUNK]
-        if chunk.endswith("=") and start + BASE64_CHUNK < len(value):
+    for at in range(start, len(value), BASE64_CHUNK):
+        chunk = value[at : at + BASE64_CHUNK]
+        if chunk.endswith("=") and at + BASE64_CHUNK < len(value):
             raise binascii.Error("padding before the end")
         chunks.append(binascii.a2b_base64(chunk, strict_mode=True))
     return b"".join(chunks)

@@ -13,12 +13,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
 
 M = TypeVar("M", bound=Message)
+
+# The size on the wire of the request the current call received.
+_RECEIVED: ContextVar[int | None] = ContextVar("turnmesh_received_bytes", default=None)
+
+
+def note_received(size: int) -> None:
+    """Called as a request is decoded, in the call's own context."""
+    _RECEIVED.set(size)
+
+
+def received_bytes() -> int | None:
+    """The size on the wire of the request this call received (None outside
+    a server's call): what it holds in memory, known without copying a byte."""
+    return _RECEIVED.get()
 
 
 def serialize(head: Message, repeated: Mapping[str, Sequence[Message]]) -> bytes:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from turnmesh.runtime import metrics
+from turnmesh.runtime import metrics, wire
 from turnmesh.runtime.errors import (
     AlreadyExists,
     IdempotencyKeyReused,
@@ -33,13 +33,7 @@ from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Po
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now
-from turnmesh.server.turns import (
-    CancelReason,
-    KeyUse,
-    SessionTurns,
-    file_bytes,
-    pending_bytes,
-)
+from turnmesh.server.turns import CancelReason, KeyUse, SessionTurns, pending_bytes
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -219,10 +213,19 @@ class SessionCore:
         turns = self._session_turns(record)
         key = request.idempotency_key
         files = list(request.files)
-        # Measuring (and hashing) files copies their bytes: in a thread, where
-        # the event loop runs between one file's copy and the next.
-        files_size = await asyncio.to_thread(file_bytes, files) if files else 0
+        # What the request holds until its turn ends, joined or not: its size
+        # on the wire, or (a call made here, not received) measured, which
+        # copies each file's bytes: in a thread then.
+        size = wire.received_bytes()
+        if size is None:
+            size = (
+                await asyncio.to_thread(pending_bytes, request.message, files)
+                if files
+                else pending_bytes(request.message, files)
+            )
         digest = ""
+        # Hashing files copies their bytes too: in a thread, where the event
+        # loop runs between one file's copy and the next.
         if key and files:
             digest = await asyncio.to_thread(request_digest, request)
         elif key:
@@ -263,18 +266,7 @@ class SessionCore:
             raise TurnQuotaExceeded(
                 f"this caller has its maximum of {quota} turns running or waiting here"
             )
-        # What the request would hold until its turn ends, joined or not.
-        size = pending_bytes(request.message, files, files_size)
-        if turns.pending_bytes + size > self.limits.max_pending_bytes_per_session:
-            raise ResourceExhausted(
-                f"session {public_id(record.session_id)!r} holds"
-                f" {turns.pending_bytes // 2**20} MiB of turns running or waiting already"
-            )
-        budget = self.limits.max_pending_bytes_per_principal
-        if self._held_bytes[principal] + size > budget:
-            raise TurnQuotaExceeded(
-                f"this caller's turns running or waiting here hold {budget // 2**20} MiB already"
-            )
+        self._check_budgets(turns, size)
         arrived = turns.turn_for_key(key) if key else None
         if arrived is not None and arrived.turn_id != earlier:
             # The same key arrived (and was submitted) while we looked in the store.
@@ -289,7 +281,7 @@ class SessionCore:
             key,
             fence,
             digest,
-            files_size,
+            size,
         )
         try:
             if key:
@@ -302,6 +294,26 @@ class SessionCore:
             # it elsewhere (the key is known here; the commit still fences).
             log.warning("could not record turn %s's key or activity", turn.turn_id)
         return turn.log
+
+    def refuse_over_budget(self, session_id: str, size: int) -> None:
+        """429 at once if a request of ``size`` bytes would take a session
+        with turns here, or its principal, past its byte budget: before the
+        request's files are read or copied (``start_turn`` checks again)."""
+        turns = self._turns.get(session_id)
+        if turns is not None:
+            self._check_budgets(turns, size)
+
+    def _check_budgets(self, turns: SessionTurns, size: int) -> None:
+        if turns.pending_bytes + size > self.limits.max_pending_bytes_per_session:
+            raise ResourceExhausted(
+                f"session {public_id(turns.session_id)!r} holds"
+                f" {turns.pending_bytes // 2**20} MiB of turns running or waiting already"
+            )
+        budget = self.limits.max_pending_bytes_per_principal
+        if self._held_bytes[principal_of(turns.session_id)] + size > budget:
+            raise TurnQuotaExceeded(
+                f"this caller's turns running or waiting here hold {budget // 2**20} MiB already"
+            )
 
     async def _stored_key(self, session_id: str, key: str) -> KeyUse | None:
         stored = await self.store.get_key(session_id, key)

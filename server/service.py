@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
-from turnmesh.runtime import principals, tracing
+from turnmesh.runtime import principals, tracing, wire
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, PermissionDenied, Unavailable
 from turnmesh.runtime.handlers import ServicerContext as Context
 from turnmesh.runtime.ids import new_id
@@ -318,6 +318,11 @@ class SessionServicer(SessionServiceServicer):
     async def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncIterator[event_pb2.Event]:
+        size = wire.received_bytes()
+        if size is not None and not validation.session_id_violations(request.session_id):
+            # A flood past the budgets is refused before its files are read.
+            scoped = principals.scoped(principals.current().name, request.session_id)
+            self._core.refuse_over_budget(scoped, size)
         await validation.validate_turn_async(request)
         sid = principals.scoped(principals.current().name, request.session_id)
 

@@ -77,33 +77,26 @@ class PendingTurn:
     # The owner token the session carried when the turn was placed: its
     # commit writes nothing if the session changed owner since.
     fence: str = ""
-    # Bytes of its messages and files (budgets: ``pending_bytes``), and of
-    # its files alone (a batch's limits: ``_fits``).
+    # Bytes of its messages and files (budgets: ``pending_bytes``).
     size: int = 0
-    file_bytes: int = 0
     # The trace of the call that created the turn; the worker call joins it.
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
 
 
-def file_bytes(files: list[message_pb2.File]) -> int:
-    """The files' bytes. Each file's content is copied to be measured (the
-    protobuf runtime has no other way): measure once per request."""
-    return sum(len(f.content) for f in files)
-
-
-def pending_bytes(
-    message: str, files: list[message_pb2.File], files_size: int | None = None
-) -> int:
-    """What a turn's request holds in memory until the turn ends."""
-    return len(message.encode()) + (file_bytes(files) if files_size is None else files_size)
+def pending_bytes(message: str, files: list[message_pb2.File]) -> int:
+    """What a turn's request holds in memory until the turn ends. Each file's
+    content is copied to be measured (the protobuf runtime has no other way):
+    a server measures a request by its size on the wire instead
+    (``runtime.wire.received_bytes``)."""
+    return len(message.encode()) + sum(len(f.content) for f in files)
 
 
 def _fits(batch: PendingTurn, files: int, size: int) -> bool:
-    """Whether a batch may take ``files`` more files of ``size`` bytes and
-    stay within one turn's limits."""
+    """Whether a batch may take ``files`` more files in a request of ``size``
+    bytes and stay within one turn's limits (its messages count as files)."""
     if len(batch.files) + files > MAX_FILES:
         return False
-    return batch.file_bytes + size <= MAX_TOTAL_FILE_BYTES
+    return batch.size + size <= MAX_TOTAL_FILE_BYTES
 
 
 class KeyUse(NamedTuple):
@@ -188,12 +181,12 @@ class SessionTurns:
         idempotency_key: str,
         fence: str = "",
         digest: str = "",
-        files_size: int | None = None,
+        size: int | None = None,
     ) -> PendingTurn:
         """Place a new message under the policy. Never awaits: decisions are
-        atomic. ``files_size``: the files' bytes, if the caller measured them."""
-        if files_size is None:
-            files_size = file_bytes(files)
+        atomic. ``size``: what the request holds, if the caller knows it."""
+        if size is None:
+            size = pending_bytes(message, files)
         if policy == spb.TURN_POLICY_REJECT and self.busy:
             raise SessionBusy(f"session {public_id(self.session_id)!r} has a turn running")
         if policy in COLLECTING:
@@ -205,21 +198,19 @@ class SessionTurns:
                 batch is not None
                 and batch.collecting
                 and not head_is_next
-                and _fits(batch, len(files), files_size)
+                and _fits(batch, len(files), size)
             ):
                 batch.messages.append(message)
                 batch.files.extend(files)
-                batch.file_bytes += files_size
                 batch.metadata.MergeFrom(metadata)
                 batch.waiters += 1
-                self._hold(batch, pending_bytes(message, files, files_size))
+                self._hold(batch, size)
                 self._remember_key(batch, idempotency_key, digest)
                 return batch
             # A batch that would outgrow one turn's file limits stays as it
             # is: this message starts the next batch (one more queued turn).
         turn = self._new_turn(message, files, metadata, policy, fence)
-        turn.file_bytes = files_size
-        self._hold(turn, pending_bytes(message, files, files_size))
+        self._hold(turn, size)
         turn.waiters = 1
         self._remember_key(turn, idempotency_key, digest)
         if policy == spb.TURN_POLICY_INTERRUPT:

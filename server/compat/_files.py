@@ -21,17 +21,21 @@ from turnmesh.runtime import bodies
 from turnmesh.server.compat._common import invalid
 from turnmesh.v1 import message_pb2
 
+# Where a data: URL's comma must be: its type and parameters are short.
+MAX_DATA_URL_HEAD = 1024
 _EXTENSIONS = {".docx": DOCX, ".xlsx": XLSX, ".pptx": PPTX, ".md": "text/markdown"}
 
 
 @dataclass(frozen=True)
 class Inline:
-    """A file sent inline, its content still base64; ``field`` names it in errors."""
+    """A file sent inline, its content still base64 from ``data[start:]`` (a
+    data: URL's payload is not copied out of it); ``field`` names it in errors."""
 
     data: str
     mime_type: str
     filename: str
     field: str
+    start: int = 0
 
 
 async def decode(files: Sequence[Inline]) -> list[message_pb2.File]:
@@ -41,7 +45,7 @@ async def decode(files: Sequence[Inline]) -> list[message_pb2.File]:
 
 def _decode(file: Inline) -> message_pb2.File:
     try:
-        content = bodies.b64decode(file.data)
+        content = bodies.b64decode(file.data, file.start)
     except ValueError as exc:  # binascii.Error, or a character beyond ASCII
         raise invalid(file.field, "must be base64") from exc
     return message_pb2.File(content=content, mime_type=file.mime_type, filename=file.filename)
@@ -61,11 +65,11 @@ def from_data_url(url: str, field: str, filename: str = "") -> Inline:
     """``data:<type>[;param=value];base64,<data>`` as a file."""
     if url.startswith(("http://", "https://")):
         raise invalid(field, "must be a data: URL; the mesh does not fetch URLs")
-    head, comma, data = url.partition(",")
-    params = head.removeprefix("data:").split(";")
-    if not url.startswith("data:") or not comma or params[-1] != "base64" or not params[0]:
+    comma = url.find(",", 0, MAX_DATA_URL_HEAD)
+    params = url[:comma].removeprefix("data:").split(";") if comma > 0 else []
+    if not url.startswith("data:") or not params or params[-1] != "base64" or not params[0]:
         raise invalid(field, "must be a data: URL with base64 content (data:TYPE;base64,...)")
-    return Inline(data, params[0], filename, field)
+    return Inline(url, params[0], filename, field, comma + 1)
 
 
 def from_inline(data: str, filename: str, field: str) -> Inline:

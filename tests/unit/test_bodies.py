@@ -56,6 +56,8 @@ async def test_a_large_body_parses_in_a_child_process_while_the_loop_runs() -> N
 def test_base64_in_chunks_decodes_as_base64_does(size: int) -> None:
     raw = os.urandom(size)
     assert bodies.b64decode(base64.b64encode(raw).decode()) == raw
+    url = "data:image/png;base64," + base64.b64encode(raw).decode()
+    assert bodies.b64decode(url, url.index(",") + 1) == raw
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 from google.api import httpbody_pb2
 
 from turnmesh.runtime.errors import InvalidArgument
-from turnmesh.server.compat import agui, openai_chat, openai_responses
+from turnmesh.server.compat import _files, agui, openai_chat, openai_responses
 from turnmesh.v1 import event_pb2
 
 ET = event_pb2
@@ -134,3 +135,27 @@ async def test_agui_input_is_checked() -> None:
             body({"threadId": "t", "messages": [{"role": "assistant", "content": "x"}]})
         )
     assert fields(info.value) == ["messages[0].role"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "data:text/plain,aGk=",  # not base64
+        "data:;base64,aGk=",  # no type
+        "data:text/plain;base64",  # no comma
+        "data:text/plain;base64" + "x" * 2000 + ",aGk=",  # the comma far past the head
+        "https://example.com/a.png",
+    ],
+)
+async def test_a_data_url_that_is_not_one_names_its_field(url: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        _files.from_data_url(url, "messages[0].content[1].image_url.url")
+    assert fields(info.value) == ["messages[0].content[1].image_url.url"]
+
+
+async def test_a_data_urls_payload_is_decoded_in_place() -> None:
+    url = "data:text/plain;charset=utf-8;base64," + base64.b64encode(b"hello").decode()
+    inline = _files.from_data_url(url, "f", "a.txt")
+    assert inline.data is url  # the payload is not copied out of the URL
+    (file,) = await _files.decode([inline])
+    assert (file.content, file.mime_type, file.filename) == (b"hello", "text/plain", "a.txt")
