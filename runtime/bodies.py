@@ -18,7 +18,9 @@ import asyncio
 import binascii
 import json
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -114,6 +116,18 @@ async def sized(size: int, work: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(work, *args)
 
 
+def _leave_with(parent: int) -> None:
+    """In a child: exit once the server is gone, even killed (the pool's
+    queue never tells a child so: the child holds its writing end too)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 class _Decoders:
     """The child processes that parse large JSON bodies, started on first use."""
 
@@ -132,7 +146,10 @@ class _Decoders:
             # spawn: a child shares nothing with this process's gRPC state
             # (nor the fork server the file readers configure).
             self._pool = ProcessPoolExecutor(
-                DECODE_PROCESSES, mp_context=multiprocessing.get_context("spawn")
+                DECODE_PROCESSES,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_leave_with,
+                initargs=(os.getpid(),),
             )
             return self._pool.submit(decode_json, data)
 

@@ -194,7 +194,7 @@ class SessionServicer(SessionServiceServicer):
     async def CreateSession(
         self, request: spb.CreateSessionRequest, context: Context
     ) -> spb.CreateSessionResponse:
-        validation.validate_create_session(request)
+        await validation.validate_create_session_async(request)
         if not request.session_id:
             request.session_id = new_id()
         sid = principals.scoped(principals.current().name, request.session_id)

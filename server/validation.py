@@ -86,7 +86,8 @@ def validate_create_session(request: spb.CreateSessionRequest) -> None:
                 )
             )
         violations += _seed_parts_violations(f"messages[{index}]", message)
-    if request.ByteSize() > MAX_SEED_BYTES:
+    # A message at a time (each a call of its own; the whole is one long one).
+    if sum(m.ByteSize() for m in request.messages[: MAX_SEED_MESSAGES + 1]) > MAX_SEED_BYTES:
         violations.append(
             FieldViolation("messages", f"at most {MAX_SEED_BYTES // 2**20} MiB in all")
         )
@@ -162,6 +163,15 @@ def validate_turn(request: spb.TurnRequest) -> None:
     if request.metadata.ByteSize() > MAX_METADATA_BYTES:
         violations.append(FieldViolation("metadata", f"must be at most {MAX_METADATA_BYTES} bytes"))
     _raise_if(violations)
+
+
+async def validate_create_session_async(request: spb.CreateSessionRequest) -> None:
+    """``validate_create_session``; with a seeded history, in a thread: up to
+    64 MiB of it is read (and sized) a message at a time."""
+    if request.messages:
+        await asyncio.to_thread(validate_create_session, request)
+    else:
+        validate_create_session(request)
 
 
 async def validate_turn_async(request: spb.TurnRequest) -> None:

@@ -8,9 +8,13 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests.support.mesh import wait_for
 from turnmesh.runtime import bodies, wire
 from turnmesh.v1 import message_pb2, worker_service_pb2
 
@@ -89,3 +93,43 @@ def test_a_request_serialized_in_pieces_parses_as_the_whole() -> None:
     whole.files.extend(files)
     pieces = wire.serialize(head, {"history": history, "files": files})
     assert worker_service_pb2.RunRequest.FromString(pieces) == whole
+
+
+def test_the_parsing_processes_end_with_a_server_that_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves no parsing process behind (the pool's queue never tells
+    its children: each watches for its parent instead)."""
+    script = (
+        "import asyncio, json, os, sys\n"
+        "from turnmesh.runtime import bodies\n"
+        "body = json.dumps({'a': 'x' * bodies.OFFLOAD_BYTES}).encode()\n"
+        "asyncio.run(bodies.parse_json(body))\n"
+        "print(os.getpid(), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    ) as server:
+        try:
+            assert server.stdout is not None
+            pid = int(server.stdout.readline())
+            listed = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            children = [int(p) for p in listed]
+            assert children  # the pool's child (and the semaphores' tracker)
+        finally:
+            server.kill()
+            server.wait(timeout=30)
+    wait_for(
+        lambda: not any(Path(f"/proc/{c}").exists() and _running(c) for c in children),
+        timeout=30,
+        what="the parsing processes to end",
+    )
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "\\nState:\\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
