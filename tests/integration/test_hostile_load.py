@@ -31,11 +31,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.mesh import Component, Mesh, eventually, until
-from turnmesh.client import AsyncClient, InvalidArgumentError
 from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
 from turnmesh.files import MAX_FILE_BYTES
+from turnmesh.runtime import wire
 from turnmesh.runtime.serving import MAX_TURN_REQUEST_BYTES
-from turnmesh.v1 import message_pb2
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
 
 MESH_KEY = "tm-hostile-load-mesh-key-0123456789"
 KEYS = {"attacker": "key-of-the-attacker-0123", "innocent": "key-of-the-innocent-0123"}
@@ -43,6 +44,7 @@ SESSION_BUDGET = 24 * 2**20
 PRINCIPAL_BUDGET = 40 * 2**20
 WAVE = 5
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+_TURN = spb.DESCRIPTOR.services_by_name["SessionService"].methods_by_name["Turn"]
 # The issue's bound for a health answer under attack.
 PROBE_BOUND_SECONDS = 1.0
 
@@ -335,16 +337,28 @@ async def test_the_loop_answers_while_the_worst_inputs_arrive(
     seed = {"messages": [{"role": "user", "content": "hi", "files": [{"text": text}]}]}
     json_headers = {**_auth("attacker"), "content-type": "application/json"}
 
-    async def send_docx() -> str:
+    # Serialized now: doing it while the probes run would hold this process's
+    # loop, and their clocks, as long.
+    docx_turn = spb.TurnRequest(
+        session_id=target,
+        message="read it",
+        files=[message_pb2.File(filename="lie.docx", mime_type=DOCX, content=docx)],
+    ).SerializeToString()
+
+    async def send_docx() -> grpc.aio.AioRpcError:
         """Over gRPC: through the edge, a 68 MB JSON body's conversion to
         protobuf holds an Envoy worker (and the REST probe behind it) about a
         second by itself, which is the edge's to bound, not the server's loop."""
-        file = message_pb2.File(filename="lie.docx", mime_type=DOCX, content=docx)
-        async with AsyncClient(load_mesh.server.address, api_key=KEYS["attacker"]) as client:
+        options = [("grpc.max_send_message_length", MAX_TURN_REQUEST_BYTES)]
+        async with grpc.aio.insecure_channel(load_mesh.server.address, options=options) as channel:
+            turn = wire.raw_unary_stream(channel, _TURN, event_pb2.Event)
             try:
-                await client.send(target, "read it", files=[file])
-            except InvalidArgumentError as exc:
-                return str(exc)
+                async for _ in turn(
+                    docx_turn, metadata=(("authorization", f"Bearer {KEYS['attacker']}"),)
+                ):
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                return exc
         raise AssertionError("the lying docx was accepted")
 
     async with Probes(load_mesh) as probes:
@@ -373,7 +387,8 @@ async def test_the_loop_answers_while_the_worst_inputs_arrive(
     compat_answer, deep_answer, seed_answer = answers
     for answer in answers:
         _assert_4xx(answer, 400)
-    assert "application/zip" in docx_answer  # INVALID_ARGUMENT, the REST 400
+    assert docx_answer.code() == grpc.StatusCode.INVALID_ARGUMENT  # REST: 400
+    assert "application/zip" in (docx_answer.details() or "")
     assert "image/png" in compat_answer.text
     assert "nested deeper than 64 levels" in deep_answer.text
     assert "200000 characters" in seed_answer.text
