@@ -38,14 +38,27 @@ def received_bytes() -> int | None:
 
 def serialize(head: Message, repeated: Mapping[str, Sequence[Message]]) -> bytes:
     """``head`` with each ``repeated[field]`` appended to its repeated field,
-    serialized one element at a time (each copy and encoding is one call)."""
+    serialized one element at a time (each element's encoding is one call)."""
     pieces = [head.SerializeToString()]
     for field, items in repeated.items():
+        number = head.DESCRIPTOR.fields_by_name[field].number
         for item in items:
-            one = type(head)()
-            getattr(one, field).append(item)
-            pieces.append(one.SerializeToString())
+            data = item.SerializeToString()
+            pieces += (_varint(number << 3 | _LENGTH_DELIMITED), _varint(len(data)), data)
     return b"".join(pieces)
+
+
+_LENGTH_DELIMITED = 2  # the wire type of an embedded message
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint (a tag, or a length)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 async def serialize_off_loop(head: Message, repeated: Mapping[str, Sequence[Message]]) -> bytes:

@@ -86,7 +86,8 @@ def test_a_request_serialized_in_pieces_parses_as_the_whole() -> None:
     head = worker_service_pb2.RunRequest(session_id="s", turn_id="t", messages=["hi"])
     head.metadata.update({"k": 1})
     history = [message_pb2.Message(role="user", content=f"m{i}") for i in range(3)]
-    files = [message_pb2.File(content=os.urandom(1000), mime_type="image/png") for _ in range(2)]
+    # Lengths of one, two and three varint bytes, and an empty file.
+    files = [message_pb2.File(content=os.urandom(n)) for n in (0, 100, 1000, 200_000)]
     whole = worker_service_pb2.RunRequest()
     whole.CopyFrom(head)
     whole.history.extend(history)
