@@ -85,6 +85,9 @@ bench: install
 	$(PY) -m bench.store_append
 	$(PY) -m bench.refusals --refusals 270000
 	$(PY) -m bench.listing
+	$(PY) -m bench.loop_lag
+	$(PY) -m bench.seeded_history
+	$(PY) -m bench.collect_memory
 
 # 64 conversations for 90 s while workers, a server and the router are killed;
 # writes chaos-report.json and fails if a turn was lost or duplicated.

@@ -213,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(worker, "--file-memory-mb", WorkerConfig, "file_memory_mb")
     _setting(worker, "--file-queue", WorkerConfig, "file_queue")
     _setting(worker, "--file-queue-mb", WorkerConfig, "file_queue_mb")
+    _setting(worker, "--history-cache-mb", WorkerConfig, "history_cache_mb")
 
     edge = sub.add_parser(
         "edge", help="run Envoy in front of session servers (what a container runs)"

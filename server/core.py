@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from turnmesh.runtime import metrics
+from turnmesh.runtime import metrics, wire
 from turnmesh.runtime.errors import (
     AlreadyExists,
     IdempotencyKeyReused,
@@ -217,7 +217,24 @@ class SessionCore:
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
         key = request.idempotency_key
-        digest = request_digest(request) if key else ""
+        files = list(request.files)
+        # What the request holds until its turn ends, joined or not: its size
+        # on the wire, or (a call made here, not received) measured, which
+        # copies each file's bytes: in a thread then.
+        size = wire.received_bytes()
+        if size is None:
+            size = (
+                await asyncio.to_thread(pending_bytes, request.message, files)
+                if files
+                else pending_bytes(request.message, files)
+            )
+        digest = ""
+        # Hashing files copies their bytes too: in a thread, where the event
+        # loop runs between one file's copy and the next.
+        if key and files:
+            digest = await asyncio.to_thread(request_digest, request)
+        elif key:
+            digest = request_digest(request)
         earlier: str | None = None
         if key:
             use = turns.turn_for_key(key) or await self._stored_key(record.session_id, key)
@@ -243,7 +260,7 @@ class SessionCore:
         # first, so the checks below and the submit still never await.
         lease = await self._turn_lease(principal)
         try:
-            placed = self._place(record, turns, request, key, digest, earlier, fence)
+            placed = self._place(record, turns, request, files, size, key, digest, earlier, fence)
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -273,6 +290,8 @@ class SessionCore:
         record: SessionRecord,
         turns: SessionTurns,
         request: spb.TurnRequest,
+        files: list[message_pb2.File],
+        size: int,
         key: str,
         digest: str,
         earlier: str | None,
@@ -295,18 +314,7 @@ class SessionCore:
             raise TurnQuotaExceeded(
                 f"this caller has its maximum of {quota} turns running or waiting here"
             )
-        # What the request would hold until its turn ends, joined or not.
-        size = pending_bytes(request.message, list(request.files))
-        if turns.pending_bytes + size > self.limits.max_pending_bytes_per_session:
-            raise ResourceExhausted(
-                f"session {public_id(record.session_id)!r} holds"
-                f" {turns.pending_bytes // 2**20} MiB of turns running or waiting already"
-            )
-        budget = self.limits.max_pending_bytes_per_principal
-        if self._held_bytes[principal] + size > budget:
-            raise TurnQuotaExceeded(
-                f"this caller's turns running or waiting here hold {budget // 2**20} MiB already"
-            )
+        self._check_budgets(turns, size)
         arrived = turns.turn_for_key(key) if key else None
         if arrived is not None and arrived.turn_id != earlier:
             # The same key arrived (and was submitted) while we looked in the store.
@@ -315,12 +323,13 @@ class SessionCore:
             return self.logs.get(record.session_id, arrived.turn_id)
         return turns.submit(
             request.message,
-            list(request.files),
+            files,
             request.metadata,
             request.policy,
             key,
             fence,
             digest,
+            size,
         )
 
     async def _turn_lease(self, principal: str) -> TurnLease | None:
@@ -335,6 +344,26 @@ class SessionCore:
                 f"this caller has its maximum of {quota} turns running or waiting in the mesh"
             )
         return lease
+
+    def refuse_over_budget(self, session_id: str, size: int) -> None:
+        """429 at once if a request of ``size`` bytes would take a session
+        with turns here, or its principal, past its byte budget: before the
+        request's files are read or copied (``start_turn`` checks again)."""
+        turns = self._turns.get(session_id)
+        if turns is not None:
+            self._check_budgets(turns, size)
+
+    def _check_budgets(self, turns: SessionTurns, size: int) -> None:
+        if turns.pending_bytes + size > self.limits.max_pending_bytes_per_session:
+            raise ResourceExhausted(
+                f"session {public_id(turns.session_id)!r} holds"
+                f" {turns.pending_bytes // 2**20} MiB of turns running or waiting already"
+            )
+        budget = self.limits.max_pending_bytes_per_principal
+        if self._held_bytes[principal_of(turns.session_id)] + size > budget:
+            raise TurnQuotaExceeded(
+                f"this caller's turns running or waiting here hold {budget // 2**20} MiB already"
+            )
 
     async def _stored_key(self, session_id: str, key: str) -> KeyUse | None:
         stored = await self.store.get_key(session_id, key)

@@ -13,13 +13,15 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf.message import Message
 
-from turnmesh.runtime import metrics, tracing
+from turnmesh.runtime import metrics, tracing, wire
 from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, Unavailable, from_rpc_error
 from turnmesh.runtime.events import sum_usage
 from turnmesh.runtime.principals import principal_of
@@ -288,15 +290,21 @@ class TurnRunner:
         while True:
             with metrics.STORE_SECONDS.labels("history").time():
                 history = await self._store.history(session_id, start=base)
-            request = wpb.RunRequest(
+            head = wpb.RunRequest(
                 session_id=session_id,
                 turn_id=turn.turn_id,
                 messages=turn.messages,
-                files=turn.files,
-                history=history,
                 history_base=base,
                 metadata=turn.metadata,
             )
+            request: wpb.RunRequest | bytes = head
+            if worker.run_serialized and (turn.files or len(history) > SMALL_HISTORY):
+                # Possibly megabytes: serialized a piece at a time, off the loop.
+                repeated: dict[str, Sequence[Message]] = {"history": history, "files": turn.files}
+                request = await wire.serialize_off_loop(head, repeated)
+            else:
+                head.history.extend(history)
+                head.files.extend(turn.files)
             try:
                 with tracing.client_span(
                     "turnmesh.v1.WorkerService/Run",
@@ -319,14 +327,20 @@ class TurnRunner:
         self,
         worker: WorkerRef,
         session_id: str,
-        request: wpb.RunRequest,
+        request: wpb.RunRequest | bytes,
         run: _Run,
         trace_metadata: tracing.Metadata = (),
     ) -> WorkerEnd:
         tlog = run.turn.log
         self._workers.acquire(worker, session_id)
         streamed = False
-        call = worker.stub.Run(request, metadata=(*self._workers.call_metadata, *trace_metadata))
+        metadata = (*self._workers.call_metadata, *trace_metadata)
+        call: grpc.aio.UnaryStreamCall[Any, wpb.RunResponse]
+        if isinstance(request, bytes):
+            assert worker.run_serialized is not None
+            call = worker.run_serialized(request, metadata=metadata)
+        else:
+            call = worker.stub.Run(request, metadata=metadata)
         try:
             async for response in call:
                 if response.files:
@@ -365,6 +379,11 @@ class TurnRunner:
         if not run.first_event_seen:
             run.first_event_seen = True
             metrics.FIRST_EVENT_SECONDS.observe(time.monotonic() - run.started)
+
+
+# A history tail longer than this is a worker that lacks the history (its
+# first turn of the session, or a seeded one): possibly megabytes.
+SMALL_HISTORY = 8
 
 
 def _finished_event(started: float, end: WorkerEnd) -> event_pb2.Event:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
-from turnmesh.runtime import principals, tracing
+from turnmesh.runtime import principals, tracing, wire
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, PermissionDenied, Unavailable
 from turnmesh.runtime.handlers import ServicerContext as Context
 from turnmesh.runtime.ids import new_id
@@ -194,7 +194,7 @@ class SessionServicer(SessionServiceServicer):
     async def CreateSession(
         self, request: spb.CreateSessionRequest, context: Context
     ) -> spb.CreateSessionResponse:
-        validation.validate_create_session(request)
+        await validation.validate_create_session_async(request)
         if not request.session_id:
             request.session_id = new_id()
         sid = principals.scoped(principals.current().name, request.session_id)
@@ -318,7 +318,12 @@ class SessionServicer(SessionServiceServicer):
     async def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncIterator[event_pb2.Event]:
-        validation.validate_turn(request)
+        size = wire.received_bytes()
+        if size is not None and not validation.session_id_violations(request.session_id):
+            # A flood past the budgets is refused before its files are read.
+            scoped = principals.scoped(principals.current().name, request.session_id)
+            self._core.refuse_over_budget(scoped, size)
+        await validation.validate_turn_async(request)
         sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> AsyncIterator[event_pb2.Event]:

@@ -87,15 +87,19 @@ class PendingTurn:
 
 
 def pending_bytes(message: str, files: list[message_pb2.File]) -> int:
-    """What a turn's request holds in memory until the turn ends."""
+    """What a turn's request holds in memory until the turn ends. Each file's
+    content is copied to be measured (the protobuf runtime has no other way):
+    a server measures a request by its size on the wire instead
+    (``runtime.wire.received_bytes``)."""
     return len(message.encode()) + sum(len(f.content) for f in files)
 
 
-def _fits(held: list[message_pb2.File], more: list[message_pb2.File]) -> bool:
-    """Whether a batch may take more files and stay within one turn's limits."""
-    if len(held) + len(more) > MAX_FILES:
+def _fits(batch: PendingTurn, files: int, size: int) -> bool:
+    """Whether a batch may take ``files`` more files in a request of ``size``
+    bytes and stay within one turn's limits (its messages count as files)."""
+    if len(batch.files) + files > MAX_FILES:
         return False
-    return sum(len(f.content) for f in (*held, *more)) <= MAX_TOTAL_FILE_BYTES
+    return batch.size + size <= MAX_TOTAL_FILE_BYTES
 
 
 class KeyUse(NamedTuple):
@@ -180,8 +184,12 @@ class SessionTurns:
         idempotency_key: str,
         fence: str = "",
         digest: str = "",
+        size: int | None = None,
     ) -> PendingTurn:
-        """Place a new message under the policy. Never awaits: decisions are atomic."""
+        """Place a new message under the policy. Never awaits: decisions are
+        atomic. ``size``: what the request holds, if the caller knows it."""
+        if size is None:
+            size = pending_bytes(message, files)
         if policy == spb.TURN_POLICY_REJECT and self.busy:
             raise SessionBusy(f"session {public_id(self.session_id)!r} has a turn running")
         if policy in COLLECTING:
@@ -193,19 +201,19 @@ class SessionTurns:
                 batch is not None
                 and batch.collecting
                 and not head_is_next
-                and _fits(batch.files, files)
+                and _fits(batch, len(files), size)
             ):
                 batch.messages.append(message)
                 batch.files.extend(files)
                 batch.metadata.MergeFrom(metadata)
                 batch.waiters += 1
-                self._hold(batch, pending_bytes(message, files))
+                self._hold(batch, size)
                 self._remember_key(batch, idempotency_key, digest)
                 return batch
             # A batch that would outgrow one turn's file limits stays as it
             # is: this message starts the next batch (one more queued turn).
         turn = self._new_turn(message, files, metadata, policy, fence)
-        self._hold(turn, pending_bytes(message, files))
+        self._hold(turn, size)
         turn.waiters = 1
         self._remember_key(turn, idempotency_key, digest)
         if policy == spb.TURN_POLICY_INTERRUPT:

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from turnmesh.runtime import wire
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.v1 import router_service_pb2 as rpb
+from turnmesh.v1 import worker_service_pb2 as wpb
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub
 
 if TYPE_CHECKING:
@@ -39,12 +41,17 @@ FAILED_WORKER_QUARANTINE = 5.0
 MAX_HISTORY_ENTRIES = 100_000
 
 
+_RUN = wpb.DESCRIPTOR.services_by_name["WorkerService"].methods_by_name["Run"]
+
+
 @dataclass
 class WorkerRef:
     member_id: str
     address: str
     agent_name: str
     stub: WorkerServiceAsyncStub
+    # Run, for a request serialized already (a large one: runtime.wire).
+    run_serialized: grpc.aio.UnaryStreamMultiCallable[bytes, wpb.RunResponse] | None = None
 
 
 class WorkerPool:
@@ -110,7 +117,11 @@ class WorkerPool:
                     channel = mesh_channel(member.address, self._membership.transport)
                     self._channels[member.address] = channel
                 live[member.member_id] = WorkerRef(
-                    member.member_id, member.address, member.agent_name, WorkerServiceStub(channel)
+                    member.member_id,
+                    member.address,
+                    member.agent_name,
+                    WorkerServiceStub(channel),
+                    wire.raw_unary_stream(channel, _RUN, wpb.RunResponse),
                 )
             for member_id in self._failed_until:
                 live.pop(member_id, None)

@@ -28,6 +28,7 @@ from turnmesh.runtime.serving import (
 from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
+from turnmesh.worker.history_cache import DEFAULT_MAX_BYTES
 from turnmesh.worker.service import WorkerServicer
 
 # Every method needs the mesh key when one is set (GetInfo tells who runs what).
@@ -79,6 +80,14 @@ class WorkerConfig(MemberConfig):
         ge=100,
         description="MB of attached files that may wait for a reader",
     )
+    history_cache_mb: int = Field(
+        default=DEFAULT_MAX_BYTES // 2**20,
+        ge=1,
+        description=(
+            "memory the histories of recent sessions may take (the least recent beyond it"
+            " are dropped; the server then sends the whole history again)"
+        ),
+    )
 
 
 async def serve(config: WorkerConfig) -> None:
@@ -100,7 +109,13 @@ async def serve(config: WorkerConfig) -> None:
         queue_bytes=config.file_queue_mb * 1024 * 1024,
     )
     metrics.FILE_QUEUE_DEPTH.set_function(lambda: sandbox.scheduler.waiting)
-    servicer = WorkerServicer(agent, agent_name=agent_name, worker_id=member_id, sandbox=sandbox)
+    servicer = WorkerServicer(
+        agent,
+        agent_name=agent_name,
+        worker_id=member_id,
+        sandbox=sandbox,
+        history_cache_bytes=config.history_cache_mb * 2**20,
+    )
 
     def register(server: grpc.aio.Server) -> None:
         worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)

@@ -23,7 +23,7 @@ from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker._convert import history_message, to_agent_request
 from turnmesh.worker.attachments import file_events, read_files
 from turnmesh.worker.emitter import ET, QueueEmitter, make_event
-from turnmesh.worker.history_cache import HistoryCache
+from turnmesh.worker.history_cache import DEFAULT_MAX_BYTES, HistoryCache
 
 __all__ = ["WorkerServicer"]
 
@@ -46,6 +46,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         agent_name: str,
         worker_id: str,
         sandbox: Sandbox | None = None,
+        history_cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.agent = agent
         self.sandbox = sandbox or Sandbox()
@@ -53,7 +54,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         self.worker_id = worker_id
         self.ready = True  # the agent is loaded before the servicer exists
         self._inflight = 0
-        self._histories = HistoryCache()
+        self._histories = HistoryCache(max_bytes=history_cache_bytes)
 
     @property
     def inflight(self) -> int:
@@ -79,9 +80,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
     ) -> AsyncIterator[worker_service_pb2.RunResponse]:
         # Invalid input or a history miss: a status, before any event.
         history = self._histories.resolve(
-            request.session_id,
-            request.history_base,
-            [history_message(m) for m in request.history],
+            request.session_id, request.history_base, await _history_tail(request)
         )
         agent_request = to_agent_request(request, history)
         span = trace.get_current_span()
@@ -153,6 +152,18 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             self._inflight -= 1
             metrics.WORKER_RUNS.labels(outcome).inc()
             metrics.WORKER_RUN_SECONDS.observe(time.monotonic() - started)
+
+
+# A tail longer than this is a whole history (a seeded one may hold 64 MiB).
+SMALL_TAIL = 8
+
+
+async def _history_tail(request: worker_service_pb2.RunRequest) -> list[dict[str, Any]]:
+    """The request's history messages, converted; a long one in a thread,
+    where the event loop runs between one message's copy and the next."""
+    if len(request.history) <= SMALL_TAIL:
+        return [history_message(m) for m in request.history]
+    return await asyncio.to_thread(lambda: [history_message(m) for m in request.history])
 
 
 def _agent_error_event(error: AgentError) -> event_pb2.Event:

@@ -3,11 +3,14 @@ most words with the question, quoted with the file's name."""
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from turnmesh.agent._contract import AgentFile
+
+T = TypeVar("T")
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(
@@ -66,20 +69,43 @@ def _lines(text: str) -> list[str]:
     return [p.strip(" |#-") for p in parts if p.strip(" |#-")]
 
 
-def files_in_history(history: Sequence[dict[str, Any]]) -> list[AgentFile]:
-    """The files of earlier turns, newest first, as the worker read them."""
-    found = []
+# Earlier files' text a turn reads at most, newest first: five files at the
+# worker's cap. A seeded history may hold 64 MiB of it, which took seconds a turn.
+MAX_HISTORY_CHARS = 1_000_000
+# More text than this is scanned in a thread: the worker's event loop serves
+# every turn (and its heartbeats) meanwhile.
+INLINE_CHARS = 100_000
+
+
+def files_in_history(
+    history: Sequence[dict[str, Any]], max_chars: int = MAX_HISTORY_CHARS
+) -> list[AgentFile]:
+    """The files of earlier turns, newest first, as the worker read them, as
+    far back as ``max_chars`` characters of their text."""
+    found: list[AgentFile] = []
+    chars = 0
     for message in reversed(history):
         for file in message.get("files", ()):
+            text = file.get("text") or ""
+            if chars + len(text) > max_chars:
+                return found
+            chars += len(text)
             found.append(
                 AgentFile(
                     filename=str(file.get("filename", "")),
                     mime_type=str(file.get("mime_type", "")),
                     content=b"",
-                    text=file.get("text") or None,
+                    text=text or None,
                 )
             )
     return found
+
+
+async def off_loop(files: Sequence[AgentFile], scan: Callable[..., T], *args: Any) -> T:
+    """``scan(*args)`` over the files' text: inline when it is short, else in a thread."""
+    if sum(len(f.text or "") for f in files) <= INLINE_CHARS:
+        return scan(*args)
+    return await asyncio.to_thread(scan, *args)
 
 
 def best_line(question: str, files: Sequence[AgentFile]) -> tuple[str, str] | None:

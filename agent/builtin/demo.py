@@ -9,7 +9,8 @@ Deterministic and offline. Rules, first match wins:
    "what did I ask last / before / previously": quotes the most recent one.
 2. An arithmetic expression ("What is 12*(3+4)?"): calls the ``calculator`` tool.
 3. Time or date ("time", "clock", "date", "what day"): calls the ``clock`` tool.
-4. A question about a file attached earlier: the best-matching line of its text.
+4. A question about a file attached earlier: the best-matching line of its text (the
+   newest files' text, up to a million characters).
 5. Anything else: repeats the message and counts the conversation's user messages.
 """
 
@@ -23,7 +24,12 @@ from typing import Any
 from turnmesh.agent._contract import AgentRequest, AgentResponse, EventEmitter, TokenUsage
 from turnmesh.agent.builtin._calculator import calculate, find_expression
 from turnmesh.agent.builtin._common import delay_seconds, stream_words, word_count
-from turnmesh.agent.builtin._files import answer_from_files, best_line, files_in_history
+from turnmesh.agent.builtin._files import (
+    answer_from_files,
+    best_line,
+    files_in_history,
+    off_loop,
+)
 
 __all__ = ["DemoAgent"]
 
@@ -54,8 +60,10 @@ class DemoAgent:
         asked = [m.get("content", "") for m in request.history if m.get("role") == "user"]
 
         rule: str
+        earlier = files_in_history(request.history)
         if request.files:
-            rule, answer = "files", answer_from_files(message, request.files)
+            answer = await off_loop(request.files, answer_from_files, message, request.files)
+            rule = "files"
         elif _ASKED_FIRST.search(message):
             rule, answer = "history", _recall(asked, first=True)
         elif _ASKED_LAST.search(message):
@@ -64,7 +72,7 @@ class DemoAgent:
             rule, answer = "calculator", await self._calculator(expression, emitter)
         elif _CLOCK.search(message):
             rule, answer = "clock", await self._clock_tool(emitter)
-        elif (found := best_line(message, files_in_history(request.history))) is not None:
+        elif (found := await off_loop(earlier, best_line, message, earlier)) is not None:
             rule, answer = "files", f'From {found[0]} (attached earlier): "{found[1]}".'
         else:
             rule = "echo"

@@ -4,9 +4,11 @@ native API has), error translation, and HTTP body framing."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -14,7 +16,7 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from turnmesh.runtime import principals, tracing
+from turnmesh.runtime import bodies, principals, tracing, wire
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
@@ -35,6 +37,7 @@ from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 if TYPE_CHECKING:
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
 
+_TURN = spb.DESCRIPTOR.services_by_name["SessionService"].methods_by_name["Turn"]
 # A surface's calls to its own server are quick, but a session's owner may be
 # another server: the same bound as the typed client's default.
 CALL_TIMEOUT_SECONDS = 60.0
@@ -161,12 +164,18 @@ class Mesh:
     ) -> AsyncIterator[AsyncIterator[event_pb2.Event]]:
         """A turn's events; leaving the block closes the stream (a disconnect:
         the turn goes on, as it does for any caller)."""
-        request = spb.TurnRequest(
-            session_id=session_id, message=message, files=files, policy=policy
-        )
+        request = spb.TurnRequest(session_id=session_id, message=message, policy=policy)
         if metadata:
             json_format.ParseDict(dict(metadata), request.metadata)
-        call = self._stub.Turn(request, metadata=self._metadata)
+        call: grpc.aio.UnaryStreamCall[Any, event_pb2.Event]
+        if files and self._channel is not None:
+            # Possibly megabytes: serialized a file at a time, off the loop.
+            serialized = await wire.serialize_off_loop(request, {"files": files})
+            turn = wire.raw_unary_stream(self._channel, _TURN, event_pb2.Event)
+            call = turn(serialized, metadata=self._metadata)
+        else:
+            request.files.extend(files)
+            call = self._stub.Turn(request, metadata=self._metadata)
 
         async def events() -> AsyncIterator[event_pb2.Event]:
             with mapped_rpc_errors():
@@ -199,43 +208,21 @@ def invalid(field: str, description: str) -> InvalidArgument:
     return InvalidArgument([FieldViolation(field, description)])
 
 
-# Deeper than any request of these APIs needs; far below Python's recursion limit.
-MAX_JSON_DEPTH = 64
-
-
-def parse_json_body(body: httpbody_pb2.HttpBody) -> dict[str, Any]:
+async def parse_json_body(body: httpbody_pb2.HttpBody) -> dict[str, Any]:
+    """The request's JSON object (parsed off the event loop when large)."""
+    # Receiving and decoding the request took a loop step of its own already
+    # (tens of milliseconds for 100 MB): copying its data out starts another.
+    await asyncio.sleep(0)
+    data = body.data
+    # The request keeps no copy of its own: a turn may hold the call open
+    # for minutes, and the parsed body holds what it needs.
+    body.ClearField("data")
     try:
-        data = json.loads(body.data or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise invalid("body", f"not valid JSON: {exc.msg if hasattr(exc, 'msg') else exc}") from exc
-    except RecursionError:
-        raise invalid("body", f"nested deeper than {MAX_JSON_DEPTH} levels") from None
-    if not isinstance(data, dict):
-        raise invalid("body", "must be a JSON object")
-    _check_values(data)
-    return data
-
-
-def _check_values(data: dict[str, Any]) -> None:
-    """Refuse what JSON allows but text cannot hold: nesting past
-    MAX_JSON_DEPTH, and lone surrogates (``"\\ud800"``), which no protobuf
-    string and no UTF-8 can carry. Iterative: no recursion to exhaust."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise invalid("body", f"nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(value, dict):
-            stack.extend((k, depth) for k in value)
-            stack.extend((v, depth + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, depth + 1) for v in value)
-        elif isinstance(value, str) and not value.isascii():
-            # isascii scans without copying: base64 file bodies skip the encode.
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise invalid("body", "holds a lone surrogate (\\ud800-\\udfff)") from None
+        return await bodies.parse_json(data)
+    except bodies.BodyError as exc:
+        raise invalid("body", str(exc)) from None
+    except BrokenProcessPool:
+        raise Unavailable("this server could not decode the body now; retry") from None
 
 
 def json_body(payload: Any) -> httpbody_pb2.HttpBody:

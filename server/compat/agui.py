@@ -23,7 +23,7 @@ from turnmesh.server.compat._common import (
     parse_json_body,
     sse_body,
 )
-from turnmesh.server.compat._files import decode_base64, unsupported
+from turnmesh.server.compat._files import Inline, decode, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -63,7 +63,7 @@ class AguiMessage(BaseModel):
             return self.content or ""
         return "".join(p.text or "" for p in self.content if p.type == "text")
 
-    def files(self, field: str) -> list[message_pb2.File]:
+    def files(self, field: str) -> list[Inline]:
         """``image`` and ``document`` parts whose source is inline data."""
         if not isinstance(self.content, list):
             return []
@@ -81,13 +81,8 @@ class AguiMessage(BaseModel):
             if not isinstance(value, str) or not isinstance(mime_type, str):
                 raise invalid(f"{where}.source", "needs value (base64) and mimeType")
             filename = (part.metadata or {}).get("filename")
-            files.append(
-                message_pb2.File(
-                    content=decode_base64(value, f"{where}.source.value"),
-                    mime_type=mime_type,
-                    filename=filename if isinstance(filename, str) else "",
-                )
-            )
+            name = filename if isinstance(filename, str) else ""
+            files.append(Inline(value, mime_type, name, f"{where}.source.value"))
         return files
 
 
@@ -102,9 +97,10 @@ class RunAgentInput(BaseModel):
     forwarded_props: dict[str, Any] = Field(default_factory=dict, alias="forwardedProps")
 
 
-def parse(body: httpbody_pb2.HttpBody) -> RunAgentInput:
+async def parse(body: httpbody_pb2.HttpBody) -> RunAgentInput:
+    data = await parse_json_body(body)
     try:
-        run = RunAgentInput.model_validate(parse_json_body(body))
+        run = RunAgentInput.model_validate(data)
     except ValidationError as exc:
         raise from_pydantic(exc) from exc
     if run.messages[-1].role != "user":
@@ -184,7 +180,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
     thread = request.thread_id
     last = len(request.messages) - 1
     message = request.messages[last].text()
-    files = request.messages[last].files(f"messages[{last}]")
+    files = await decode(request.messages[last].files(f"messages[{last}]"))
     if not await mesh.session_exists(thread):
         agent = request.forwarded_props.get("agent")
         # A concurrent first run on the same thread may have created it.

@@ -23,7 +23,7 @@ from turnmesh.server.compat._common import (
     sse_body,
     turn_error,
 )
-from turnmesh.server.compat._files import from_data_url, from_inline, unsupported
+from turnmesh.server.compat._files import Inline, decode, from_data_url, from_inline, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -40,7 +40,7 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(p.text or "" for p in self.content if p.type in ("text", "input_text"))
 
-    def files(self, field: str) -> list[message_pb2.File]:
+    def files(self, field: str) -> list[Inline]:
         """``image_url`` (a data: URL) and ``file`` (``file_data``) parts."""
         if not isinstance(self.content, list):
             return []
@@ -126,16 +126,18 @@ async def open_turn(
     last_index = len(request.messages) - 1
     if session_header and await mesh.session_exists(session_header):
         turn = Turn(session_header, throwaway=False)
-        turn.files = last.files(f"messages[{last_index}]")
+        turn.files = await decode(last.files(f"messages[{last_index}]"))
         return turn, last.text()
     # A new session: files anywhere in the conversation go with this turn
     # (the history it is seeded with holds text only).
-    files = [
-        file
-        for index, m in enumerate(request.messages)
-        if m.role == "user"
-        for file in m.files(f"messages[{index}]")
-    ]
+    files = await decode(
+        [
+            file
+            for index, m in enumerate(request.messages)
+            if m.role == "user"
+            for file in m.files(f"messages[{index}]")
+        ]
+    )
     history = to_history(request.messages[:-1])
     session_id = await mesh.create_session(
         session_header or None, request.model, history, param="model"
@@ -145,9 +147,10 @@ async def open_turn(
     return turn, last.text()
 
 
-def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
+async def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
+    data = await parse_json_body(body)
     try:
-        return ChatCompletionRequest.model_validate(parse_json_body(body))
+        return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise from_pydantic(exc) from exc
 

@@ -27,7 +27,7 @@ from turnmesh.server.compat._common import (
     sse_body,
     turn_error,
 )
-from turnmesh.server.compat._files import from_data_url, from_inline, unsupported
+from turnmesh.server.compat._files import Inline, decode, from_data_url, from_inline, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -42,7 +42,7 @@ class InputMessage(BaseModel):
             return self.content
         return "".join(p.text or "" for p in self.content)
 
-    def files(self, field: str) -> list[message_pb2.File]:
+    def files(self, field: str) -> list[Inline]:
         """``input_image`` (a data: URL) and ``input_file`` (``file_data``) parts."""
         if isinstance(self.content, str):
             return []
@@ -100,9 +100,10 @@ def parse_response_id(value: str, field: str) -> tuple[str, str]:
     return session_id, turn_id
 
 
-def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
+async def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
+    data = await parse_json_body(body)
     try:
-        request = ResponseRequest.model_validate(parse_json_body(body))
+        request = ResponseRequest.model_validate(data)
     except ValidationError as exc:
         raise from_pydantic(exc) from exc
     items = request.items()
@@ -206,7 +207,7 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response,
                 metadata={"param": "previous_response_id"},
             )
         response = Response(request, session_id)
-        response.files = items[-1].files(_field(request, len(items) - 1))
+        response.files = await decode(items[-1].files(_field(request, len(items) - 1)))
         return response, message
     history = []
     if request.instructions:
@@ -216,12 +217,14 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response,
         history.append(message_pb2.Message(role=role, content=item.text()))
     # A new session: files anywhere in the input go with this turn (the
     # history it is seeded with holds text only).
-    files = [
-        file
-        for index, item in enumerate(items)
-        if item.role == "user"
-        for file in item.files(_field(request, index))
-    ]
+    files = await decode(
+        [
+            file
+            for index, item in enumerate(items)
+            if item.role == "user"
+            for file in item.files(_field(request, index))
+        ]
+    )
     session_id = await mesh.create_session(None, request.model, history, param="model")
     response = Response(request, session_id)
     response.files = files

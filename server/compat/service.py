@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable
 
 from google.api import httpbody_pb2
@@ -48,7 +49,7 @@ class CompatServicer(CompatServiceServicer):
         self, request: httpbody_pb2.HttpBody, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
-        parsed = openai_chat.parse(request)
+        parsed = await openai_chat.parse(request)
         turn, message = await openai_chat.open_turn(
             mesh,
             parsed,
@@ -65,7 +66,7 @@ class CompatServicer(CompatServiceServicer):
         self, request: httpbody_pb2.HttpBody, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
-        parsed = openai_responses.parse(request)
+        parsed = await openai_responses.parse(request)
         if parsed.stream:
             bodies = openai_responses.stream(mesh, parsed)
         else:
@@ -83,20 +84,20 @@ class CompatServicer(CompatServiceServicer):
         self, request: httpbody_pb2.HttpBody, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
-        parsed = agui.parse(request)
+        parsed = await agui.parse(request)
         async for body in agui.run(mesh, parsed):
             yield body
 
     async def Chat(self, request: cpb.ChatRequest, context: ServicerContext) -> cpb.ChatResponse:
         mesh = self._mesh.for_caller(context.invocation_metadata())
-        _validate_chat(request)
+        await _validate_chat(request)
         return await simple_chat.chat(mesh, request)
 
     async def ChatStream(
         self, request: cpb.ChatRequest, context: ServicerContext
     ) -> AsyncIterator[event_pb2.Event]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
-        _validate_chat(request)
+        await _validate_chat(request)
         async for event in simple_chat.stream(mesh, request):
             yield event
 
@@ -106,9 +107,17 @@ async def _one(body: Awaitable[httpbody_pb2.HttpBody]) -> AsyncIterator[httpbody
     yield await body
 
 
-def _validate_chat(request: cpb.ChatRequest) -> None:
-    """The Turn rules, named as this API's fields, before any session is made."""
-    turn = spb.TurnRequest(
-        session_id=request.session_id or "placeholder", message=request.message, files=request.files
-    )
+async def _validate_chat(request: cpb.ChatRequest) -> None:
+    """The Turn rules, named as this API's fields, before any session is made;
+    with files, in a thread (each is copied into the turn, then read)."""
+    if request.files:
+        await asyncio.to_thread(_check_chat, request)
+    else:
+        _check_chat(request)
+
+
+def _check_chat(request: cpb.ChatRequest) -> None:
+    turn = spb.TurnRequest(session_id=request.session_id or "placeholder", message=request.message)
+    for file in request.files:  # one call each: the event loop runs between them
+        turn.files.append(file)
     validation.validate_turn(turn)

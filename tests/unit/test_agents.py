@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import types
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -404,3 +405,37 @@ def test_load_errors(spec: str, message: str) -> None:
         load_agent(spec)
     assert message in str(caught.value)
     assert isinstance(caught.value, ValueError)
+
+
+async def test_demo_reads_earlier_files_only_as_far_back_as_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seeded history may hold 64 MiB of file text: the demo reads the
+    newest files up to MAX_HISTORY_CHARS (older ones are not searched), and
+    scans long text in a thread, not on the worker's event loop."""
+    from turnmesh.agent.builtin import _files
+
+    def message_with(text: str, name: str) -> dict[str, Any]:
+        file = {"filename": name, "mime_type": "text/plain", "text": text, "error": ""}
+        return {"role": "user", "content": "see file", "files": [file]}
+
+    filler = "nothing relevant here. " * (_files.MAX_HISTORY_CHARS // 23 // 2)
+    history = [
+        message_with("We keep llamas.", "old.txt"),  # past the bound
+        message_with(filler, "a.txt"),
+        message_with(filler, "b.txt"),
+        message_with("The penguin budget is 12 dollars.", "new.txt"),
+    ]
+    threads: list[object] = []
+    real = asyncio.to_thread
+
+    async def recorded(work: Any, *args: Any) -> Any:
+        threads.append(work)
+        return await real(work, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", recorded)
+    _, penguin = await run(DemoAgent(), make_request("penguin budget?", history=history))
+    assert penguin.text == 'From new.txt (attached earlier): "The penguin budget is 12 dollars.".'
+    _, llama = await run(DemoAgent(), make_request("any llamas?", history=history))
+    assert llama.metadata == {"rule": "echo"}  # not found: old.txt is past the bound
+    assert len(threads) == 2

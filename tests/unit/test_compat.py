@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 from google.api import httpbody_pb2
 
 from turnmesh.runtime.errors import InvalidArgument
-from turnmesh.server.compat import agui, openai_chat, openai_responses
+from turnmesh.server.compat import _files, agui, openai_chat, openai_responses
 from turnmesh.v1 import event_pb2
 
 ET = event_pb2
@@ -78,17 +79,17 @@ def test_agui_events_carry_exactly_aguis_fields(kind: event_pb2.EventType.ValueT
         assert out["role"] == ("tool" if kind == ET.TOOL_CALL_RESULT else "assistant")
 
 
-def test_chat_completion_requests_are_checked_field_by_field() -> None:
+async def test_chat_completion_requests_are_checked_field_by_field() -> None:
     with pytest.raises(InvalidArgument) as info:
-        openai_chat.parse(body({"model": "", "messages": [{"role": "robot"}]}))
+        await openai_chat.parse(body({"model": "", "messages": [{"role": "robot"}]}))
     assert fields(info.value) == ["model", "messages[0].role"]
     with pytest.raises(InvalidArgument) as info:
-        openai_chat.parse(httpbody_pb2.HttpBody(data=b"[1, 2]"))
+        await openai_chat.parse(httpbody_pb2.HttpBody(data=b"[1, 2]"))
     assert fields(info.value) == ["body"]
 
 
-def test_chat_history_maps_developer_to_system_and_parts_to_text() -> None:
-    request = openai_chat.parse(
+async def test_chat_history_maps_developer_to_system_and_parts_to_text() -> None:
+    request = await openai_chat.parse(
         body(
             {
                 "model": "demo",
@@ -107,19 +108,19 @@ def test_chat_history_maps_developer_to_system_and_parts_to_text() -> None:
     assert [(m.role, m.content) for m in history] == [("system", "rules"), ("user", "a")]
 
 
-def test_responses_input_must_end_with_a_user_message() -> None:
+async def test_responses_input_must_end_with_a_user_message() -> None:
     with pytest.raises(InvalidArgument) as info:
-        openai_responses.parse(
+        await openai_responses.parse(
             body({"model": "demo", "input": [{"role": "assistant", "content": "x"}]})
         )
     assert fields(info.value) == ["input"]
-    parsed = openai_responses.parse(body({"model": "demo", "input": "hi"}))
+    parsed = await openai_responses.parse(body({"model": "demo", "input": "hi"}))
     assert [i.text() for i in parsed.items()] == ["hi"]
 
 
-def test_agui_input_is_checked() -> None:
+async def test_agui_input_is_checked() -> None:
     with pytest.raises(InvalidArgument) as info:
-        agui.parse(
+        await agui.parse(
             body(
                 {
                     "threadId": "t",
@@ -130,5 +131,31 @@ def test_agui_input_is_checked() -> None:
         )
     assert fields(info.value) == ["forwardedProps.policy"]
     with pytest.raises(InvalidArgument) as info:
-        agui.parse(body({"threadId": "t", "messages": [{"role": "assistant", "content": "x"}]}))
+        await agui.parse(
+            body({"threadId": "t", "messages": [{"role": "assistant", "content": "x"}]})
+        )
     assert fields(info.value) == ["messages[0].role"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "data:text/plain,aGk=",  # not base64
+        "data:;base64,aGk=",  # no type
+        "data:text/plain;base64",  # no comma
+        "data:text/plain;base64" + "x" * 2000 + ",aGk=",  # the comma far past the head
+        "https://example.com/a.png",
+    ],
+)
+async def test_a_data_url_that_is_not_one_names_its_field(url: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        _files.from_data_url(url, "messages[0].content[1].image_url.url")
+    assert fields(info.value) == ["messages[0].content[1].image_url.url"]
+
+
+async def test_a_data_urls_payload_is_decoded_in_place() -> None:
+    url = "data:text/plain;charset=utf-8;base64," + base64.b64encode(b"hello").decode()
+    inline = _files.from_data_url(url, "f", "a.txt")
+    assert inline.data is url  # the payload is not copied out of the URL
+    (file,) = await _files.decode([inline])
+    assert (file.content, file.mime_type, file.filename) == (b"hello", "text/plain", "a.txt")

@@ -11,6 +11,7 @@ from google.protobuf import struct_pb2
 from tests.support.samples import DOCX, XLSX, minimal
 from turnmesh.files import ALLOWED_MIME_TYPES, MAX_FILE_BYTES, MAX_TOTAL_FILE_BYTES
 from turnmesh.runtime.errors import InvalidArgument
+from turnmesh.server import validation
 from turnmesh.server.validation import (
     MAX_METADATA_BYTES,
     validate_create_session,
@@ -383,3 +384,17 @@ def test_a_seeded_history_holds_no_more_than_turns_could_have_put_there() -> Non
     validate_create_session(
         spb.CreateSessionRequest(messages=[message_pb2.Message(role="user", files=[fine])])
     )
+
+
+async def test_a_seeded_history_is_held_to_its_total_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The seed's total is summed a message at a time, in a thread (up to
+    64 MiB is read): past it, the create is refused as inline validation would."""
+    monkeypatch.setattr(validation, "MAX_SEED_BYTES", 2000)
+    seed = [message_pb2.Message(role="user", content="x" * 900) for _ in range(3)]
+    request = spb.CreateSessionRequest(messages=seed)
+    with pytest.raises(InvalidArgument) as info:
+        await validation.validate_create_session_async(request)
+    assert [v.field for v in info.value.violations] == ["messages"]
+    await validation.validate_create_session_async(spb.CreateSessionRequest(messages=seed[:2]))

@@ -59,6 +59,9 @@ class FakeChannel:
     async def close(self) -> None:
         self.closed = True
 
+    def unary_stream(self, method: str, *serializers: object) -> tuple[str, str]:
+        return (method, self.address)  # a Run for requests serialized already
+
 
 @dataclass
 class Channels:

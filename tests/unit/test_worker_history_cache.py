@@ -44,3 +44,25 @@ def test_the_agent_cannot_change_the_cache() -> None:
     given = cache.resolve("s", 0, [m(0)])
     given.append(m(99))
     assert cache.resolve("s", 1, []) == [m(0)]
+
+
+def test_the_cache_holds_no_more_bytes_than_its_bound() -> None:
+    """Past its bytes the least recently used history goes (its next turn
+    misses and gets the whole history again); a history larger than the
+    whole bound is served but never kept."""
+    big = "x" * 1000
+    cache = HistoryCache(max_bytes=2500)
+    cache.resolve("a", 0, [{"role": "user", "content": big}])
+    cache.resolve("b", 0, [{"role": "user", "content": big}])
+    cache.resolve("a", 1, [])  # a is the most recent now
+    cache.resolve("c", 0, [{"role": "user", "content": big}])
+    assert cache.bytes <= 2500
+    with pytest.raises(HistoryMiss):
+        cache.resolve("b", 1, [])
+    assert cache.resolve("a", 1, []) == [{"role": "user", "content": big}]
+    files = [{"filename": "f", "mime_type": "text/plain", "text": big * 3, "error": ""}]
+    huge = [{"role": "user", "content": "", "files": files}]
+    assert cache.resolve("d", 0, huge) == huge
+    with pytest.raises(HistoryMiss):
+        cache.resolve("d", 1, [])
+    assert cache.bytes <= 2500
