@@ -171,6 +171,10 @@ def _cors(config: EdgeConfig) -> dict[str, Any]:
     }
 
 
+def _method(name: str) -> dict[str, Any]:
+    return {"name": ":method", "string_match": {"exact": name}}
+
+
 def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
     if config.playground is None:
         return []
@@ -204,7 +208,7 @@ def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
                     "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
                     "disabled": True,
                 },
-                **ext_authz.skipped(),
+                **ext_authz.bodiless(),
             },
         }
     ]
@@ -441,36 +445,23 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                     "request_headers_to_remove": list(INTERNAL_HEADERS),
                     "typed_per_filter_config": {"envoy.filters.http.cors": _cors(config)},
                     "routes": [
+                        ext_authz.check_refused(),
                         *_playground_routes(config),
                         *guards.cross_origin_routes(config),
                         {
                             # Native gRPC (reflection is a bidi stream) must not
-                            # be buffered; gRPC's own message limits apply.
-                            "match": {
-                                "prefix": "/",
-                                "headers": [
-                                    {
-                                        "name": "content-type",
-                                        "string_match": {"prefix": "application/grpc"},
-                                    }
-                                ],
-                            },
+                            # be buffered; gRPC's own message limits apply, and
+                            # the servers refuse a call without a key unread.
+                            "match": {"prefix": "/", "headers": [ext_authz.grpc_content_type()]},
                             "route": route,
-                            "typed_per_filter_config": {
-                                "envoy.filters.http.buffer": {
-                                    "@type": "type.googleapis.com/envoy.extensions.filters"
-                                    ".http.buffer.v3.BufferPerRoute",
-                                    "disabled": True,
-                                },
-                                **ext_authz.skipped(),
-                            },
+                            "typed_per_filter_config": ext_authz.skipped(),
                         },
-                        # Health and readiness never depend on keys.
+                        # Health and readiness never depend on keys (GET: no body).
                         *(
                             {
-                                "match": {"path": path},
+                                "match": {"path": path, "headers": [_method("GET")]},
                                 "route": route,
-                                "typed_per_filter_config": ext_authz.skipped(),
+                                "typed_per_filter_config": ext_authz.bodiless(),
                             }
                             for path in ("/health", "/ready")
                         ),

@@ -64,14 +64,67 @@ def ext_authz_filter(timeout_seconds: float) -> dict[str, Any]:
     }
 
 
+# Content types Envoy treats as gRPC (Grpc::Common::hasGrpcContentType):
+# exactly application/grpc, or application/grpc+NAME. Not application/grpc-web,
+# nor application/grpcx: those are transcoded (and buffered) as REST.
+GRPC_CONTENT_TYPE = r"^application/grpc(\+.*)?$"
+# The check's own method: mesh-internal, never served to outside callers (it
+# would tell anyone which principal a key names, with no rate limit).
+CHECK_PATH_PREFIX = "/envoy.service.auth.v3.Authorization/"
+
+
 def skipped() -> dict[str, Any]:
-    """A route's typed_per_filter_config entry that skips the check."""
+    """A route's typed_per_filter_config entries that skip the check and the
+    buffer filter: a route that reads no key must never buffer a body either
+    (what it serves needs none: health, the playground, unbuffered gRPC)."""
     return {
         FILTER: {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3"
             ".ExtAuthzPerRoute",
             "disabled": True,
-        }
+        },
+        "envoy.filters.http.buffer": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute",
+            "disabled": True,
+        },
+    }
+
+
+# What a route that needs no body (health, the playground page) lets a
+# request carry without a key: past it, 413 (a GET may carry a body, and
+# Envoy's HTTP/1 codec hides Transfer-Encoding from route matchers).
+BODILESS_BYTES = 4096
+
+
+def bodiless() -> dict[str, Any]:
+    """Like ``skipped``, for routes that need no body: the buffer filter
+    stays, bounded to BODILESS_BYTES."""
+    return {
+        **skipped(),
+        "envoy.filters.http.buffer": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute",
+            "buffer": {"max_request_bytes": BODILESS_BYTES},
+        },
+    }
+
+
+def grpc_content_type() -> dict[str, Any]:
+    """A route header matcher for requests Envoy treats as gRPC."""
+    return {"name": "content-type", "string_match": {"safe_regex": {"regex": GRPC_CONTENT_TYPE}}}
+
+
+def check_refused() -> dict[str, Any]:
+    """A route answering the check's own path with 404 before anything else."""
+    return {
+        "match": {"prefix": CHECK_PATH_PREFIX},
+        "direct_response": {"status": 404, "body": {"inline_string": "not found"}},
+        "typed_per_filter_config": {
+            **skipped(),
+            "envoy.filters.http.grpc_json_transcoder": {
+                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                "disabled": True,
+            },
+        },
     }
 
 

@@ -61,7 +61,8 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 # Open to any Host: load balancers and Kubernetes probe by address. The
 # transcoder turns GET /health into the RPC's path and routes again.
 _SESSIONS = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
-HEALTH_PATHS = ("/health", "/ready", f"/{_SESSIONS}/GetHealth", f"/{_SESSIONS}/GetReadiness")
+REST_HEALTH_PATHS = ("/health", "/ready")
+HEALTH_PATHS = (*REST_HEALTH_PATHS, f"/{_SESSIONS}/GetHealth", f"/{_SESSIONS}/GetReadiness")
 GRPC_HEALTH_PREFIX = "/grpc.health.v1.Health/"
 # Bodies a browser sends cross-origin only after a CORS preflight: JSON, and
 # gRPC (also what the transcoder turns JSON into before routing again).
@@ -361,11 +362,27 @@ def foreign_hosts(
     if not _checks_hosts(config):
         return []
     # Health never depends on keys (nor on the Host).
+    # REST health is a GET; what the transcoder made of it routes again as
+    # gRPC (the RPC paths). Neither may carry a body to buffer.
+    get = {"name": ":method", "string_match": {"exact": "GET"}}
     health = [
-        {"match": {"path": path}, "route": route, "typed_per_filter_config": ext_authz.skipped()}
+        {
+            "match": {
+                "path": path,
+                "headers": [get if path in REST_HEALTH_PATHS else ext_authz.grpc_content_type()],
+            },
+            "route": route,
+            "typed_per_filter_config": (
+                ext_authz.bodiless() if path in REST_HEALTH_PATHS else ext_authz.skipped()
+            ),
+        }
         for path in HEALTH_PATHS
     ]
-    grpc_health = {"match": {"prefix": GRPC_HEALTH_PREFIX}, "route": route}
+    grpc_health = {
+        "match": {"prefix": GRPC_HEALTH_PREFIX, "headers": [ext_authz.grpc_content_type()]},
+        "route": route,
+        "typed_per_filter_config": ext_authz.skipped(),
+    }
     refused = {
         "match": {"prefix": "/"},
         "direct_response": {
@@ -382,7 +399,7 @@ def foreign_hosts(
             "name": "other-hosts",
             "domains": ["*"],
             "request_headers_to_remove": list(internal_headers),
-            "routes": [*health, grpc_health, refused],
+            "routes": [ext_authz.check_refused(), *health, grpc_health, refused],
         }
     ]
 

@@ -69,7 +69,9 @@ function envoy_on_request(handle)
   -- client using Expect: 100-continue then never uploads it. (The buffer
   -- filter still catches bodies without a length.)
   local length = tonumber(headers:get("content-length") or "")
-  local grpc = (headers:get("content-type") or ""):sub(1, 16) == "application/grpc"
+  -- gRPC as Envoy sees it: application/grpc or application/grpc+NAME (not grpc-web).
+  local content_type = headers:get("content-type") or ""
+  local grpc = content_type == "application/grpc" or content_type:sub(1, 17) == "application/grpc+"
   if length ~= nil and length > MAX_REQUEST_BYTES and not grpc then
     handle:respond({[":status"] = "413"}, "the request body is " .. length
       .. " bytes; the limit is " .. MAX_REQUEST_BYTES)

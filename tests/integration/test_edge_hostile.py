@@ -338,3 +338,62 @@ async def test_a_check_that_fails_refuses_the_call(edge: Edge) -> None:
             assert "could not be checked" in text
     lines = await _logged(edge, lambda x: '"GET /v1/' in x, 2, "envoy-failing")
     assert all(" 503 " in x and "up=- flags=UAEX" in x for x in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "content_type"),
+    [
+        # Transcoded as REST (Envoy's gRPC is application/grpc or grpc+NAME
+        # only), so it must be checked like REST, not waved through as gRPC.
+        ("POST", "/v1/sessions", "application/grpc-web"),
+        ("POST", "/v1/sessions", "application/grpcx"),
+        # Routes that need no key read no body either.
+        ("POST", "/health", "application/json"),
+        ("GET", "/health", "application/json"),
+        ("GET", "/", "text/plain"),
+    ],
+)
+async def test_no_route_buffers_an_unauthenticated_body(
+    edge: Edge, method: str, path: str, content_type: str
+) -> None:
+    """A never-ending body without a key is answered and its connection
+    closed after at most what the socket buffers took in, whatever route its
+    method, path and content type pick."""
+    host, port = _host_port(edge.address)
+    head = _request_head(path, edge, f"Content-Type: {content_type}", "Transfer-Encoding: chunked")
+    head = head.replace(b"POST ", method.encode() + b" ", 1)
+    chunk = b"%x\r\n" % MIB + b" " * MIB + b"\r\n"
+    reader, writer = await asyncio.open_connection(host, port)
+    sent = 0
+
+    async def send() -> None:
+        nonlocal sent
+        writer.write(head)
+        while sent < 120 * MIB:
+            writer.write(chunk)
+            await writer.drain()
+            sent += MIB
+
+    sender = asyncio.create_task(send())
+    try:
+        answer = await asyncio.wait_for(_until_closed(reader), BOUND)
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await sender
+        writer.close()
+    status = answer.partition(b"\r\n")[0]
+    assert status.startswith(b"HTTP/1.1 "), answer[:200]
+    assert sent < 32 * MIB, (status, sent)  # answered, not read to the end
+
+
+async def test_the_key_check_is_not_served_to_callers(edge: Edge) -> None:
+    """The check's own method answers 404 at the edge: it would tell anyone
+    which principal a key names, with no rate limit."""
+    async with grpc.aio.insecure_channel(edge.address) as channel:
+        check: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/envoy.service.auth.v3.Authorization/Check"
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await check(b"", timeout=BOUND)
+    assert refused.value.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND)

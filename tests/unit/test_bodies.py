@@ -29,11 +29,27 @@ from turnmesh.v1 import message_pb2, worker_service_pb2
         (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested deeper than 64 levels"),
         (b'{"a": "\\ud800"}', "lone surrogate"),
         (b'{"a": [' + b"1," * bodies.MAX_JSON_VALUES + b"1]}", "more than 200000 values"),
+        (b'{"model": ' + b"1" * 5000 + b"}", "not valid JSON"),  # past int's 4,300 digits
     ],
 )
 def test_bodies_that_are_not_requests_are_refused_with_a_reason(data: bytes, why: str) -> None:
     with pytest.raises(bodies.BodyError, match=why):
         bodies.decode_json(data)
+
+
+def test_a_body_of_too_many_values_is_refused_before_it_is_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parsing would build them all first (empty objects: ~28 times the
+    body's size), so too many are counted in the bytes."""
+
+    def parse(_: bytes) -> object:
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(json, "loads", parse)
+    body = b'{"a": [' + b"{}," * (2 * bodies.MAX_JSON_VALUES) + b"{}]}"
+    with pytest.raises(bodies.BodyError, match="more than 200000 values"):
+        bodies.decode_json(body)
 
 
 async def test_a_large_body_parses_in_a_child_process_while_the_loop_runs() -> None:

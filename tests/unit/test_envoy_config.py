@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 
 from turnmesh.envoy import EdgeConfig, EdgeGuards, render
 from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
+from turnmesh.envoy.ext_authz import BODILESS_BYTES, GRPC_CONTENT_TYPE
 from turnmesh.envoy.process import EnvoyError, validate, write_config
 from turnmesh.envoy.timeouts import EdgeTimeouts
 
@@ -155,15 +157,25 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
         if "envoy.filters.http.ext_authz" in r.get("typed_per_filter_config", {})
         and ("route" in r or r["match"].get("path") == "/")
     ]
+    get = [{"name": ":method", "string_match": {"exact": "GET"}}]
+    grpc = [{"name": "content-type", "string_match": {"safe_regex": {"regex": GRPC_CONTENT_TYPE}}}]
     assert skipping == [
-        {"path": "/", "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
-        {
-            "prefix": "/",
-            "headers": [{"name": "content-type", "string_match": {"prefix": "application/grpc"}}],
-        },
-        {"path": "/health"},
-        {"path": "/ready"},
+        {"path": "/", "headers": get},
+        {"prefix": "/", "headers": grpc},
+        {"path": "/health", "headers": get},
+        {"path": "/ready", "headers": get},
     ]
+    # Envoy's gRPC is application/grpc or application/grpc+NAME: grpc-web
+    # is transcoded (and buffered) as REST, so it is checked as REST.
+    assert re.match(GRPC_CONTENT_TYPE, "application/grpc")
+    assert re.match(GRPC_CONTENT_TYPE, "application/grpc+proto")
+    for other in ("application/grpc-web", "application/grpcx", "application/grpc; x"):
+        assert not re.match(GRPC_CONTENT_TYPE, other)
+    # Routes that need no key take no body beyond a few KiB.
+    for route in host["routes"]:
+        if route["match"].get("path") in ("/", "/health", "/ready"):
+            limit = route["typed_per_filter_config"]["envoy.filters.http.buffer"]
+            assert limit["buffer"]["max_request_bytes"] == BODILESS_BYTES
     assert host["routes"][-1] == {"match": {"prefix": "/"}, "route": host["routes"][-1]["route"]}
     # Its denials read as the servers' own 401s (the first mappers).
     flags = [
