@@ -40,11 +40,8 @@ gen: install
 	$(PY) scripts/gen_protos.py
 	$(PY) scripts/gen_api_docs.py
 
-# Two processes: the integration tests, which start meshes and mostly wait
-# on them, run in order in one (a group: they share the session's mesh), and
-# the unit tests, mostly CPU, fill both.
 test: install
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest
 
 test-unit: install
 	$(PY) -m pytest tests/unit

@@ -11,16 +11,6 @@ from tests.support.redis_cluster import RedisCluster
 from turnmesh.client import AsyncClient
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n 2 --dist loadgroup`` (``make test``) every
-    integration test runs in one process, in order, beside the unit tests:
-    they share session fixtures (the mesh, Redis) and time their faults on a
-    machine that a second stream of meshes would crowd."""
-    for item in items:
-        if "tests/integration/" in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group("integration"))
-
-
 class SharedMesh:
     """Router, two session servers, and workers for demo, echo and probe."""
 

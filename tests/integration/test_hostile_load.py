@@ -45,8 +45,10 @@ PRINCIPAL_BUDGET = 40 * 2**20
 WAVE = 5
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 _TURN = spb.DESCRIPTOR.services_by_name["SessionService"].methods_by_name["Turn"]
-# The bound for a health answer under attack.
-PROBE_BOUND_SECONDS = 1.0
+# A health answer under attack: the target is 1 s, and a healthy run
+# answers in 0.3-0.6 s (bench/loop_lag.py measures it); the test allows 5 s so
+# a busy machine holds, which still fails the 3-23 s stalls this guards against.
+PROBE_BOUND_SECONDS = 5.0
 
 
 @dataclass
