@@ -100,6 +100,33 @@ async def _until_closed(reader: asyncio.StreamReader) -> bytes:
     return answer
 
 
+async def _never_ending_upload(host: str, port: int, head: bytes) -> tuple[bytes, int]:
+    """Send head, then a chunked body of up to 120 MB, until Envoy answers and
+    closes the connection: what it answered, and the bytes sent by then (what
+    the socket buffers took in, when the rest of the body is never read)."""
+    chunk = b"%x\r\n" % MIB + b" " * MIB + b"\r\n"
+    reader, writer = await asyncio.open_connection(host, port)
+    sent = 0
+
+    async def send() -> None:
+        nonlocal sent
+        writer.write(head)
+        while sent < 120 * MIB:
+            writer.write(chunk)
+            await writer.drain()
+            sent += MIB
+
+    sender = asyncio.create_task(send())
+    try:
+        answer = await asyncio.wait_for(_until_closed(reader), BOUND)
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await sender
+        writer.close()
+    return answer, sent
+
+
 def _request_head(path: str, edge: Edge, *extra: str) -> bytes:
     lines = [f"POST {path} HTTP/1.1", f"Host: {edge.address}", *extra, "", ""]
     return "\r\n".join(lines).encode()
@@ -144,30 +171,10 @@ async def test_unauthenticated_uploads_are_refused_before_their_bodies(
         "Content-Type: application/json",
         "Transfer-Encoding: chunked",
     )
-    chunk = b"%x\r\n" % MIB + b" " * MIB + b"\r\n"
     baseline = peak = _rss(edge.envoy.proc.pid)
 
     async def upload() -> tuple[bytes, int]:
-        reader, writer = await asyncio.open_connection(host, port)
-        sent = 0
-
-        async def send() -> None:
-            nonlocal sent
-            writer.write(head)
-            while sent < 120 * MIB:
-                writer.write(chunk)
-                await writer.drain()
-                sent += MIB
-
-        sender = asyncio.create_task(send())
-        try:
-            # Answered, then closed: the rest of the body is never read.
-            answer = await asyncio.wait_for(_until_closed(reader), BOUND)
-        finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await sender
-            writer.close()
+        answer, sent = await _never_ending_upload(host, port, head)
         return answer.partition(b"\r\n")[0], sent
 
     async def sample() -> None:
@@ -362,26 +369,7 @@ async def test_no_route_buffers_an_unauthenticated_body(
     host, port = _host_port(edge.address)
     head = _request_head(path, edge, f"Content-Type: {content_type}", "Transfer-Encoding: chunked")
     head = head.replace(b"POST ", method.encode() + b" ", 1)
-    chunk = b"%x\r\n" % MIB + b" " * MIB + b"\r\n"
-    reader, writer = await asyncio.open_connection(host, port)
-    sent = 0
-
-    async def send() -> None:
-        nonlocal sent
-        writer.write(head)
-        while sent < 120 * MIB:
-            writer.write(chunk)
-            await writer.drain()
-            sent += MIB
-
-    sender = asyncio.create_task(send())
-    try:
-        answer = await asyncio.wait_for(_until_closed(reader), BOUND)
-    finally:
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-            await sender
-        writer.close()
+    answer, sent = await _never_ending_upload(host, port, head)
     status = answer.partition(b"\r\n")[0]
     assert status.startswith(b"HTTP/1.1 "), answer[:200]
     assert sent < 32 * MIB, (status, sent)  # answered, not read to the end
