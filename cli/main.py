@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _setting(server, "--rate-limit", ServerConfig, "rate_limit")
     _setting(server, "--rate-burst", ServerConfig, "rate_burst")
+    _setting(server, "--max-receiving-per-principal", ServerConfig, "max_receiving_per_principal")
     _setting(server, "--api-keys-file", ServerConfig, "api_keys_file")
     _setting(server, "--store", ServerConfig, "store")
     _setting(server, "--lease-seconds", ServerConfig, "lease_seconds")

@@ -7,7 +7,7 @@ import logging
 import math
 import traceback
 from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import grpc
 
@@ -35,6 +35,7 @@ from turnmesh.runtime.principals import (
     Principal,
 )
 from turnmesh.runtime.ratelimit import RequestRates
+from turnmesh.runtime.receipts import ReceiptSlots
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,62 @@ class ErrorMappingInterceptor(ServerInterceptor):
         return tolerant
 
 
+class ReceiptInterceptor(ServerInterceptor):
+    """Reads a unary request only once its principal has a receipt slot
+    (``runtime.receipts``): the method is served as a streamed request, which
+    grpc does not read until asked, so a request waiting for a slot costs its
+    headers and a flow-control window, not its size. Open methods (health,
+    the edge's key check) and streamed requests pass untouched."""
+
+    def __init__(self, slots: ReceiptSlots, open_methods: frozenset[str]) -> None:
+        self._slots = slots
+        self._open = open_methods
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> MethodHandler | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method in self._open or method.startswith(OPEN_PREFIXES):
+            return handler
+        slots = self._slots
+
+        async def receive(requests: Any, context: ServicerContext) -> Any:
+            try:
+                slot = await slots.acquire(principals.current().name)
+            except TurnmeshError as exc:
+                await _abort(context, exc, method)
+            try:
+                request = await context.read()
+            finally:
+                slot.release()  # arrived, or its caller went away
+            if request is grpc.aio.EOF:
+                empty = InvalidArgument([FieldViolation("request", "no message was sent")])
+                await _abort(context, empty, method)
+            return request
+
+        codec: dict[str, Any] = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            inner_unary = cast(Unary, handler.unary_unary)
+
+            async def unary(requests: Any, context: ServicerContext) -> Any:
+                return await inner_unary(await receive(requests, context), context)
+
+            return grpc.stream_unary_rpc_method_handler(unary, **codec)
+        if handler.unary_stream is not None:
+            inner_stream = cast(Stream, handler.unary_stream)
+
+            async def stream(requests: Any, context: ServicerContext) -> AsyncIterator[Any]:
+                async for item in inner_stream(await receive(requests, context), context):
+                    yield item
+
+            return grpc.stream_stream_rpc_method_handler(stream, **codec)
+        return handler  # a streamed request: its messages are read as they come
+
+
 class _Undecodable:
     """What a request that could not be decoded arrives as."""
 
@@ -116,7 +173,7 @@ def _decoded(request: Any) -> None:
         )
 
 
-async def _abort(context: ServicerContext, exc: Exception, method: str) -> None:
+async def _abort(context: ServicerContext, exc: Exception, method: str) -> NoReturn:
     if isinstance(exc, TurnmeshError):
         status = exc.to_status()
     elif _is_abort(exc):

@@ -45,6 +45,10 @@ PENDING_BYTES = Gauge(
     "turnmesh_pending_turn_bytes",
     "Bytes of messages and files held by turns running or waiting on this server",
 )
+REQUESTS_WAITING_TO_BE_READ = Gauge(
+    "turnmesh_requests_waiting_to_be_read",
+    "Requests whose principal already has its most being read at once; each waits, unread",
+)
 RATE_LIMIT_FALLBACKS = Counter(
     "turnmesh_rate_limit_fallbacks",
     "Requests this server rate-limited alone because the shared limits (Redis) did not answer",

@@ -14,10 +14,11 @@ import grpc
 from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ext_authz import CHECK_METHOD, authorization_handler
 from turnmesh.runtime.ids import new_member_id
-from turnmesh.runtime.interceptors import ApiKeyInterceptor
+from turnmesh.runtime.interceptors import ApiKeyInterceptor, ReceiptInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
-from turnmesh.runtime.metrics import serve_metrics, watch_loop_lag
+from turnmesh.runtime.metrics import REQUESTS_WAITING_TO_BE_READ, serve_metrics, watch_loop_lag
 from turnmesh.runtime.principals import ANONYMOUS
+from turnmesh.runtime.receipts import ReceiptSlots
 from turnmesh.runtime.serving import (
     GrpcProcess,
     check_bind_host,
@@ -178,6 +179,8 @@ class SessionServer:
         open_methods = frozenset(
             f"/{SERVICE_NAME}/{name}" for name in ("GetHealth", "GetReadiness")
         ) | {CHECK_METHOD}
+        receipts = ReceiptSlots(c.max_receiving_per_principal)
+        REQUESTS_WAITING_TO_BE_READ.set_function(lambda: receipts.waiting)
         self._process = GrpcProcess(
             host=c.host,
             port=c.port,
@@ -191,7 +194,8 @@ class SessionServer:
                     c.mesh_key,
                     rate_limit=request_rates(self.store, c.rate_limit, c.rate_burst),
                     internal_token=self._internal_token,
-                )
+                ),
+                ReceiptInterceptor(receipts, open_methods),
             ],
             transport=transport,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from turnmesh.runtime.config import MemberConfig
+from turnmesh.runtime.receipts import DEFAULT_PER_PRINCIPAL
 
 
 class SessionLimits(BaseModel):
@@ -134,6 +135,15 @@ class ServerConfig(MemberConfig, SessionLimits):
         description=(
             "requests a principal may make at once before --rate-limit paces it"
             " (default: one second's worth, at least 1)"
+        ),
+    )
+    max_receiving_per_principal: int = Field(
+        default=DEFAULT_PER_PRINCIPAL,
+        ge=1,
+        le=1_000,
+        description=(
+            "requests of one principal read at once; the others wait unread (their"
+            " size is not in memory until they are read and checked against the budgets)"
         ),
     )
     report_page_size: int = Field(

@@ -21,6 +21,7 @@ import os
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,14 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hpack import Encoder
+from hyperframe.frame import DataFrame, Frame, HeadersFrame, PingFrame, SettingsFrame
 
 from tests.support.mesh import Component, Mesh, eventually, until
 from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
 from turnmesh.files import MAX_FILE_BYTES
 from turnmesh.runtime import wire
+from turnmesh.runtime.receipts import DEFAULT_PER_PRINCIPAL as RECEIVING
 from turnmesh.runtime.serving import MAX_TURN_REQUEST_BYTES
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -45,6 +49,7 @@ PRINCIPAL_BUDGET = 40 * 2**20
 WAVE = 5
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 _TURN = spb.DESCRIPTOR.services_by_name["SessionService"].methods_by_name["Turn"]
+TURN_PATH = f"/{_TURN.containing_service.full_name}/{_TURN.name}"
 # A health answer under attack: the issue's target is 1 s, and a healthy run
 # answers in 0.3-0.6 s (bench/loop_lag.py measures it); the test allows 5 s so
 # a busy machine holds, which still fails the 3-23 s stalls this guards against.
@@ -404,3 +409,72 @@ async def test_the_loop_answers_while_the_worst_inputs_arrive(
     assert probes.worst["grpc"] < PROBE_BOUND_SECONDS, probes.worst
     assert probes.worst["rest"] < PROBE_BOUND_SECONDS, probes.worst
     assert probes.worst["lag"] < PROBE_BOUND_SECONDS, probes.worst
+
+
+@asynccontextmanager
+async def _stalled_turns(address: str, key: str, count: int) -> AsyncIterator[None]:
+    """``count`` Turn calls on one HTTP/2 connection, each announcing a 10 MB
+    message and sending 16 KiB of it, then nothing: senders too slow to
+    finish. Closing the connection ends them."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize())
+
+    async def frames() -> None:
+        """Acknowledges the server's settings and pings, as a live peer does."""
+        while True:
+            header = await reader.readexactly(9)
+            frame, length = Frame.parse_frame_header(memoryview(header))
+            frame.parse_body(memoryview(await reader.readexactly(length)))
+            if isinstance(frame, SettingsFrame | PingFrame) and "ACK" not in frame.flags:
+                reply = SettingsFrame(0) if isinstance(frame, SettingsFrame) else frame
+                reply.flags = {"ACK"}  # type: ignore[assignment]
+                writer.write(reply.serialize())
+
+    acks = asyncio.create_task(frames())
+    encoder = Encoder()
+    for stream_id in range(1, 2 * count, 2):
+        headers = HeadersFrame(stream_id, flags=["END_HEADERS"])
+        headers.data = encoder.encode(
+            [(":method", "POST"), (":scheme", "http"), (":path", TURN_PATH),
+             (":authority", address), ("content-type", "application/grpc"), ("te", "trailers"),
+             ("authorization", f"Bearer {key}")]
+        )  # fmt: skip
+        start = DataFrame(stream_id, data=struct.pack(">BI", 0, 10**7) + b"x" * 16_000)
+        writer.write(headers.serialize() + start.serialize())
+    await writer.drain()
+    try:
+        yield
+    finally:
+        acks.cancel()
+        writer.close()
+
+
+async def test_a_principals_slow_senders_hold_up_only_its_own_requests(
+    load_mesh: LoadMesh, rest: httpx.AsyncClient
+) -> None:
+    """More of the attacker's requests than it may have read at once, each
+    arriving forever: the slots' worth are being read and the rest wait,
+    unread; its next request waits too while another principal's is answered
+    at once; when the slow ones go, the waiting request is read and answered."""
+    async with httpx.AsyncClient(timeout=60) as http:
+
+        async def waiting() -> float:
+            text = (await http.get(load_mesh.metrics)).text
+            return _gauge(text, "turnmesh_requests_waiting_to_be_read")
+
+        async with _stalled_turns(load_mesh.server.address, KEYS["attacker"], RECEIVING + 1):
+            await eventually(lambda: _equals(waiting(), 1), timeout=60, what="one stalled waits")
+            attacker = asyncio.create_task(
+                rest.post("/v1/sessions", json={}, headers=_auth("attacker"))
+            )
+            await eventually(lambda: _equals(waiting(), 2), timeout=60, what="the request waits")
+            innocent = await _session(rest, "innocent")
+            assert innocent and not attacker.done()
+        answered = await attacker
+        assert answered.status_code == 200, answered.text
+        await eventually(lambda: _equals(waiting(), 0), timeout=60, what="nothing waits")
+
+
+async def _equals(value: Awaitable[float], expected: float) -> bool:
+    return await value == expected
