@@ -16,7 +16,6 @@ from typing import Any, cast, get_args
 from pydantic import BaseModel, ValidationError
 
 from turnmesh.runtime.tls import TlsConfigError, tls_files
-from turnmesh.server.store import StoreInUse
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -159,9 +158,9 @@ def _edge_limits(p: argparse.ArgumentParser, *, env: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from turnmesh.cli._restart import BUDGET_WINDOW, DEFAULT_BUDGET, RestartPolicy
     from turnmesh.envoy.config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
-    from turnmesh.router import RouterConfig
-    from turnmesh.server import ServerConfig
-    from turnmesh.worker import WorkerConfig
+    from turnmesh.router.app import RouterConfig
+    from turnmesh.server.config import ServerConfig
+    from turnmesh.worker.app import WorkerConfig
 
     parser = argparse.ArgumentParser(
         prog="turnmesh", description="A gRPC service mesh for stateful, multi-turn AI agents."
@@ -402,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(run_edge(args))
     from turnmesh.runtime.logs import setup_logging
+    from turnmesh.server.store import StoreInUse
 
     try:
         name, config, serve = _component(args)

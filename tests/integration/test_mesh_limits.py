@@ -33,13 +33,8 @@ from turnmesh.runtime.ratelimit import TokenBuckets
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
-from turnmesh.server.mesh_limits import (
-    MeshRates,
-    RedisLimits,
-    TurnLeases,
-    rate_key,
-    turns_key,
-)
+from turnmesh.server.mesh_limits import MeshRates, TurnLeases
+from turnmesh.server.mesh_limits_redis import RedisLimits, rate_key, turns_key
 from turnmesh.server.store import MemoryStore
 from turnmesh.server.store_redis import connect
 from turnmesh.server.turns import CancelReason
