@@ -40,8 +40,9 @@ gen: install
 	$(PY) scripts/gen_protos.py
 	$(PY) scripts/gen_api_docs.py
 
+# Two test processes, a file each at a time (a file's tests share its mesh).
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 test-unit: install
 	$(PY) -m pytest tests/unit

@@ -45,7 +45,10 @@ class SharedMesh:
 
 @pytest.fixture(scope="session")
 def shared_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedMesh]:
-    mesh = Mesh(tmp_path_factory.mktemp("shared-mesh"))
+    # Heartbeats each second (dropped after 8 s without one): nothing here is
+    # killed, and the other test process's heavy runs may starve these
+    # members for seconds; a drop made the router answer "still learning".
+    mesh = Mesh(tmp_path_factory.mktemp("shared-mesh"), heartbeat_interval=1.0)
     try:
         yield SharedMesh(mesh)
     finally:

@@ -1,0 +1,164 @@
+"""One client process of the paced-stream benchmark (bench/paced.py): one
+conversation per session, each a loop of turns whose echo agent says one word
+every ``--delay-ms``; it notes when each word arrives and prints, as JSON, the
+gaps between words beyond the agent's own pace, failed turns, and its CPU.
+
+REST runs through Envoy with aiohttp (SSE lines), gRPC straight to a session
+server with grpc.aio; both on uvloop, the lightest clients Python has, so the
+client is not what the benchmark measures (its CPU is reported to show it).
+
+Usage: python -m bench.paced_client --target ADDR --kind rest|grpc
+       --sessions FILE --turns T --words W --delay-ms D
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import grpc
+
+from turnmesh.runtime.serving import CHANNEL_OPTIONS
+from turnmesh.v1 import event_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
+
+DELTA = event_pb2.EVENT_TYPE_TEXT_MESSAGE_CONTENT
+# A turn that takes this long has failed (the paced turn takes ~1.6 s).
+TURN_TIMEOUT_S = 120.0
+
+
+def message(words: int) -> str:
+    return " ".join(f"w{i}" for i in range(words))
+
+
+def cpu_now() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    sessions = Path(args.sessions).read_text().split()
+    text = message(args.words)
+    gaps: list[float] = []
+    failures: Counter[str] = Counter()
+    events = 0
+    deltas = 0
+    delay = args.delay_ms / 1000
+
+    def note(arrivals: list[float]) -> None:
+        nonlocal deltas
+        deltas += len(arrivals)
+        gaps.extend(
+            max(0.0, (later - earlier - delay) * 1000)
+            for earlier, later in zip(arrivals, arrivals[1:], strict=False)
+        )
+
+    if args.kind == "rest":
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        http = aiohttp.ClientSession(
+            f"http://{args.target}",
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT_S),
+        )
+        body = json.dumps({"message": text, "metadata": {"delay_ms": args.delay_ms}})
+        headers = {"content-type": "application/json"}
+
+        async def turn(session_id: str) -> None:
+            nonlocal events
+            arrivals: list[float] = []
+            async with http.post(
+                f"/v1/sessions/{session_id}/turns", data=body, headers=headers
+            ) as response:
+                if response.status != 200:
+                    failures[f"HTTP {response.status}"] += 1
+                    await response.read()
+                    return
+                finished = False
+                async for line in response.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    events += 1
+                    if b'"delta"' in line:
+                        arrivals.append(time.perf_counter())
+                    elif b"RUN_FINISHED" in line:
+                        finished = True
+                    elif b"RUN_ERROR" in line:
+                        failures["RUN_ERROR"] += 1
+                        return
+                if not finished:
+                    failures["cut short"] += 1
+            note(arrivals)
+
+        async def close() -> None:
+            await http.close()
+    else:
+        channel = grpc.aio.insecure_channel(args.target, options=CHANNEL_OPTIONS)
+        stub = SessionServiceStub(channel)
+
+        async def turn(session_id: str) -> None:
+            nonlocal events
+            arrivals: list[float] = []
+            request = spb.TurnRequest(session_id=session_id, message=text)
+            request.metadata.update({"delay_ms": args.delay_ms})
+            try:
+                async for event in stub.Turn(request, timeout=TURN_TIMEOUT_S):
+                    events += 1
+                    if event.type == DELTA:
+                        arrivals.append(time.perf_counter())
+            except grpc.aio.AioRpcError as exc:
+                failures[exc.code().name] += 1
+                return
+            note(arrivals)
+
+        async def close() -> None:
+            await channel.close()
+
+    async def conversation(session_id: str, call: Callable[[str], Awaitable[None]]) -> None:
+        for _ in range(args.turns):
+            try:
+                await call(session_id)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                failures[type(exc).__name__] += 1
+
+    cpu_before = cpu_now()
+    started = time.perf_counter()
+    await asyncio.gather(*(conversation(sid, turn) for sid in sessions))
+    wall = time.perf_counter() - started
+    cpu = cpu_now() - cpu_before
+    await close()
+    return {
+        "added_gap_ms": gaps,
+        "events": events,
+        "deltas": deltas,
+        "turns": len(sessions) * args.turns,
+        "failed": dict(failures),
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--kind", choices=["rest", "grpc"], required=True)
+    parser.add_argument("--sessions", required=True, help="a file of session ids")
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--words", type=int, default=40)
+    parser.add_argument("--delay-ms", type=int, default=40)
+    args = parser.parse_args()
+    import uvloop
+
+    json.dump(uvloop.run(run(args)), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
