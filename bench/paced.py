@@ -45,6 +45,9 @@ class Level:
     events_per_s: float
     added_gap_p50_ms: float
     added_gap_p99_ms: float
+    first_word_p50_ms: float
+    first_word_p99_ms: float
+    turn_p99_ms: float
     failed: dict[str, int]
     cpu_ms_per_event: dict[str, float]
     client_cpu_share: float
@@ -107,6 +110,9 @@ async def level(bench: Bench, kind: str, streams: int, args: argparse.Namespace)
         events_per_s=round(result["events"] / result["wall_s"], 1),
         added_gap_p50_ms=round(percentile(gaps, 0.5), 1),
         added_gap_p99_ms=round(percentile(gaps, 0.99), 1),
+        first_word_p50_ms=round(percentile(result["first_word_ms"], 0.5), 1),
+        first_word_p99_ms=round(percentile(result["first_word_ms"], 0.99), 1),
+        turn_p99_ms=round(percentile(result["turn_ms"], 0.99), 1),
         failed=result["failed"],
         cpu_ms_per_event={k: round(v, 4) for k, v in cpu.items()},
         client_cpu_share=round(result["cpu_s"] / result["wall_s"], 3),
@@ -150,19 +156,20 @@ def render_markdown(report: PacedReport) -> str:
         "",
         f"Each stream: turns of {report.words} words, one every {report.delay_ms} ms.",
         "",
-        "| path | streams | events/s | added gap p50 / p99 ms | failed turns "
-        "| mesh CPU ms per event (× baseline message) | per process | client CPU (cores) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| path | streams | events/s | added gap p50 / p99 ms | first word p50 / p99 ms "
+        "| turn p99 ms | failed turns | mesh CPU ms per event (x baseline message) "
+        "| per process | client CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report.levels:
         failed = ", ".join(f"{k} {v}" for k, v in row.failed.items()) or "0"
-        per = ", ".join(
-            f"{k} {v:.3f}" for k, v in row.cpu_ms_per_event.items() if k != "client"
-        )
+        per = ", ".join(f"{k} {v:.3f}" for k, v in row.cpu_ms_per_event.items() if k != "client")
         lines.append(
             f"| {row.kind} | {row.streams} | {row.events_per_s:g} "
-            f"| {row.added_gap_p50_ms:g} / {row.added_gap_p99_ms:g} | {failed} "
-            f"| {row.cpu_ms_per_event_mesh:.3f} ({row.cpu_ms_per_event_mesh / base:.1f}×) "
+            f"| {row.added_gap_p50_ms:g} / {row.added_gap_p99_ms:g} "
+            f"| {row.first_word_p50_ms:g} / {row.first_word_p99_ms:g} | {row.turn_p99_ms:g} "
+            f"| {failed} "
+            f"| {row.cpu_ms_per_event_mesh:.3f} ({row.cpu_ms_per_event_mesh / base:.1f}x) "
             f"| {per} | {row.client_cpu_share:.2f} |"
         )
     return "\n".join(lines) + "\n"

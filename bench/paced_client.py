@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import resource
 import sys
@@ -31,7 +32,7 @@ from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 
-DELTA = event_pb2.EVENT_TYPE_TEXT_MESSAGE_CONTENT
+DELTA = event_pb2.TEXT_MESSAGE_CONTENT
 # A turn that takes this long has failed (the paced turn takes ~1.6 s).
 TURN_TIMEOUT_S = 120.0
 
@@ -45,21 +46,25 @@ def cpu_now() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def run(args: argparse.Namespace) -> dict[str, object]:
-    sessions = Path(args.sessions).read_text().split()
+async def run(args: argparse.Namespace, sessions: list[str]) -> dict[str, object]:
     text = message(args.words)
     gaps: list[float] = []
+    firsts: list[float] = []  # ms from the request to the first word
+    durations: list[float] = []  # ms from the request to the last word
     failures: Counter[str] = Counter()
     events = 0
     deltas = 0
     delay = args.delay_ms / 1000
 
-    def note(arrivals: list[float]) -> None:
+    def note(started: float, arrivals: list[float]) -> None:
         nonlocal deltas
         deltas += len(arrivals)
+        if arrivals:
+            firsts.append((arrivals[0] - started) * 1000)
+            durations.append((arrivals[-1] - started) * 1000)
         gaps.extend(
             max(0.0, (later - earlier - delay) * 1000)
-            for earlier, later in zip(arrivals, arrivals[1:], strict=False)
+            for earlier, later in itertools.pairwise(arrivals)
         )
 
     if args.kind == "rest":
@@ -75,6 +80,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         async def turn(session_id: str) -> None:
             nonlocal events
             arrivals: list[float] = []
+            started = time.perf_counter()
             async with http.post(
                 f"/v1/sessions/{session_id}/turns", data=body, headers=headers
             ) as response:
@@ -96,7 +102,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                         return
                 if not finished:
                     failures["cut short"] += 1
-            note(arrivals)
+            note(started, arrivals)
 
         async def close() -> None:
             await http.close()
@@ -109,6 +115,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             arrivals: list[float] = []
             request = spb.TurnRequest(session_id=session_id, message=text)
             request.metadata.update({"delay_ms": args.delay_ms})
+            started = time.perf_counter()
             try:
                 async for event in stub.Turn(request, timeout=TURN_TIMEOUT_S):
                     events += 1
@@ -117,7 +124,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             except grpc.aio.AioRpcError as exc:
                 failures[exc.code().name] += 1
                 return
-            note(arrivals)
+            note(started, arrivals)
 
         async def close() -> None:
             await channel.close()
@@ -137,6 +144,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     await close()
     return {
         "added_gap_ms": gaps,
+        "first_word_ms": firsts,
+        "turn_ms": durations,
         "events": events,
         "deltas": deltas,
         "turns": len(sessions) * args.turns,
@@ -157,7 +166,8 @@ def main() -> None:
     args = parser.parse_args()
     import uvloop
 
-    json.dump(uvloop.run(run(args)), sys.stdout)
+    sessions = Path(args.sessions).read_text().split()
+    json.dump(uvloop.run(run(args, sessions)), sys.stdout)
 
 
 if __name__ == "__main__":

@@ -57,3 +57,28 @@ def test_listing_bench_smoke_run() -> None:
     row = json.loads(result.stdout.strip().splitlines()[-1])
     assert row["store"] == "memory" and row["sessions_of_the_principal"] == 30
     assert row["page_of_100_p50_ms"] > 0 and row["get_session_p50_ms"] > 0
+
+
+def test_paced_bench_smoke_run(tmp_path: Path) -> None:
+    """Paced streams on both paths: every turn finishes, every level is
+    reported with CPU per process and the machine's speed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.paced", "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (report_file,) = tmp_path.glob("paced-*.json")
+    report = json.loads(report_file.read_text())
+    assert report["baseline_turns_per_s"] > 0 and report["baseline_cpu_ms_per_message"] > 0
+    assert [(row["kind"], row["streams"]) for row in report["levels"]] == [
+        ("rest", 4),
+        ("grpc", 4),
+    ]
+    for row in report["levels"]:
+        assert row["failed"] == {} and row["turns"] == 4 and row["events_per_s"] > 0
+        assert {"server", "worker", "client"} <= set(row["cpu_ms_per_event"])
+    assert "envoy" in report["levels"][0]["cpu_ms_per_event"]
+    assert "| rest | 4 |" in next(tmp_path.glob("paced-*.md")).read_text()
