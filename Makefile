@@ -90,6 +90,8 @@ bench: install
 	$(PY) -m bench.seeded_history
 	$(PY) -m bench.collect_memory
 	$(PY) -m bench.paced
+	$(PY) -m bench.compat_cost
+	$(PY) -m bench.retention
 
 # 64 conversations for 90 s while workers, a server and the router are killed;
 # writes chaos-report.json and fails if a turn was lost or duplicated.

@@ -83,10 +83,13 @@ class Report:
 
 
 class Bench:
-    def __init__(self, workdir: Path, turns: int, smoke: bool) -> None:
+    def __init__(
+        self, workdir: Path, turns: int, smoke: bool, server_args: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = workdir
         self.turns = turns
         self.smoke = smoke
+        self.server_args = server_args
         self.mesh = Mesh(workdir / "mesh")
 
     def start(self) -> None:
@@ -95,7 +98,7 @@ class Bench:
         self.worker = mesh.spawn_worker("worker", "echo")
         # Room for the memory run's sessions (the default limit is 100,000).
         self.server = mesh.spawn_server(
-            "server", "--log-level", "WARNING", "--max-sessions", "10000000"
+            "server", "--log-level", "WARNING", "--max-sessions", "10000000", *self.server_args
         )
         mesh.wait_ready(self.worker, self.server)
         self.envoy = mesh.start_envoy([self.server])

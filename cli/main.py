@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     _router_flag(server)
     _setting(server, "--agent", ServerConfig, "default_agent", env="agent")
     _setting(server, "--session-ttl", ServerConfig, "session_ttl_seconds", env="session_ttl")
+    _setting(server, "--event-log-ttl", ServerConfig, "event_log_ttl_seconds")
+    _setting(server, "--max-event-log-bytes", ServerConfig, "event_log_max_bytes")
     _setting(server, "--advertise-host", ServerConfig, "advertise_host")
     _setting(server, "--max-turns", ServerConfig, "max_turns_in_flight", env="max_turns")
     _setting(server, "--max-sessions", ServerConfig, "max_sessions")

@@ -45,6 +45,11 @@ PENDING_BYTES = Gauge(
     "turnmesh_pending_turn_bytes",
     "Bytes of messages and files held by turns running or waiting on this server",
 )
+EVENT_LOG_BYTES = Gauge(
+    "turnmesh_event_log_bytes",
+    "Bytes the finished turns' events kept for resuming hold, packed"
+    " (at most --max-event-log-bytes)",
+)
 REQUESTS_WAITING_TO_BE_READ = Gauge(
     "turnmesh_requests_waiting_to_be_read",
     "Requests whose principal already has its most being read at once; each waits, unread",

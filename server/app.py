@@ -16,7 +16,12 @@ from turnmesh.runtime.ext_authz import CHECK_METHOD, authorization_handler
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import ApiKeyInterceptor, ReceiptInterceptor
 from turnmesh.runtime.membership import MemberInfo, Membership
-from turnmesh.runtime.metrics import REQUESTS_WAITING_TO_BE_READ, serve_metrics, watch_loop_lag
+from turnmesh.runtime.metrics import (
+    EVENT_LOG_BYTES,
+    REQUESTS_WAITING_TO_BE_READ,
+    serve_metrics,
+    watch_loop_lag,
+)
 from turnmesh.runtime.principals import ANONYMOUS
 from turnmesh.runtime.receipts import ReceiptSlots
 from turnmesh.runtime.serving import (
@@ -218,6 +223,7 @@ class SessionServer:
         self._opened.push_async_callback(self.workers.stop)
         self._tasks.append(asyncio.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
+        self._tasks.append(asyncio.create_task(self._event_log_sweep(), name="event-logs"))
         self._tasks.append(asyncio.create_task(watch_loop_lag(), name="loop-lag"))
         log.info("session server %s listening on %s", self.member_id, address)
 
@@ -249,6 +255,16 @@ class SessionServer:
                     log.info("session %s expired after being idle", session_id)
             except Exception:
                 log.warning("could not expire idle sessions; trying again", exc_info=True)
+
+    async def _event_log_sweep(self) -> None:
+        """Finished turns' events go when they expire, even in sessions no
+        call touches again (the logs sweep themselves only when used)."""
+        logs = self.core.logs
+        interval = min(10.0, max(0.05, self.config.event_log_ttl_seconds / 10))
+        while True:
+            await asyncio.sleep(interval)
+            logs.sweep()
+            EVENT_LOG_BYTES.set(logs.finished_bytes)
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING and no new sessions, finish running turns, leave.

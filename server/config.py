@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from turnmesh.runtime.config import MemberConfig
 from turnmesh.runtime.receipts import DEFAULT_PER_PRINCIPAL
+from turnmesh.server.eventlog import DEFAULT_MAX_BYTES as DEFAULT_EVENT_LOG_BYTES
 
 
 class SessionLimits(BaseModel):
@@ -28,7 +29,15 @@ class SessionLimits(BaseModel):
         default=32, gt=0, description="turns whose events are kept per session"
     )
     event_log_ttl_seconds: float = Field(
-        default=600.0, gt=0, description="seconds a finished turn's events are kept"
+        default=600.0, gt=0, description="seconds a finished turn's events are kept for resuming"
+    )
+    event_log_max_bytes: int = Field(
+        default=DEFAULT_EVENT_LOG_BYTES,
+        gt=0,
+        description=(
+            "bytes the finished turns' events may hold on this server, packed; past it the"
+            " oldest go first (a resume of them is 404, the history keeps the turn)"
+        ),
     )
     keepalive_seconds: float = Field(
         default=15.0, gt=0, description="seconds of silence before a turn stream gets a keepalive"

@@ -76,6 +76,7 @@ class SessionCore:
             limits.event_log_max_turns,
             limits.event_log_ttl_seconds,
             store,
+            limits.event_log_max_bytes,
         )
         self._turns: dict[str, SessionTurns] = {}
         # Turns running or queued here, per principal (its turn quota).

@@ -2,15 +2,20 @@
 
 Every caller of a turn, and every later subscriber, reads the same log, so a
 client that lost its stream resumes with exactly the events it missed. Logs
-are bounded in events per turn, in turns kept per session, and in age after
-the turn ends.
+are bounded in events per turn, in turns kept per session, in age after the
+turn ends, and, for the whole server, in bytes: a finished turn's events are
+packed into one serialized buffer (a third of their size as objects), and
+when the finished logs pass the byte budget the oldest go first. Expired logs
+go whether or not their session is touched again (``sweep``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Protocol
@@ -23,13 +28,21 @@ from turnmesh.v1 import session_service_pb2 as spb
 
 log = logging.getLogger(__name__)
 
+# What a server's finished turns' events may hold, packed (``--max-event-log-bytes``).
+DEFAULT_MAX_BYTES = 128 * 2**20
+
 # Writes a turn's events to a durable store: (session_id, turn_id, events).
 EventSink = Callable[[str, str, list[event_pb2.Event]], Awaitable[None]]
 
 
 class TurnLog:
     def __init__(
-        self, session_id: str, turn_id: str, max_events: int, sink: EventSink | None = None
+        self,
+        session_id: str,
+        turn_id: str,
+        max_events: int,
+        sink: EventSink | None = None,
+        on_end: Callable[[TurnLog], None] | None = None,
     ) -> None:
         self.session_id = session_id
         # What callers see: the session's public id.
@@ -46,6 +59,11 @@ class TurnLog:
         self._sink = sink
         self._unwritten: list[event_pb2.Event] = []
         self._writer: asyncio.Task[None] | None = None
+        self._on_end = on_end
+        # Once packed (the turn ended): the events serialized back to back,
+        # and where each ends; _events is then empty.
+        self._packed: bytes | None = None
+        self._ends: array[int] | None = None
 
     @classmethod
     def restore(
@@ -55,9 +73,10 @@ class TurnLog:
         events: list[event_pb2.Event],
         max_events: int,
         sink: EventSink | None,
+        on_end: Callable[[TurnLog], None] | None = None,
     ) -> TurnLog:
         """A log rebuilt from a store's events (another server wrote them)."""
-        restored = cls(session_id, turn_id, max_events, sink)
+        restored = cls(session_id, turn_id, max_events, sink, on_end)
         restored._events = list(events[-max_events:])
         if restored._events:
             restored._first_seq = restored._events[0].seq
@@ -112,7 +131,34 @@ class TurnLog:
         if event.type in TERMINAL_TYPES:
             self.ended_at = time.monotonic()
         self._wake()
+        if self.ended_at is not None and self._on_end is not None:
+            self._on_end(self)
         return event
+
+    @property
+    def packed_bytes(self) -> int:
+        """What the packed events hold (0 until packed)."""
+        if self._packed is None or self._ends is None:
+            return 0
+        return len(self._packed) + self._ends.itemsize * len(self._ends)
+
+    def pack(self) -> int:
+        """An ended turn's events as one buffer: what resuming needs, at a
+        third of their size as objects. Returns the bytes it holds."""
+        if not self.done:
+            raise RuntimeError("only an ended turn's events are packed")
+        if self._packed is None:
+            pieces = [event.SerializeToString() for event in self._events]
+            self._ends = array("L", itertools.accumulate(map(len, pieces)))
+            self._packed = b"".join(pieces)
+            self._events = []
+        return self.packed_bytes
+
+    def _at(self, index: int) -> event_pb2.Event:
+        if self._packed is None or self._ends is None:
+            return self._events[index]
+        start = self._ends[index - 1] if index else 0
+        return event_pb2.Event.FromString(self._packed[start : self._ends[index]])
 
     def set_state(self, state: spb.TurnState.ValueType) -> None:
         self.state = state
@@ -162,7 +208,7 @@ class TurnLog:
                 while next_seq < self._next_seq:
                     if next_seq < self._first_seq:
                         break  # a slow reader fell behind the bound
-                    yield self._events[next_seq - self._first_seq]
+                    yield self._at(next_seq - self._first_seq)
                     next_seq += 1
                 else:
                     if self.done:
@@ -195,7 +241,12 @@ class TurnLog:
 
 class EventLogs:
     """The turn logs of every session this server owns; with a durable store,
-    also the logs other servers wrote (loaded on demand)."""
+    also the logs other servers wrote (loaded on demand).
+
+    Finished logs are packed and listed in the order they ended, so the
+    oldest go first: when they expire (``ttl_seconds``), and when together
+    they pass ``max_bytes``. Running turns' logs are bounded per turn
+    (``max_events``) and are never dropped."""
 
     def __init__(
         self,
@@ -203,30 +254,42 @@ class EventLogs:
         max_turns_per_session: int,
         ttl_seconds: float,
         store: EventStore | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self._max_events = max_events
         self._max_turns = max_turns_per_session
         self._ttl = ttl_seconds
+        self._max_bytes = max_bytes
         self._by_session: dict[str, OrderedDict[str, TurnLog]] = {}
         self._store = store if store is not None and store.persists_events else None
+        # Finished logs, oldest end first, with the bytes each holds packed.
+        self._finished: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self.finished_bytes = 0
 
     @property
     def _sink(self) -> EventSink | None:
         return self._store.append_events if self._store is not None else None
 
+    def __len__(self) -> int:
+        """Turn logs kept, running and finished."""
+        return sum(len(logs) for logs in self._by_session.values())
+
     def create(self, session_id: str, turn_id: str) -> TurnLog:
+        self.sweep()
         logs = self._by_session.setdefault(session_id, OrderedDict())
-        log = TurnLog(session_id, turn_id, self._max_events, self._sink)
+        log = TurnLog(session_id, turn_id, self._max_events, self._sink, self._ended)
         logs[turn_id] = log
-        self._evict(logs)
+        self._evict(session_id, logs)
         return log
 
     def get(self, session_id: str, turn_id: str) -> TurnLog:
-        self._evict(self._by_session.get(session_id, OrderedDict()))
+        self.sweep()
         log = self._by_session.get(session_id, OrderedDict()).get(turn_id)
         if log is None:
             raise NotFound(
-                f"turn {turn_id!r} of session {public_id(session_id)!r} not found or expired"
+                f"the events of turn {turn_id!r} of session {public_id(session_id)!r} are not"
+                f" kept: a turn's events are kept {self._ttl:g} s after it ends, within this"
+                " server's budget for them; its messages are in the session's history"
             )
         return log
 
@@ -248,11 +311,13 @@ class EventLogs:
             raise NotFound(
                 f"turn {turn_id!r} of session {public_id(session_id)!r} not found or expired"
             )
-        restored = TurnLog.restore(session_id, turn_id, events, self._max_events, self._sink)
+        restored = self._restore(session_id, turn_id, events)
         if not restored.done and not await self._store.abandon_turn(session_id, turn_id):
             # Its owner committed it just now: the store has the whole turn.
             events = await self._store.read_events(session_id, turn_id) or events
-            restored = TurnLog.restore(session_id, turn_id, events, self._max_events, self._sink)
+            restored = self._restore(session_id, turn_id, events)
+        logs = self._by_session.setdefault(session_id, OrderedDict())
+        logs[turn_id] = restored
         if not restored.done:
             # Fenced above: the owner, if it is only cut off, can no longer commit.
             restored.append(
@@ -261,21 +326,65 @@ class EventLogs:
                 )
             )
             restored.set_state(spb.TURN_STATE_FAILED)
-        logs = self._by_session.setdefault(session_id, OrderedDict())
-        logs[turn_id] = restored
-        self._evict(logs)
+        else:
+            self._ended(restored)
+        self._evict(session_id, logs)
         return restored
 
-    def drop_session(self, session_id: str) -> None:
-        self._by_session.pop(session_id, None)
+    def _restore(self, session_id: str, turn_id: str, events: list[event_pb2.Event]) -> TurnLog:
+        return TurnLog.restore(
+            session_id, turn_id, events, self._max_events, self._sink, self._ended
+        )
 
-    def _evict(self, logs: OrderedDict[str, TurnLog]) -> None:
+    def drop_session(self, session_id: str) -> None:
+        for turn_id in self._by_session.pop(session_id, OrderedDict()):
+            self._forget(session_id, turn_id)
+
+    def _ended(self, log: TurnLog) -> None:
+        """A log's turn ended: packed, and last in line to go."""
+        key = (log.session_id, log.turn_id)
+        logs = self._by_session.get(log.session_id)
+        if key in self._finished or logs is None or logs.get(log.turn_id) is not log:
+            return  # counted already, or no longer kept
+        size = log.pack()
+        self._finished[key] = size
+        self.finished_bytes += size
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Drop finished logs, oldest first, while they are expired or over
+        the byte budget (the server also calls this each few seconds, so
+        logs of sessions nobody touches again go too)."""
         now = time.monotonic()
+        while self._finished:
+            (session_id, turn_id), _ = next(iter(self._finished.items()))
+            logs = self._by_session.get(session_id)
+            log = logs.get(turn_id) if logs is not None else None
+            expired = log is None or (log.ended_at is not None and now - log.ended_at > self._ttl)
+            if not expired and self.finished_bytes <= self._max_bytes:
+                return
+            self._forget(session_id, turn_id)
+            if logs is not None:
+                logs.pop(turn_id, None)
+                if not logs:
+                    del self._by_session[session_id]
+
+    def _forget(self, session_id: str, turn_id: str) -> None:
+        size = self._finished.pop((session_id, turn_id), None)
+        if size is not None:
+            self.finished_bytes -= size
+
+    def _evict(self, session_id: str, logs: OrderedDict[str, TurnLog]) -> None:
+        """A session's oldest finished logs past its count (the first ones in
+        its dict are its oldest turns)."""
+        excess = len(logs) - self._max_turns
         for turn_id, log in list(logs.items()):
-            too_many = len(logs) > self._max_turns
-            expired = log.ended_at is not None and now - log.ended_at > self._ttl
-            if log.done and (too_many or expired):
+            if excess <= 0:
+                break
+            if log.done:
                 del logs[turn_id]
+                self._forget(session_id, turn_id)
+                excess -= 1
 
 
 class EventStore(Protocol):

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def test_bench_suite_smoke_run(tmp_path: Path) -> None:
@@ -82,3 +83,33 @@ def test_paced_bench_smoke_run(tmp_path: Path) -> None:
         assert {"server", "worker", "client"} <= set(row["cpu_ms_per_event"])
     assert "envoy" in report["levels"][0]["cpu_ms_per_event"]
     assert "| rest | 4 |" in next(tmp_path.glob("paced-*.md")).read_text()
+
+
+def _bench(*argv: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def test_compat_cost_bench_smoke_run() -> None:
+    report = _bench(
+        "bench.compat_cost", "--turns", "16", "--concurrency", "4", "--rounds", "2"
+    )  # fmt: skip
+    surfaces = {"native-rest", "chat-completions", "responses", "agui"}
+    assert set(report["cpu_ms_per_turn"]) == surfaces
+    assert report["failed"] == dict.fromkeys(surfaces, 0)
+    assert all(cpu["server"] > 0 for cpu in report["cpu_ms_per_turn"].values())
+    assert report["server_cpu_ratio_to_native_rest"]["native-rest"] == 1.0
+
+
+def test_retention_bench_smoke_run() -> None:
+    report = _bench(
+        "bench.retention", "--turns", "200", "--sessions", "20", "--window", "1"
+    )  # fmt: skip
+    assert report["turns"] == 200 and report["baseline_turns_per_s"] > 0
+    assert report["event_log_bytes_at_end"] > 0
+    assert report["event_log_bytes_after_window"] == 0  # every finished turn's events went
+    assert "server_bytes_per_turn_after_window" in report

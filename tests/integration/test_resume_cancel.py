@@ -3,12 +3,14 @@ all the way into the agent."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import SharedMesh
-from tests.support.mesh import until
+from tests.support.mesh import Mesh, eventually, until
 from turnmesh.client import AsyncClient, NotFoundError
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -89,3 +91,49 @@ async def test_subscribe_unknown_turn_is_not_found(client: AsyncClient) -> None:
     sid = (await client.create_session(agent="echo")).session_id
     with pytest.raises(NotFoundError):
         [e async for e in client.subscribe(sid, "01J00000000000000000000000")]
+
+
+async def test_finished_turns_events_are_kept_within_the_servers_budget(
+    mesh_factory: Mesh,
+) -> None:
+    """Past --max-event-log-bytes the oldest finished turns' events go first
+    (a resume of them is 404 and says the history has the turn); past
+    --event-log-ttl they all go, in sessions nobody touches again too."""
+    budget = 12_000
+    mesh_factory.start_router()
+    worker = mesh_factory.spawn_worker("worker", "echo")
+    server = mesh_factory.spawn_server(
+        "server", "--max-event-log-bytes", str(budget), "--event-log-ttl", "2",
+        "--metrics-port", "0",
+    )  # fmt: skip
+    mesh_factory.wait_ready(worker, server)
+    metrics = f"http://{server.info['metrics_address']}/metrics"
+    words = " ".join(f"word{i}" for i in range(20))
+
+    async def kept_bytes() -> float:
+        async with httpx.AsyncClient(timeout=60) as http:
+            for line in (await http.get(metrics)).text.splitlines():
+                if line.startswith("turnmesh_event_log_bytes "):
+                    return float(line.split()[1])
+        return -1.0
+
+    async with AsyncClient(server.address) as client:
+        turns = []
+        for _ in range(20):  # each about 2.5 KB packed: 50 KB in all
+            sid = (await client.create_session(agent="echo")).session_id
+            turns.append((sid, (await client.send(sid, words)).turn_id))
+        oldest, newest = turns[0], turns[-1]
+        with pytest.raises(NotFoundError, match="history"):
+            [e async for e in client.subscribe(*oldest)]
+        assert [m.content for m in await client.history(oldest[0])] == [words, words]
+        replayed = [e async for e in client.subscribe(*newest)]
+        assert replayed[-1].type == event_pb2.RUN_FINISHED and len(replayed) == 24
+        await eventually(lambda: _between(kept_bytes(), 1, budget), what="the gauge")
+        # The window passes: every log goes, though no call touches them.
+        await eventually(lambda: _between(kept_bytes(), 0, 0), timeout=60, what="none kept")
+        with pytest.raises(NotFoundError):
+            [e async for e in client.subscribe(*newest)]
+
+
+async def _between(value: Awaitable[float], low: float, high: float) -> bool:
+    return low <= await value <= high

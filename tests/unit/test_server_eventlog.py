@@ -471,3 +471,75 @@ def test_an_event_stored_with_the_commit_is_stamped_once() -> None:
     assert log.append(final, persisted=True).seq == 2
     assert log.last_seq == 2
     assert log.done
+
+
+# --- EventLogs: packed, within a byte budget -------------------------------------
+
+
+def _turn(logs: EventLogs, session_id: str, turn_id: str, words: int = 3) -> TurnLog:
+    log = logs.create(session_id, turn_id)
+    for i in range(words):
+        log.append(text(f"w{i} "))
+    log.append(finished())
+    return log
+
+
+async def test_a_finished_log_is_packed_and_replays_the_same_events() -> None:
+    logs = EventLogs(max_events=100, max_turns_per_session=10, ttl_seconds=60)
+    log = logs.create("s1", "t1")
+    reader = Reader(log)  # following across the end, as a live caller does
+    await spin()
+    for i in range(5):
+        log.append(text(f"w{i} "))
+    await spin()
+    log.append(finished())
+    await asyncio.wait_for(reader.task, 10)
+    assert log.packed_bytes > 0 and log._events == []
+    assert logs.finished_bytes == log.packed_bytes
+    replayed = [e async for e in log.follow()]
+    assert [e.SerializeToString() for e in replayed] == [
+        e.SerializeToString() for e in reader.events
+    ]
+    assert [e.seq for e in replayed] == [1, 2, 3, 4, 5, 6]
+    assert [e.seq async for e in log.follow(4)] == [5, 6]
+
+
+def test_past_the_byte_budget_the_oldest_finished_logs_go_first() -> None:
+    probe = EventLogs(max_events=100, max_turns_per_session=100, ttl_seconds=600)
+    one = _turn(probe, "s9", "t9").packed_bytes  # ids of the same length, the same size
+    logs = EventLogs(max_events=100, max_turns_per_session=100, ttl_seconds=600, max_bytes=3 * one)
+    running = logs.create("s0", "running")
+    for _ in range(1000):
+        running.append(text())  # a running turn counts for nothing and never goes
+    for n in range(5):
+        _turn(logs, f"s{n % 2}", f"t{n}")
+    assert logs.finished_bytes == 3 * one
+    with pytest.raises(NotFound, match="history"):
+        logs.get("s0", "t0")
+    with pytest.raises(NotFound):
+        logs.get("s1", "t1")
+    assert [logs.get(f"s{n % 2}", f"t{n}").turn_id for n in (2, 3, 4)] == ["t2", "t3", "t4"]
+    assert logs.get("s0", "running") is running
+
+
+def test_a_sweep_drops_expired_logs_of_sessions_nobody_touches(clock: FakeClock) -> None:
+    logs = EventLogs(max_events=100, max_turns_per_session=100, ttl_seconds=60)
+    for n in range(50):
+        _turn(logs, f"s{n}", "t")
+    assert len(logs) == 50 and logs.finished_bytes > 0
+    clock.advance(61)
+    logs.sweep()
+    assert len(logs) == 0 and logs.finished_bytes == 0
+    assert logs._by_session == {} and not logs._finished
+
+
+def test_forgotten_logs_give_their_bytes_back() -> None:
+    logs = EventLogs(max_events=100, max_turns_per_session=2, ttl_seconds=600)
+    for n in range(4):
+        _turn(logs, "s1", f"t{n}")  # two are evicted by the count per session
+    _turn(logs, "s2", "t")
+    kept = logs.get("s1", "t2").packed_bytes + logs.get("s1", "t3").packed_bytes
+    assert logs.finished_bytes == kept + logs.get("s2", "t").packed_bytes
+    logs.drop_session("s1")
+    logs.drop_session("s2")
+    assert logs.finished_bytes == 0 and not logs._finished
