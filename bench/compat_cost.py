@@ -1,7 +1,8 @@
 """What a turn costs on each surface (part of `make bench`): the same echo
 turn (a 5-word message) through Envoy as native REST (a turn on an existing
-session, SSE), OpenAI chat completions and Responses (streamed, one user
-message, as a stateless client sends it) and AG-UI (a run on a new thread),
+session, SSE; and "native-rest-new": a new session, then its turn), OpenAI
+chat completions and Responses (streamed, one user message, as a stateless
+client sends it: each makes a session) and AG-UI (a run on a new thread),
 interleaved in rounds so drift on a shared machine hits all alike. Reported:
 CPU per turn of the server, the worker and Envoy, from /proc, and each
 surface's server CPU as a ratio to native REST's, next to the bare baseline's
@@ -24,12 +25,12 @@ import aiohttp
 
 from bench.suite import MESSAGE, Bench, cpu_seconds
 
-SURFACES = ("native-rest", "chat-completions", "responses", "agui")
+SURFACES = ("native-rest", "native-rest-new", "chat-completions", "responses", "agui")
 
 
 def _request(surface: str, session_id: str) -> tuple[str, dict[str, Any]]:
     user = [{"role": "user", "content": MESSAGE}]
-    if surface == "native-rest":
+    if surface.startswith("native-rest"):
         return f"/v1/sessions/{session_id}/turns", {"message": MESSAGE}
     if surface == "chat-completions":
         return "/v1/chat/completions", {"model": "echo", "messages": user, "stream": True}
@@ -55,7 +56,11 @@ async def run_surface(
         nonlocal remaining, failed
         while remaining > 0:
             remaining -= 1
-            path, body = _request(surface, sessions[n % len(sessions)])
+            session_id = sessions[n % len(sessions)]
+            if surface == "native-rest-new":  # a new session, then the turn
+                async with http.post("/v1/sessions", json={"agentName": "echo"}) as created:
+                    session_id = (await created.json())["session"]["sessionId"]
+            path, body = _request(surface, session_id)
             async with http.post(path, json=body) as response:
                 await response.read()
                 failed += response.status != 200
@@ -82,11 +87,12 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         async with aiohttp.ClientSession(
             f"http://{bench.envoy.listener_address}", connector=connector
         ) as http:
-            for surface in SURFACES:  # warm-up: every path once
+            surfaces = tuple(s for s in SURFACES if s in args.surfaces)
+            for surface in surfaces:  # warm-up: every path once
                 await run_surface(http, surface, args.concurrency, args.concurrency, sessions)
             per_round = max(1, args.turns // args.rounds)
             for round_ in range(args.rounds):
-                order = SURFACES if round_ % 2 == 0 else tuple(reversed(SURFACES))
+                order = surfaces if round_ % 2 == 0 else tuple(reversed(surfaces))
                 for surface in order:
                     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
                     failures[surface] += await run_surface(
@@ -99,9 +105,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         bench.stop()
     per_turn = {
         s: {name: round(seconds * 1000 / done[s], 3) for name, seconds in cpu[s].items()}
-        for s in SURFACES
+        for s in surfaces
     }
-    native = per_turn["native-rest"]["server"] or float("nan")
+    native = per_turn.get("native-rest", {}).get("server") or float("nan")
     return {
         "baseline_turns_per_s": round(speed.turns_per_s, 1),
         "turns_per_surface": done,
@@ -109,7 +115,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         "failed": failures,
         "cpu_ms_per_turn": per_turn,
         "server_cpu_ratio_to_native_rest": {
-            s: round(per_turn[s]["server"] / native, 2) for s in SURFACES
+            s: round(per_turn[s]["server"] / native, 2) for s in surfaces
         },
     }
 
@@ -119,6 +125,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4000, help="per surface")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--surfaces", nargs="+", choices=SURFACES, default=list(SURFACES))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = asyncio.run(measure(args, Path(tmp)))

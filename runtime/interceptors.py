@@ -217,8 +217,8 @@ class ApiKeyInterceptor(ServerInterceptor):
     but the open ones, when keys are configured; sets the call's principal
     (``runtime.principals``: the key's, or the anonymous one) and holds each
     principal to its request rate. Calls from mesh members (they hold the mesh
-    key) and this server's own calls to itself (its internal token) pass: the
-    call that led to them was checked already, and they name its principal."""
+    key) pass: the call that led to them was checked already, and they name
+    its principal."""
 
     def __init__(
         self,
@@ -227,13 +227,11 @@ class ApiKeyInterceptor(ServerInterceptor):
         mesh_key: str | None,
         *,
         rate_limit: RequestRates | None = None,
-        internal_token: str | None = None,
     ) -> None:
         self._keys = keys
         self._open = open_methods
         self._mesh_key = mesh_key.encode() if mesh_key else None
         self._rates = rate_limit
-        self._internal = internal_token.encode() if internal_token else None
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -245,7 +243,7 @@ class ApiKeyInterceptor(ServerInterceptor):
         if method in self._open or method.startswith(OPEN_PREFIXES):
             return await continuation(handler_call_details)
         metadata = handler_call_details.invocation_metadata or ()
-        if self._trusted(metadata):
+        if self._mesh_key is not None and has_mesh_key(metadata, self._mesh_key):
             # With keys, a member's call must say whose it is: one that names
             # nobody (an older server's) never acts for the anonymous principal.
             named = _named_principal(metadata, required=self._keys.configured)
@@ -279,12 +277,6 @@ class ApiKeyInterceptor(ServerInterceptor):
             )
         return await continuation(handler_call_details)
 
-    def _trusted(self, metadata: Any) -> bool:
-        """A mesh member's or this server's own call: it may name a principal."""
-        return (self._mesh_key is not None and has_mesh_key(metadata, self._mesh_key)) or (
-            self._internal is not None and _has(metadata, INTERNAL_METADATA, self._internal)
-        )
-
 
 def _named_principal(metadata: Any, *, required: bool) -> Principal | None:
     """The principal a trusted call names (None if malformed, or missing
@@ -293,9 +285,6 @@ def _named_principal(metadata: Any, *, required: bool) -> Principal | None:
         if key == PRINCIPAL_METADATA:
             return Principal.from_header(value) if isinstance(value, str) else None
     return None if required else ANONYMOUS_PRINCIPAL
-
-
-INTERNAL_METADATA = "x-turnmesh-internal"
 
 
 def _has(metadata: Any, name: str, expected: bytes) -> bool:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import secrets
 from typing import TYPE_CHECKING, cast
 
 import grpc
@@ -64,7 +63,6 @@ class SessionServer:
         self.config = config
         self.state: spb.LifecycleState.ValueType = spb.LIFECYCLE_STATE_INITIALIZING
         self.member_id = new_member_id("server")
-        self._internal_token = secrets.token_hex(16)
         self._process: GrpcProcess | None = None
         self._membership: Membership | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -170,13 +168,18 @@ class SessionServer:
             forward_credentials=bool(c.tls) and not c.mesh_key,
             other_servers=self._other_servers,
         )
-        # The compatibility surfaces are clients of this server's own public API.
+        # The compatibility surfaces call this server's public API in-process.
         self._compat_mesh = Mesh()
+        self._compat_mesh.connect(servicer)
         self._opened.push_async_callback(self._compat_mesh.close)
         compat = CompatServicer(self._compat_mesh)
 
         def register(server: grpc.aio.Server) -> None:
-            session_service_pb2_grpc.add_SessionServiceServicer_to_server(servicer, server)
+            # The servicer takes service.Context (gRPC's, or an in-process
+            # call); the generated stub types it as gRPC's merged contexts.
+            session_service_pb2_grpc.add_SessionServiceServicer_to_server(
+                cast("session_service_pb2_grpc.SessionServiceServicer", servicer), server
+            )
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
             # Envoy's key check on each REST request: the key is in the request.
             server.add_generic_rpc_handlers((authorization_handler(self.api_keys),))
@@ -198,7 +201,6 @@ class SessionServer:
                     open_methods,
                     c.mesh_key,
                     rate_limit=request_rates(self.store, c.rate_limit, c.rate_burst),
-                    internal_token=self._internal_token,
                 ),
                 ReceiptInterceptor(receipts, open_methods),
             ],
@@ -206,7 +208,6 @@ class SessionServer:
         )
         await self._process.start()
         self._opened.push_async_callback(self._process.stop, 1.0)
-        self._compat_mesh.connect(self._process.address, self._internal_token, transport)
         self.metrics_address = serve_metrics(c.host, c.metrics_port)
         address = self._process.address
         if c.advertise_host:

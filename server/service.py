@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
 from turnmesh.runtime import principals, tracing, wire
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, PermissionDenied, Unavailable
-from turnmesh.runtime.handlers import ServicerContext as Context
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_METADATA, PRINCIPAL_PATTERN
@@ -30,7 +29,6 @@ from turnmesh.server.forwarding import (
 from turnmesh.server.ownership import Local, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
-from turnmesh.v1.session_service_pb2_grpc import SessionServiceServicer
 
 if TYPE_CHECKING:
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as Stub
@@ -44,7 +42,31 @@ PASSED_TRAILERS = frozenset({"grpc-status-details-bin", "retry-after"})
 LIST_CALL_SECONDS = 5.0
 
 
-class SessionServicer(SessionServiceServicer):
+class Context(Protocol):
+    """What the service reads of a call: grpc.aio's ServicerContext, or a
+    compatibility surface's call made in this process
+    (``server.compat._common.InProcessCall``)."""
+
+    def invocation_metadata(self) -> grpc.aio.Metadata | None: ...
+
+    async def send_initial_metadata(
+        self, initial_metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]]
+    ) -> None: ...
+
+    async def abort(
+        self,
+        code: grpc.StatusCode,
+        details: str = "",
+        trailing_metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]] = (),
+    ) -> NoReturn: ...
+
+
+class SessionServicer:
+    """The SessionService methods. A call's context is ``Context``: gRPC's, or
+    an in-process call of a compatibility surface on this server (which needs
+    no loopback through the public client; ``app.py`` registers this class
+    for the generated service, whose stub types the context as gRPC's only)."""
+
     def __init__(
         self,
         core: SessionCore,
@@ -317,7 +339,7 @@ class SessionServicer(SessionServiceServicer):
 
     async def Turn(
         self, request: spb.TurnRequest, context: Context
-    ) -> AsyncIterator[event_pb2.Event]:
+    ) -> AsyncGenerator[event_pb2.Event, None]:
         size = wire.received_bytes()
         if size is not None and not validation.session_id_violations(request.session_id):
             # A flood past the budgets is refused before its files are read.
@@ -352,7 +374,7 @@ class SessionServicer(SessionServiceServicer):
 
     async def SubscribeTurn(
         self, request: spb.SubscribeTurnRequest, context: Context
-    ) -> AsyncIterator[event_pb2.Event]:
+    ) -> AsyncGenerator[event_pb2.Event, None]:
         validation.validate_subscribe(request)
         sid = principals.scoped(principals.current().name, request.session_id)
 

@@ -1,22 +1,22 @@
-"""What every compatibility surface shares: a client of the public
-SessionService (so forwarding, policies and validation are the ones the
-native API has), error translation, and HTTP body framing."""
+"""What every compatibility surface shares: the public SessionService,
+called in this process (so forwarding, policies and validation are the ones
+the native API has), error translation, and HTTP body framing."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import grpc
 from google.api import httpbody_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from turnmesh.runtime import bodies, principals, tracing, wire
+from turnmesh.runtime import bodies, wire
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
@@ -24,88 +24,116 @@ from turnmesh.runtime.errors import (
     NotFound,
     TurnmeshError,
     Unavailable,
-    mapped_rpc_errors,
+    from_status,
 )
-from turnmesh.runtime.interceptors import INTERNAL_METADATA
-from turnmesh.runtime.principals import PRINCIPAL_METADATA
-from turnmesh.runtime.serving import mesh_channel
-from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
-from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 
 if TYPE_CHECKING:
-    from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
+    from turnmesh.server.service import Context
 
-_TURN = spb.DESCRIPTOR.services_by_name["SessionService"].methods_by_name["Turn"]
+Response = TypeVar("Response")
 # A surface's calls to its own server are quick, but a session's owner may be
 # another server: the same bound as the typed client's default.
 CALL_TIMEOUT_SECONDS = 60.0
 
 
+class InProcessCall:
+    """A surface's call to this server's SessionService, made in this process
+    (``service.Context``): the service reads the caller's key from it (passed
+    on when the session's owner is another server), and its abort raises the
+    error the status carries, as the failed gRPC call did when the surfaces
+    called their own server over a loopback channel."""
+
+    def __init__(self, metadata: Sequence[tuple[str, str]] = ()) -> None:
+        self._metadata = grpc.aio.Metadata(*metadata)
+
+    def invocation_metadata(self) -> grpc.aio.Metadata:
+        return self._metadata
+
+    async def send_initial_metadata(
+        self, initial_metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]]
+    ) -> None:
+        """Only a call forwarded by another server sends any; this one never is."""
+
+    async def abort(
+        self,
+        code: grpc.StatusCode,
+        details: str = "",
+        trailing_metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]] = (),
+    ) -> NoReturn:
+        raise from_status(code, details, tuple(trailing_metadata))
+
+
+class SessionCalls(Protocol):
+    """The SessionService methods the surfaces call (``server.service.SessionServicer``)."""
+
+    async def GetSession(
+        self, request: spb.GetSessionRequest, context: Context
+    ) -> spb.GetSessionResponse: ...
+
+    async def CreateSession(
+        self, request: spb.CreateSessionRequest, context: Context
+    ) -> spb.CreateSessionResponse: ...
+
+    async def DeleteSession(
+        self, request: spb.DeleteSessionRequest, context: Context
+    ) -> spb.DeleteSessionResponse: ...
+
+    async def GetHistory(
+        self, request: spb.GetHistoryRequest, context: Context
+    ) -> spb.GetHistoryResponse: ...
+
+    def Turn(
+        self, request: spb.TurnRequest, context: Context
+    ) -> AsyncGenerator[event_pb2.Event, None]: ...
+
+
 class Mesh:
-    """The public API as the compatibility surfaces see it: calls to this
-    server's own SessionService, made with the caller's API key. A failed call
-    raises the error the service raised (``turnmesh.runtime.errors``), so the
-    surface reports it exactly as the native API would."""
+    """The public API as the compatibility surfaces see it: this server's own
+    SessionService, called in this process for the caller (its principal is
+    the call's already; the request was authenticated and counted once). So
+    forwarding, policies, limits and validation are the native API's, errors
+    are the ``turnmesh.runtime.errors`` the service raised, and a surface's
+    turn costs no gRPC hop of its own."""
 
-    def __init__(
-        self, channel: grpc.aio.Channel | None = None, metadata: Sequence[tuple[str, str]] = ()
-    ) -> None:
-        self._channel = channel
-        # One stub for the channel, shared by every caller's view.
-        self._stubs: SessionServiceAsyncStub | None = (
-            SessionServiceStub(channel) if channel is not None else None
-        )
-        self._internal_token: str | None = None
-        self._metadata = tuple(metadata)
+    def __init__(self) -> None:
+        self._service: SessionCalls | None = None
+        self._call = InProcessCall()
 
-    def connect(
-        self, address: str, internal_token: str | None = None, transport: Transport = PLAINTEXT
-    ) -> None:
-        self._channel = mesh_channel(address, transport)
-        self._stubs = SessionServiceStub(self._channel)
-        self._internal_token = internal_token
+    def connect(self, service: SessionCalls) -> None:
+        self._service = service
 
     def for_caller(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Mesh:
-        """A view whose calls carry this caller's key, principal and trace.
-
-        The internal token marks calls the server makes to itself: the
-        caller's request was authenticated and counted once already, and the
-        token makes the server believe the principal it names. The key goes
-        too: with mutual TLS and no mesh key, a call forwarded to another
-        server is opened there by it."""
-        if self._channel is None:
-            raise Unavailable("this server is still starting")
+        """A view whose calls carry this caller's key: with mutual TLS and no
+        mesh key, a call forwarded to another server is opened there by it."""
         key = bearer(metadata)
-        extra = [("authorization", f"Bearer {key}")] if key else []
-        if self._internal_token:
-            extra += [
-                (INTERNAL_METADATA, self._internal_token),
-                (PRINCIPAL_METADATA, principals.current().header()),
-            ]
-        view = Mesh(metadata=(*extra, *tracing.inject()))
-        view._channel, view._stubs = self._channel, self._stubs
+        view = Mesh()
+        view._service = self._service
+        view._call = InProcessCall([("authorization", f"Bearer {key}")] if key else [])
         return view
 
     @property
-    def _stub(self) -> SessionServiceAsyncStub:
-        if self._stubs is None:
+    def _svc(self) -> SessionCalls:
+        if self._service is None:
             raise Unavailable("this server is still starting")
-        return self._stubs
+        return self._service
+
+    async def _unary(self, call: Awaitable[Response]) -> Response:
+        """A unary call, bounded as the loopback call was (the owner may be
+        another server)."""
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT_SECONDS):
+                return await call
+        except TimeoutError:
+            raise from_status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
+        self._service = None
 
     async def get_session(self, session_id: str) -> spb.Session:
-        with mapped_rpc_errors():
-            response = await self._stub.GetSession(
-                spb.GetSessionRequest(session_id=session_id),
-                metadata=self._metadata,
-                timeout=CALL_TIMEOUT_SECONDS,
-            )
-        return response.session
+        request = spb.GetSessionRequest(session_id=session_id)
+        return (await self._unary(self._svc.GetSession(request, self._call))).session
 
     async def session_exists(self, session_id: str) -> bool:
         try:
@@ -127,30 +155,18 @@ class Mesh:
             session_id=session_id or "", agent_name=agent or "", messages=history
         )
         try:
-            with mapped_rpc_errors():
-                response = await self._stub.CreateSession(
-                    request, metadata=self._metadata, timeout=CALL_TIMEOUT_SECONDS
-                )
+            response = await self._unary(self._svc.CreateSession(request, self._call))
         except NotFound as exc:
             raise NotFound(exc.detail, reason="MODEL_NOT_FOUND", metadata={"param": param}) from exc
         return response.session.session_id
 
     async def delete_session(self, session_id: str) -> None:
-        with mapped_rpc_errors():
-            await self._stub.DeleteSession(
-                spb.DeleteSessionRequest(session_id=session_id),
-                metadata=self._metadata,
-                timeout=CALL_TIMEOUT_SECONDS,
-            )
+        request = spb.DeleteSessionRequest(session_id=session_id)
+        await self._unary(self._svc.DeleteSession(request, self._call))
 
     async def history(self, session_id: str) -> list[message_pb2.Message]:
-        with mapped_rpc_errors():
-            response = await self._stub.GetHistory(
-                spb.GetHistoryRequest(session_id=session_id),
-                metadata=self._metadata,
-                timeout=CALL_TIMEOUT_SECONDS,
-            )
-        return list(response.messages)
+        request = spb.GetHistoryRequest(session_id=session_id)
+        return list((await self._unary(self._svc.GetHistory(request, self._call))).messages)
 
     @contextlib.asynccontextmanager
     async def turn(
@@ -167,25 +183,24 @@ class Mesh:
         request = spb.TurnRequest(session_id=session_id, message=message, policy=policy)
         if metadata:
             json_format.ParseDict(dict(metadata), request.metadata)
-        call: grpc.aio.UnaryStreamCall[Any, event_pb2.Event]
-        if files and self._channel is not None:
-            # Possibly megabytes: serialized a file at a time, off the loop.
-            serialized = await wire.serialize_off_loop(request, {"files": files})
-            turn = wire.raw_unary_stream(self._channel, _TURN, event_pb2.Event)
-            call = turn(serialized, metadata=self._metadata)
-        else:
-            request.files.extend(files)
-            call = self._stub.Turn(request, metadata=self._metadata)
-
-        async def events() -> AsyncIterator[event_pb2.Event]:
-            with mapped_rpc_errors():
-                async for event in call:
-                    yield event
-
+        for file in files:
+            if file.ByteSize() > _COPY_ON_LOOP_BYTES:
+                # Megabytes are copied in a thread: the loop runs between files.
+                await asyncio.to_thread(request.files.append, file)
+            else:
+                request.files.append(file)
+        # What the service's budget check reads first: this request's size,
+        # not the size of the surface's JSON body it was made from.
+        wire.note_received(request.ByteSize())
+        events = self._svc.Turn(request, self._call)
         try:
-            yield events()
+            yield events
         finally:
-            call.cancel()
+            await events.aclose()
+
+
+# A file bigger than this is copied into a turn's request in a thread.
+_COPY_ON_LOOP_BYTES = 2**20
 
 
 # The turn policies by the short names the other APIs' requests use.

@@ -1,8 +1,8 @@
 """Every row of the error table, round-tripped through every surface.
 
 A session service that raises the row's error sits behind the real error
-interceptor, the real compatibility surfaces (which call it as they call
-their own server) and the real Envoy. Each row must come out as the table
+interceptor, the real compatibility surfaces (which call it in-process, as
+they call their own server's) and the real Envoy. Each row must come out as the table
 says: the same gRPC status and client exception natively, the table's HTTP
 status, problem type and title over REST, OpenAI's error type on OpenAI's
 paths, and Retry-After wherever the row asks for it.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,10 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
     async def GetHistory(self, *args: object) -> spb.GetHistoryResponse:
         return self._raise()  # type: ignore[no-any-return]
 
-    async def Turn(self, *args: object) -> AsyncIterator[Any]:
+    async def DeleteSession(self, *args: object) -> spb.DeleteSessionResponse:
+        return self._raise()  # type: ignore[no-any-return]
+
+    async def Turn(self, *args: object) -> AsyncGenerator[Any, None]:
         self._raise()
         yield  # pragma: no cover
 
@@ -101,7 +104,7 @@ async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
     )
     await process.start()
     await process.set_serving(True)
-    mesh.connect(process.address)
+    mesh.connect(sessions)
     config = write_config(
         EdgeConfig(
             upstreams=[process.address],

@@ -16,7 +16,7 @@ from turnmesh.runtime import principals
 from turnmesh.runtime.auth import ApiKeys, KeysFileError, parse_keys
 from turnmesh.runtime.errors import InvalidArgument
 from turnmesh.runtime.handlers import MethodHandler
-from turnmesh.runtime.interceptors import INTERNAL_METADATA, MESH_KEY_METADATA, ApiKeyInterceptor
+from turnmesh.runtime.interceptors import MESH_KEY_METADATA, ApiKeyInterceptor
 from turnmesh.runtime.principals import (
     ANONYMOUS,
     PRINCIPAL_METADATA,
@@ -162,7 +162,7 @@ async def _principal_of_call(
 
 async def test_the_call_acts_for_its_keys_principal_and_only_members_may_name_one() -> None:
     keys = ApiKeys(["bare"], None)
-    interceptor = ApiKeyInterceptor(keys, frozenset(), "mesh", internal_token="inner")
+    interceptor = ApiKeyInterceptor(keys, frozenset(), "mesh")
     bare = Principal(f"key-{_sha('bare')[:16]}")
     forged = ((PRINCIPAL_METADATA, "victim admin"),)
     assert await _principal_of_call(interceptor, (("authorization", "Bearer bare"),)) == bare
@@ -173,11 +173,8 @@ async def test_the_call_acts_for_its_keys_principal_and_only_members_may_name_on
     assert await _principal_of_call(interceptor, forged) == grpc.StatusCode.UNAUTHENTICATED
     wrong_key = ((MESH_KEY_METADATA, "guess"), *forged)
     assert await _principal_of_call(interceptor, wrong_key) == grpc.StatusCode.UNAUTHENTICATED
-    # A mesh member (or this server's own surface) names the principal it acts for.
+    # A mesh member names the principal it acts for.
     assert await _principal_of_call(interceptor, ((MESH_KEY_METADATA, "mesh"), *forged)) == (
-        Principal("victim", admin=True)
-    )
-    assert await _principal_of_call(interceptor, ((INTERNAL_METADATA, "inner"), *forged)) == (
         Principal("victim", admin=True)
     )
     # With keys, a member's call that names nobody is refused, never anonymous.
@@ -189,15 +186,13 @@ async def test_the_call_acts_for_its_keys_principal_and_only_members_may_name_on
 
 
 async def test_without_keys_every_caller_is_anonymous_whatever_it_claims() -> None:
-    interceptor = ApiKeyInterceptor(ApiKeys(), frozenset(), None, internal_token="inner")
+    interceptor = ApiKeyInterceptor(ApiKeys(), frozenset(), None)
     forged = ((PRINCIPAL_METADATA, "victim"),)
     assert await _principal_of_call(interceptor, forged) == principals.ANONYMOUS_PRINCIPAL
-    assert await _principal_of_call(interceptor, ((INTERNAL_METADATA, "inner"), *forged)) == (
-        Principal("victim")
-    )
-    assert await _principal_of_call(interceptor, ((INTERNAL_METADATA, "inner"),)) == (
-        principals.ANONYMOUS_PRINCIPAL
-    )
+    # The header that once let a server's own surfaces name a principal is
+    # gone: they call the service in-process now.
+    former = (("x-turnmesh-internal", "inner"), *forged)
+    assert await _principal_of_call(interceptor, former) == principals.ANONYMOUS_PRINCIPAL
 
 
 async def test_request_rates_are_per_principal() -> None:
