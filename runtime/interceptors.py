@@ -94,11 +94,17 @@ class ReceiptInterceptor(ServerInterceptor):
     (``runtime.receipts``): the method is served as a streamed request, which
     grpc does not read until asked, so a request waiting for a slot costs its
     headers and a flow-control window, not its size. Open methods (health,
-    the edge's key check) and streamed requests pass untouched."""
+    the edge's key check), streamed requests and mesh members' calls (read
+    under a slot where they came in) pass untouched. On a keyless mesh every
+    caller is the anonymous principal, so there the slots are each
+    connection's: one client's slow senders never hold up another's."""
 
-    def __init__(self, slots: ReceiptSlots, open_methods: frozenset[str]) -> None:
+    def __init__(
+        self, slots: ReceiptSlots, open_methods: frozenset[str], mesh_key: str | None = None
+    ) -> None:
         self._slots = slots
         self._open = open_methods
+        self._mesh_key = mesh_key.encode() if mesh_key else None
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -107,11 +113,17 @@ class ReceiptInterceptor(ServerInterceptor):
         method = handler_call_details.method
         if handler is None or method in self._open or method.startswith(OPEN_PREFIXES):
             return handler
+        if self._mesh_key is not None and has_mesh_key(
+            handler_call_details.invocation_metadata or (), self._mesh_key
+        ):
+            return handler
         slots = self._slots
 
         async def receive(requests: Any, context: ServicerContext) -> Any:
+            principal = principals.current()
+            key = principal.name if principal != ANONYMOUS_PRINCIPAL else f" {context.peer()}"
             try:
-                slot = await slots.acquire(principals.current().name)
+                slot = await slots.acquire(key)
             except TurnmeshError as exc:
                 await _abort(context, exc, method)
             try:

@@ -3,8 +3,8 @@
 Every API key names a principal (``runtime.auth``); without keys every call
 is the anonymous principal's. The API-key interceptor sets the caller's
 principal for the call (``current``); a mesh member forwarding a call names it
-in ``x-turnmesh-principal``, which is believed only beside the mesh key or the
-server's own internal token (Envoy strips it from outside calls).
+in ``x-turnmesh-principal``, which is believed only beside the mesh key
+(Envoy strips it from outside calls).
 
 Session ids are per principal. Inside the mesh (routes, stores, workers,
 logs) a session is known by its *scoped* id: ``PRINCIPAL/ID``, or the bare

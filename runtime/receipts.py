@@ -4,10 +4,11 @@ gRPC reads a unary request whole before any handler sees it, so thirty 50 MB
 requests sent at once were 1.5 GB in memory before a budget could refuse one.
 A request that takes a slot is read; the others wait, unread (the transport
 buffers no more than its flow-control window of each), and are decided one
-after another against the byte budgets. A principal's slow senders only ever
-hold its own slots; a slot is handed back when its message has arrived, when
-its caller goes away, or after ``hold_seconds`` (so a trickle can hold up the
-principal's other requests that long, at most).
+after another against the byte budgets, in the order they came. A
+principal's slow senders only ever hold its own slots; a slot is handed back
+when its message has arrived, when its caller goes away, or after
+``hold_seconds`` even if the message is still arriving (so a request behind k
+stalled ones of its principal waits about k / per_key x hold_seconds).
 
 Hand-written: asyncio.Semaphore does the waiting, but a slot that may be
 handed back early by a timer, one table of keys that forgets idle ones, and a

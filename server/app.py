@@ -202,7 +202,7 @@ class SessionServer:
                     c.mesh_key,
                     rate_limit=request_rates(self.store, c.rate_limit, c.rate_burst),
                 ),
-                ReceiptInterceptor(receipts, open_methods),
+                ReceiptInterceptor(receipts, open_methods, c.mesh_key),
             ],
             transport=transport,
         )

@@ -245,7 +245,15 @@ class SessionCore:
                 try:
                     tlog = await self.logs.find(record.session_id, earlier)
                 except NotFound:
-                    pass  # its events expired: run it as a new turn
+                    if self.logs.finished_early_dropped(record.session_id, earlier):
+                        # Its events went early (the server's budget for
+                        # them); running it again would answer twice.
+                        raise AlreadyExists(
+                            f"turn {earlier!r} with this idempotency key finished; its events are"
+                            " no longer kept (the session's history has its messages)",
+                            reason="TURN_ALREADY_FINISHED",
+                        ) from None
+                    # Its events expired (or it failed): run it as a new turn.
                 else:
                     if not (tlog.done and tlog.state != spb.TURN_STATE_FINISHED):
                         turns.rejoin(earlier)

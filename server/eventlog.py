@@ -12,6 +12,7 @@ go whether or not their session is touched again (``sweep``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -30,6 +31,12 @@ log = logging.getLogger(__name__)
 
 # What a server's finished turns' events may hold, packed (``--max-event-log-bytes``).
 DEFAULT_MAX_BYTES = 128 * 2**20
+
+# A finished turn with more events than this is packed in a thread.
+PACK_ON_LOOP_EVENTS = 2_000
+
+# Outcomes of turns whose events the byte budget dropped early (see EventLogs).
+MAX_OUTCOMES = 200_000
 
 # Writes a turn's events to a durable store: (session_id, turn_id, events).
 EventSink = Callable[[str, str, list[event_pb2.Event]], Awaitable[None]]
@@ -55,6 +62,7 @@ class TurnLog:
         self._max_events = max_events
         self._changed = asyncio.Event()
         self.ended_at: float | None = None
+        self.finished = False  # ended with RUN_FINISHED (the turn changed the history)
         # Write-through to a durable store, in order, by one writer task.
         self._sink = sink
         self._unwritten: list[event_pb2.Event] = []
@@ -84,6 +92,7 @@ class TurnLog:
             last = restored._events[-1]
             if last.type in TERMINAL_TYPES:
                 restored.ended_at = time.monotonic()
+                restored.finished = last.type == event_pb2.RUN_FINISHED
                 restored.state = (
                     spb.TURN_STATE_FINISHED
                     if last.type == event_pb2.RUN_FINISHED
@@ -130,10 +139,15 @@ class TurnLog:
             self._first_seq += drop
         if event.type in TERMINAL_TYPES:
             self.ended_at = time.monotonic()
+            self.finished = event.type == event_pb2.RUN_FINISHED
         self._wake()
         if self.ended_at is not None and self._on_end is not None:
             self._on_end(self)
         return event
+
+    @property
+    def event_count(self) -> int:
+        return self._next_seq - self._first_seq
 
     @property
     def packed_bytes(self) -> int:
@@ -149,6 +163,8 @@ class TurnLog:
             raise RuntimeError("only an ended turn's events are packed")
         if self._packed is None:
             pieces = [event.SerializeToString() for event in self._events]
+            # In this order (each assignment is atomic): a reader on the loop
+            # sees _packed only once _ends is there, and _events until both are.
             self._ends = array("L", itertools.accumulate(map(len, pieces)))
             self._packed = b"".join(pieces)
             self._events = []
@@ -265,6 +281,10 @@ class EventLogs:
         # Finished logs, oldest end first, with the bytes each holds packed.
         self._finished: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.finished_bytes = 0
+        # How turns whose logs the byte budget dropped ended, until their
+        # window would have passed: a retry of a finished turn's idempotency
+        # key must not run it again (a few dozen bytes each, at most MAX_OUTCOMES).
+        self._outcomes: OrderedDict[tuple[str, str], tuple[bool, float]] = OrderedDict()
 
     @property
     def _sink(self) -> EventSink | None:
@@ -287,9 +307,9 @@ class EventLogs:
         log = self._by_session.get(session_id, OrderedDict()).get(turn_id)
         if log is None:
             raise NotFound(
-                f"the events of turn {turn_id!r} of session {public_id(session_id)!r} are not"
-                f" kept: a turn's events are kept {self._ttl:g} s after it ends, within this"
-                " server's budget for them; its messages are in the session's history"
+                f"no events of turn {turn_id!r} of session {public_id(session_id)!r} are kept:"
+                f" a turn's events are kept {self._ttl:g} s after it ends, within this server's"
+                " budget for them (a finished turn's messages stay in the session's history)"
             )
         return log
 
@@ -336,17 +356,34 @@ class EventLogs:
             session_id, turn_id, events, self._max_events, self._sink, self._ended
         )
 
+    def finished_early_dropped(self, session_id: str, turn_id: str) -> bool:
+        """Whether the turn finished (RUN_FINISHED) and the byte budget
+        dropped its events before its window passed, which has not yet."""
+        found = self._outcomes.get((session_id, turn_id))
+        return found is not None and found[0] and time.monotonic() - found[1] <= self._ttl
+
     def drop_session(self, session_id: str) -> None:
         for turn_id in self._by_session.pop(session_id, OrderedDict()):
             self._forget(session_id, turn_id)
 
     def _ended(self, log: TurnLog) -> None:
         """A log's turn ended: packed, and last in line to go."""
+        if log.event_count > PACK_ON_LOOP_EVENTS:
+            with contextlib.suppress(RuntimeError):  # no loop (a synchronous caller): inline
+                asyncio.get_running_loop().create_task(self._pack_off_loop(log))
+                return
+        self._count(log, log.pack())
+
+    async def _pack_off_loop(self, log: TurnLog) -> None:
+        """A long turn's events are packed in a thread (50,000 took 166 ms):
+        readers meanwhile read them unpacked or packed, never half of each."""
+        self._count(log, await asyncio.to_thread(log.pack))
+
+    def _count(self, log: TurnLog, size: int) -> None:
         key = (log.session_id, log.turn_id)
         logs = self._by_session.get(log.session_id)
         if key in self._finished or logs is None or logs.get(log.turn_id) is not log:
             return  # counted already, or no longer kept
-        size = log.pack()
         self._finished[key] = size
         self.finished_bytes += size
         self.sweep()
@@ -362,12 +399,21 @@ class EventLogs:
             log = logs.get(turn_id) if logs is not None else None
             expired = log is None or (log.ended_at is not None and now - log.ended_at > self._ttl)
             if not expired and self.finished_bytes <= self._max_bytes:
-                return
+                break
+            if not expired and log is not None and log.ended_at is not None:
+                self._outcomes[(session_id, turn_id)] = (log.finished, log.ended_at)
+                if len(self._outcomes) > MAX_OUTCOMES:
+                    self._outcomes.popitem(last=False)
             self._forget(session_id, turn_id)
             if logs is not None:
                 logs.pop(turn_id, None)
                 if not logs:
                     del self._by_session[session_id]
+        while self._outcomes:
+            ended_at = next(iter(self._outcomes.values()))[1]
+            if now - ended_at <= self._ttl:
+                return
+            self._outcomes.popitem(last=False)
 
     def _forget(self, session_id: str, turn_id: str) -> None:
         size = self._finished.pop((session_id, turn_id), None)

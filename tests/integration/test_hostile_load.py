@@ -34,6 +34,7 @@ from hpack import Encoder
 from hyperframe.frame import DataFrame, Frame, HeadersFrame, PingFrame, SettingsFrame
 
 from tests.support.mesh import Component, Mesh, eventually, until
+from turnmesh.client import AsyncClient
 from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
 from turnmesh.files import MAX_FILE_BYTES
 from turnmesh.runtime import wire
@@ -412,7 +413,7 @@ async def test_the_loop_answers_while_the_worst_inputs_arrive(
 
 
 @asynccontextmanager
-async def _stalled_turns(address: str, key: str, count: int) -> AsyncIterator[None]:
+async def _stalled_turns(address: str, key: str | None, count: int) -> AsyncIterator[None]:
     """``count`` Turn calls on one HTTP/2 connection, each announcing a 10 MB
     message and sending 16 KiB of it, then nothing: senders too slow to
     finish. Closing the connection ends them."""
@@ -438,7 +439,7 @@ async def _stalled_turns(address: str, key: str, count: int) -> AsyncIterator[No
         headers.data = encoder.encode(
             [(":method", "POST"), (":scheme", "http"), (":path", TURN_PATH),
              (":authority", address), ("content-type", "application/grpc"), ("te", "trailers"),
-             ("authorization", f"Bearer {key}")]
+             *([("authorization", f"Bearer {key}")] if key else [])]
         )  # fmt: skip
         start = DataFrame(stream_id, data=struct.pack(">BI", 0, 10**7) + b"x" * 16_000)
         writer.write(headers.serialize() + start.serialize())
@@ -478,3 +479,27 @@ async def test_a_principals_slow_senders_hold_up_only_its_own_requests(
 
 async def _equals(value: Awaitable[float], expected: float) -> bool:
     return await value == expected
+
+
+async def test_on_a_keyless_mesh_each_connection_has_its_own_slots(mesh_factory: Mesh) -> None:
+    """Without keys every caller is the anonymous principal: one client's
+    stalled requests hold up its own connection's, never another client's."""
+    mesh_factory.start_router()
+    worker = mesh_factory.spawn_worker("worker", "echo")
+    server = mesh_factory.spawn_server("server", "--metrics-port", "0")
+    mesh_factory.wait_ready(worker, server)
+    metrics = f"http://{server.info['metrics_address']}/metrics"
+    async with httpx.AsyncClient(timeout=60) as http:
+
+        async def waiting() -> float:
+            return _gauge((await http.get(metrics)).text, "turnmesh_requests_waiting_to_be_read")
+
+        async with (
+            _stalled_turns(server.address, None, RECEIVING + 1),
+            AsyncClient(server.address) as other,
+        ):
+            await eventually(lambda: _equals(waiting(), 1), timeout=60, what="one stalled waits")
+            sid = (await other.create_session(agent="echo")).session_id
+            assert (await other.send(sid, "still served")).text == "still served"
+            assert await waiting() == 1
+        await eventually(lambda: _equals(waiting(), 0), timeout=60, what="nothing waits")

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import FakeClock, FakeRunner, fake_time_module, spin, spin_until
-from turnmesh.runtime.errors import IdempotencyKeyReused, NotFound, Unavailable
+from turnmesh.runtime.errors import AlreadyExists, IdempotencyKeyReused, NotFound, Unavailable
 from turnmesh.server import eventlog
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
@@ -268,6 +268,39 @@ async def test_a_retried_key_whose_log_expired_runs_a_new_turn(
     again = await core.start_turn(request(key="k"))
     assert again is not first
     runner.finish(turn_of(core, again))
+
+
+async def test_a_retried_key_whose_events_the_budget_dropped_is_not_run_again(
+    pool: FakePool, runner: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within its window a finished turn never runs twice, even when the
+    server's event-log budget dropped its events early; a failed one may."""
+    clock = FakeClock()
+    monkeypatch.setattr(eventlog, "time", fake_time_module(clock))
+    limits = SessionLimits(event_log_max_bytes=1)  # every finished log goes at once
+    core = SessionCore(MemoryStore(), pool, "demo", limits)  # type: ignore[arg-type]
+    core.runner = runner  # type: ignore[assignment]
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    first = await core.start_turn(request(key="k"))
+    runner.finish(turn_of(core, first))
+    await core._turns["s1"].wait_idle()
+    with pytest.raises(AlreadyExists, match="finished") as refused:
+        await core.start_turn(request(key="k"))
+    assert refused.value.reason == "TURN_ALREADY_FINISHED"
+    clock.advance(limits.event_log_ttl_seconds + 1)  # past the window: as before
+    core.logs.sweep()
+    again = await core.start_turn(request(key="k"))
+    assert again.turn_id != first.turn_id
+    runner.finish(turn_of(core, again))
+    await core._turns["s1"].wait_idle()
+    failed = await core.start_turn(request(key="f"))
+    await spin_until(lambda: failed.last_seq >= 1)
+    await core.cancel_turn("s1", failed.turn_id)
+    await core._turns["s1"].wait_idle()
+    retried = await core.start_turn(request(key="f"))  # it changed nothing: runs again
+    assert retried.turn_id != failed.turn_id
+    runner.finish(turn_of(core, retried))
+    await core._turns["s1"].wait_idle()
 
 
 # --- cancel_turn ---------------------------------------------------------------------

@@ -543,3 +543,21 @@ def test_forgotten_logs_give_their_bytes_back() -> None:
     logs.drop_session("s1")
     logs.drop_session("s2")
     assert logs.finished_bytes == 0 and not logs._finished
+
+
+async def test_a_long_turn_is_packed_off_the_loop_and_read_whole_meanwhile() -> None:
+    logs = EventLogs(max_events=10_000, max_turns_per_session=10, ttl_seconds=600)
+    log = logs.create("s1", "long")
+    count = eventlog.PACK_ON_LOOP_EVENTS + 500
+    for i in range(count):
+        log.append(text(f"w{i} "))
+    log.append(finished())
+    assert log.packed_bytes == 0  # not on the loop: a thread packs it
+    during = [e.delta async for e in log.follow()]
+    for _ in range(6000):  # until the thread is done (bounded, not timed)
+        if logs.finished_bytes:
+            break
+        await asyncio.sleep(0.01)
+    assert logs.finished_bytes == log.packed_bytes > 0 and log._events == []
+    after = [e.delta async for e in log.follow()]
+    assert during == after == [*(f"w{i} " for i in range(count)), ""]
