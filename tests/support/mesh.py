@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import grpc
+
 from turnmesh.client import AsyncClient
 from turnmesh.envoy import EdgeConfig, EdgeGuards
 from turnmesh.envoy.process import RunningEnvoy, write_config
@@ -331,14 +333,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def route_owner(mesh: Mesh, session_id: str) -> str:
-    """The member id the router names as the session's owner (a lookup)."""
+async def route_owner(mesh: Mesh, session_id: str, timeout: float = 60.0) -> str:
+    """The member id the router names as the session's owner (a lookup). A
+    restarted router answers UNAVAILABLE until its members have reported
+    their sessions (registering comes first): asked again until it knows."""
     assert mesh.router is not None
+    deadline = time.monotonic() + timeout
     async with insecure_channel(mesh.router.address) as channel:
-        route = await RouterServiceStub(channel).Route(
-            rpb.RouteRequest(session_id=session_id, lookup_only=True)
-        )
-    return route.owner.member_id
+        while True:
+            try:
+                route = await RouterServiceStub(channel).Route(
+                    rpb.RouteRequest(session_id=session_id, lookup_only=True)
+                )
+            except grpc.aio.AioRpcError as exc:
+                learning = exc.code() == grpc.StatusCode.UNAVAILABLE and "learning" in (
+                    exc.details() or ""
+                )
+                if not learning or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(POLL)
+                continue
+            return route.owner.member_id
 
 
 async def session_owned_by(client: AsyncClient, mesh: Mesh, server: Component, agent: str) -> str:
