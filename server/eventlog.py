@@ -285,6 +285,7 @@ class EventLogs:
         # window would have passed: a retry of a finished turn's idempotency
         # key must not run it again (a few dozen bytes each, at most MAX_OUTCOMES).
         self._outcomes: OrderedDict[tuple[str, str], tuple[bool, float]] = OrderedDict()
+        self._packing: set[asyncio.Task[None]] = set()
 
     @property
     def _sink(self) -> EventSink | None:
@@ -370,7 +371,9 @@ class EventLogs:
         """A log's turn ended: packed, and last in line to go."""
         if log.event_count > PACK_ON_LOOP_EVENTS:
             with contextlib.suppress(RuntimeError):  # no loop (a synchronous caller): inline
-                asyncio.get_running_loop().create_task(self._pack_off_loop(log))
+                task = asyncio.get_running_loop().create_task(self._pack_off_loop(log))
+                self._packing.add(task)  # the loop keeps only a weak reference
+                task.add_done_callback(self._packing.discard)
                 return
         self._count(log, log.pack())
 
