@@ -22,14 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.suite import MESSAGE, Bench
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+from bench.suite import MESSAGE, Bench, rss_bytes
 
 
 async def gauge(url: str, name: str) -> float:

@@ -49,6 +49,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory now, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def percentile(samples: list[float], q: float) -> float:
     if not samples:
         return float("nan")
@@ -335,13 +343,7 @@ class Bench:
         return {k: round(v, 1) for k, v in rates.items()}
 
     async def memory_per_session(self, count: int) -> float:
-        def rss(pid: int) -> int:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-            return 0
-
-        before = rss(self.server.pid)
+        before = rss_bytes(self.server.pid)
         seed = [
             message_pb2.Message(role="user", content="hello"),
             message_pb2.Message(role="assistant", content="hi there"),
@@ -356,7 +358,7 @@ class Bench:
                     await client.create_session(agent="echo", messages=seed)
 
             await asyncio.gather(*(creator() for _ in range(64)))
-        return (rss(self.server.pid) - before) / count
+        return (rss_bytes(self.server.pid) - before) / count
 
 
 def up_seconds(workdir: Path) -> float:

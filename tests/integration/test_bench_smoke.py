@@ -9,29 +9,30 @@ from pathlib import Path
 from typing import Any
 
 
-def test_bench_suite_smoke_run(tmp_path: Path) -> None:
+def _run(module: str, *args: str) -> str:
+    """A benchmark module's run to its end; its standard output."""
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.suite",
-            "--smoke",
-            "--concurrency",
-            "1",
-            "2",
-            "--turns",
-            "20",
-            "--sessions",
-            "200",
-            "--out",
-            str(tmp_path),
-        ],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def _bench(module: str, *args: str) -> dict[str, Any]:
+    """A benchmark that prints one JSON report."""
+    report: dict[str, Any] = json.loads(_run(module, *args))
+    return report
+
+
+def test_bench_suite_smoke_run(tmp_path: Path) -> None:
+    _run(
+        "bench.suite", "--smoke", "--concurrency", "1", "2", "--turns", "20",
+        "--sessions", "200", "--out", str(tmp_path),
+    )  # fmt: skip
     (report_file,) = tmp_path.glob("*.json")
     report = json.loads(report_file.read_text())
     paths = {(c["path"], c["concurrency"]) for c in report["cells"]}
@@ -47,15 +48,8 @@ def test_bench_suite_smoke_run(tmp_path: Path) -> None:
 
 
 def test_listing_bench_smoke_run() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.listing", "--sessions", "30", "--stores", "memory"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    row = json.loads(result.stdout.strip().splitlines()[-1])
+    output = _run("bench.listing", "--sessions", "30", "--stores", "memory")
+    row = json.loads(output.strip().splitlines()[-1])
     assert row["store"] == "memory" and row["sessions_of_the_principal"] == 30
     assert row["page_of_100_p50_ms"] > 0 and row["get_session_p50_ms"] > 0
 
@@ -63,14 +57,7 @@ def test_listing_bench_smoke_run() -> None:
 def test_paced_bench_smoke_run(tmp_path: Path) -> None:
     """Paced streams on both paths: every turn finishes, every level is
     reported with CPU per process and the machine's speed."""
-    result = subprocess.run(
-        [sys.executable, "-m", "bench.paced", "--smoke", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    _run("bench.paced", "--smoke", "--out", str(tmp_path))
     (report_file,) = tmp_path.glob("paced-*.json")
     report = json.loads(report_file.read_text())
     assert report["baseline_turns_per_s"] > 0 and report["baseline_cpu_ms_per_message"] > 0
@@ -83,15 +70,6 @@ def test_paced_bench_smoke_run(tmp_path: Path) -> None:
         assert {"server", "worker", "client"} <= set(row["cpu_ms_per_event"])
     assert "envoy" in report["levels"][0]["cpu_ms_per_event"]
     assert "| rest | 4 |" in next(tmp_path.glob("paced-*.md")).read_text()
-
-
-def _bench(*argv: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report: dict[str, Any] = json.loads(result.stdout)
-    return report
 
 
 def test_compat_cost_bench_smoke_run() -> None:
