@@ -67,6 +67,12 @@ EVENT_LOOP_LAG = Gauge(
 # Workers.
 WORKER_RUNS = Counter("turnmesh_worker_runs", "Agent runs, by outcome", ["outcome"])
 WORKER_RUN_SECONDS = Histogram("turnmesh_worker_run_duration_seconds", "Agent run wall time")
+WORKER_RELAY_RESPONSES = Counter(
+    "turnmesh_worker_relay_responses", "Responses written on servers' relays (each many events)"
+)
+WORKER_RELAYED_EVENTS = Counter(
+    "turnmesh_worker_relayed_events", "Turn events sent through servers' relays"
+)
 FILE_QUEUE_SECONDS = Histogram(
     "turnmesh_file_queue_seconds",
     "How long an attached file waited for a reader slot (slots are shared fairly)",

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
@@ -27,6 +27,7 @@ from turnmesh.runtime.events import sum_usage
 from turnmesh.runtime.principals import principal_of
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.history import HistoryBuilder
+from turnmesh.server.relay import RelayedTurn
 from turnmesh.server.store import SessionStore, TurnAbandoned, now
 from turnmesh.server.turns import CancelReason, PendingTurn
 from turnmesh.server.workers import WorkerPool, WorkerRef
@@ -297,21 +298,32 @@ class TurnRunner:
                 history_base=base,
                 metadata=turn.metadata,
             )
+            feed = _Feed(run)
+            link = self._workers.relay(worker)
+            relayed = link.register(feed.relayed) if link is not None else None
+            if link is not None and relayed is not None:
+                head.relay_id = link.relay_id
+                head.relay_key = relayed.key
             request: wpb.RunRequest | bytes = head
-            if worker.run_serialized and (turn.files or len(history) > SMALL_HISTORY):
-                # Possibly megabytes: serialized a piece at a time, off the loop.
-                repeated: dict[str, Sequence[Message]] = {"history": history, "files": turn.files}
-                request = await wire.serialize_off_loop(head, repeated)
-            else:
-                head.history.extend(history)
-                head.files.extend(turn.files)
             try:
+                if worker.run_serialized and (turn.files or len(history) > SMALL_HISTORY):
+                    # Possibly megabytes: serialized a piece at a time, off the loop.
+                    repeated: dict[str, Sequence[Message]] = {
+                        "history": history,
+                        "files": turn.files,
+                    }
+                    request = await wire.serialize_off_loop(head, repeated)
+                else:
+                    head.history.extend(history)
+                    head.files.extend(turn.files)
                 with tracing.client_span(
                     "turnmesh.v1.WorkerService/Run",
                     turn.trace_context,
                     **{"turnmesh.worker_id": worker.member_id, "turnmesh.turn_id": turn.turn_id},
                 ) as trace_metadata:
-                    end = await self._stream(worker, session_id, request, run, trace_metadata)
+                    end = await self._stream(
+                        worker, session_id, request, feed, relayed, trace_metadata
+                    )
             except HistoryMiss:
                 if base == 0:
                     raise WorkerFailed(streamed=False) from None
@@ -320,6 +332,9 @@ class TurnRunner:
             except WorkerFailed:
                 self._workers.forget_history(worker, session_id)
                 raise
+            finally:
+                if link is not None and relayed is not None:
+                    link.unregister(relayed)
             self._workers.remember_history(worker, session_id, base + len(history))
             return end
 
@@ -328,12 +343,11 @@ class TurnRunner:
         worker: WorkerRef,
         session_id: str,
         request: wpb.RunRequest | bytes,
-        run: _Run,
+        feed: _Feed,
+        relayed: RelayedTurn | None,
         trace_metadata: tracing.Metadata = (),
     ) -> WorkerEnd:
-        tlog = run.turn.log
         self._workers.acquire(worker, session_id)
-        streamed = False
         metadata = (*self._workers.call_metadata, *trace_metadata)
         call: grpc.aio.UnaryStreamCall[Any, wpb.RunResponse]
         if isinstance(request, bytes):
@@ -344,41 +358,81 @@ class TurnRunner:
         try:
             async for response in call:
                 if response.files:
-                    run.file_refs = list(response.files)
+                    feed.run.file_refs = list(response.files)
+                if response.relayed_events and not (
+                    relayed is not None and await relayed.wait_for(response.relayed_events)
+                ):
+                    break  # the relay ended before it brought them all
                 for event in response.events:
-                    if event.type == event_pb2.RUN_STARTED:
-                        continue  # an older worker's: the server started the run
-                    if event.type == event_pb2.RUN_FINISHED:
-                        return WorkerEnd(
-                            ok=True,
-                            usage=list(event.usage),
-                            result=event.result if event.HasField("result") else None,
-                        )
-                    if event.type == event_pb2.RUN_ERROR:
-                        return WorkerEnd(ok=False, error=_copy_error(event))
-                    if not streamed:
-                        streamed = True
-                        self._first_event(run)
-                    run.builder.feed(event)
-                    tlog.append(event)  # the log numbers it and names its turn
+                    if (end := feed.event(event)) is not None:
+                        return end
         except grpc.aio.AioRpcError as exc:
-            if not streamed and isinstance(from_rpc_error(exc), HistoryMiss):
+            if not feed.streamed and isinstance(from_rpc_error(exc), HistoryMiss):
                 raise HistoryMiss(session_id) from exc
             log.debug("worker %s stream error: %s", worker.member_id, exc.code())
-            raise WorkerFailed(streamed) from exc
+            raise WorkerFailed(feed.streamed) from exc
         except asyncio.CancelledError:
             call.cancel()
             raise
         finally:
             self._workers.release(worker)
         # The stream ended without RUN_FINISHED or RUN_ERROR.
-        raise WorkerFailed(streamed)
+        call.cancel()
+        raise WorkerFailed(feed.streamed)
 
     @staticmethod
     def _first_event(run: _Run) -> None:
         if not run.first_event_seen:
             run.first_event_seen = True
             metrics.FIRST_EVENT_SECONDS.observe(time.monotonic() - run.started)
+
+
+class _Feed:
+    """Takes a turn's events from its worker, from the turn's Run stream or
+    from the server's relay, into the turn's log and history."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        self.streamed = False  # whether any of the agent's events came
+
+    def event(self, event: event_pb2.Event) -> WorkerEnd | None:
+        """Log the event, or return how the run ended."""
+        if event.type == event_pb2.RUN_STARTED:
+            return None  # an older worker's: the server started the run
+        if event.type == event_pb2.RUN_FINISHED:
+            return WorkerEnd(
+                ok=True,
+                usage=list(event.usage),
+                result=event.result if event.HasField("result") else None,
+            )
+        if event.type == event_pb2.RUN_ERROR:
+            return WorkerEnd(ok=False, error=_copy_error(event))
+        if not self.streamed:
+            self.streamed = True
+            TurnRunner._first_event(self.run)
+        self.run.builder.feed(event)
+        self.run.turn.log.append(event)  # the log numbers it and names its turn
+        return None
+
+    def relayed(self, entry: wpb.RelayedEvents) -> None:
+        """A relay's events of this turn. Each is copied out of the relay's
+        message, which holds other turns' events: a kept reference would keep
+        all of them in memory as long as this turn's log holds it."""
+        if entry.files:
+            self.run.file_refs = [_copied(message_pb2.FileRef, ref) for ref in entry.files]
+        for event in entry.events:
+            if event.type in (event_pb2.RUN_FINISHED, event_pb2.RUN_ERROR):
+                raise ValueError("a relay carries no turn's end")
+            self.event(_copied(event_pb2.Event, event))
+
+
+_M = TypeVar("_M", bound=Message)
+
+
+def _copied(kind: type[_M], message: _M) -> _M:
+    copy = kind()
+    copy.CopyFrom(message)
+    return copy
 
 
 # A history tail longer than this is a worker that lacks the history (its

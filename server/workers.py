@@ -21,6 +21,7 @@ import grpc
 from turnmesh.runtime import wire
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
+from turnmesh.server.relay import RelayLink
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import worker_service_pb2 as wpb
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub
@@ -60,6 +61,8 @@ class WorkerPool:
         self._interval = refresh_interval
         self._workers: dict[str, WorkerRef] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # This server's relay from each worker (by address), once asked for.
+        self._relays: dict[str, RelayLink] = {}
         self._inflight: dict[str, int] = {}
         self._last_worker: dict[str, str] = {}
         self._failed_until: dict[str, float] = {}
@@ -78,6 +81,8 @@ class WorkerPool:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for link in self._relays.values():
+            await link.close()
         for channel in self._channels.values():
             await channel.close()
 
@@ -136,6 +141,8 @@ class WorkerPool:
         runs on them: an idle channel to a dead address keeps reconnecting."""
         busy = {self._address_of[m] for m, n in self._inflight.items() if n > 0}
         for address in [a for a in self._channels if a not in listed and a not in busy]:
+            if (link := self._relays.pop(address, None)) is not None:
+                await link.close()
             await self._channels.pop(address).close()
 
     @property
@@ -164,6 +171,16 @@ class WorkerPool:
             if slack < STICKY_SLACK:
                 return last
         return least
+
+    def relay(self, worker: WorkerRef) -> RelayLink | None:
+        """This server's open relay from the worker, or None (a turn then
+        streams on its own call); asking opens one if there is none."""
+        link = self._relays.get(worker.address)
+        if link is not None and link.open:
+            return link
+        if link is None or (link.closed and time.monotonic() >= link.reopen_at):
+            self._relays[worker.address] = RelayLink(worker.stub, self.call_metadata)
+        return None
 
     def acquire(self, worker: WorkerRef, session_id: str) -> None:
         self._address_of[worker.member_id] = worker.address

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 
@@ -166,7 +167,11 @@ async def serve(config: WorkerConfig) -> None:
         servicer.ready = False
         if membership is not None:
             await membership.stop()  # leave first, so no server picks us meanwhile
-        await process.stop(config.grace_seconds)  # health NOT_SERVING, then drain
+        # Health NOT_SERVING, new calls refused, then drain: the servers'
+        # relays end once the turns have (they never end by themselves).
+        stopping = asyncio.create_task(process.stop(config.grace_seconds))
+        await servicer.close_relays_when_idle(config.grace_seconds)
+        await stopping
         await _close_agent(agent)
         stop_tracing()  # flushes the last spans
 

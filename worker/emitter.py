@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from turnmesh.runtime.events import now_ms
@@ -26,13 +26,16 @@ def make_event(type_: event_pb2.EventType.ValueType, **fields: Any) -> event_pb2
 
 
 class QueueEmitter:
-    """An ``EventEmitter`` that queues events for the stream writer.
+    """An ``EventEmitter`` that queues events for the stream writer, or hands
+    each to ``sink`` (a server's relay) as it is made.
 
     ``None`` on the queue marks the end of the agent's run (see ``finish``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sink: Callable[[event_pb2.Event], None] | None = None) -> None:
         self.queue: asyncio.Queue[event_pb2.Event | None] = asyncio.Queue()
+        self._sink = sink
+        self.sunk = 0  # events handed to the sink
         self._text_message_id: str | None = None  # the open text message
         self._assistant_message_id: str | None = None  # parent of the next tool call
         self._text_since_tool_result = False
@@ -154,5 +157,9 @@ class QueueEmitter:
             self._text_message_id = None
 
     def _put(self, event: event_pb2.Event) -> None:
+        if self._sink is not None:
+            self._sink(event)
+            self.sunk += 1
+            return
         # Unbounded: the agent never blocks on a slow reader; a turn's output is finite.
         self.queue.put_nowait(event)

@@ -18,12 +18,13 @@ from opentelemetry import trace
 from turnmesh.agent import AgentError, AgentResponse, AgentRunnable
 from turnmesh.files import Sandbox
 from turnmesh.runtime import metrics
-from turnmesh.runtime.errors import TurnError, problem
+from turnmesh.runtime.errors import TurnError, Unavailable, problem
 from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker._convert import history_message, to_agent_request
 from turnmesh.worker.attachments import file_events, read_files
 from turnmesh.worker.emitter import ET, QueueEmitter, make_event
 from turnmesh.worker.history_cache import DEFAULT_MAX_BYTES, HistoryCache
+from turnmesh.worker.relay import Relay, RelayClosed, Relays
 
 __all__ = ["WorkerServicer"]
 
@@ -54,12 +55,39 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         self.worker_id = worker_id
         self.ready = True  # the agent is loaded before the servicer exists
         self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._histories = HistoryCache(max_bytes=history_cache_bytes)
+        self._relays = Relays()
 
     @property
     def inflight(self) -> int:
         """Turns running now."""
         return self._inflight
+
+    async def close_relays_when_idle(self, grace: float) -> None:
+        """At shutdown (new calls refused already): once the running turns
+        have ended, or after ``grace``, end the servers' relays, which would
+        otherwise hold the server's stop for its whole grace period."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+        self._relays.close_all()
+
+    async def Relay(
+        self,
+        request: worker_service_pb2.RelayRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[worker_service_pb2.RelayResponse]:
+        relay = self._relays.open(request.relay_id)
+        try:
+            yield worker_service_pb2.RelayResponse()  # open: Run may name it now
+            async for response in relay.responses():
+                yield response
+        finally:
+            # The server went away or the worker is stopping: the turns that
+            # used this relay are stopped, and their Run calls fail.
+            self._relays.close(relay)
 
     async def GetInfo(
         self,
@@ -88,11 +116,14 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         span.set_attribute("turnmesh.turn_id", request.turn_id)
         started = time.monotonic()
         outcome = "failed"  # until it is known
+        relay = self._relays.get(request.relay_id) if request.relay_id else None
         self._inflight += 1
+        self._idle.clear()
         try:
             # The server started the turn (RUN_STARTED) and numbers its events:
             # this stream carries only what the agent does, then how it ended.
             pending: list[event_pb2.Event] = []
+            relayed: list[event_pb2.Event] = []  # the file events sent through the relay
             if request.files:
                 files, refs = await read_files(
                     self.sandbox,
@@ -102,21 +133,38 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                     turn=f"{request.session_id} {request.turn_id}",
                 )
                 agent_request = dataclasses.replace(agent_request, files=files)
-                yield worker_service_pb2.RunResponse(events=file_events(refs), files=refs)
-            emitter = QueueEmitter()
+                if relay is None:
+                    yield worker_service_pb2.RunResponse(events=file_events(refs), files=refs)
+                else:
+                    relayed = file_events(refs)
+                    _relay_put(relay, request.relay_key, relayed, refs)
+            if relay is None:
+                emitter = QueueEmitter()
+            else:
+                emitter = QueueEmitter(sink=lambda event: relay.put(request.relay_key, (event,)))
             task = asyncio.create_task(
                 self.agent.run(agent_request, emitter=emitter), name=f"turn-{request.turn_id}"
             )
             task.add_done_callback(lambda _: emitter.finish())
             try:
-                async for batch, ended in emitter.batches():
-                    pending.extend(batch)
-                    if ended:
-                        break  # the last response also carries the run's end
-                    yield worker_service_pb2.RunResponse(events=pending)
-                    pending = []
+                if relay is None:
+                    async for batch, ended in emitter.batches():
+                        pending.extend(batch)
+                        if ended:
+                            break  # the last response also carries the run's end
+                        yield worker_service_pb2.RunResponse(events=pending)
+                        pending = []
+                else:
+                    relay.attach(request.relay_key, task)
+                    # Not `await task`: the caller's cancel must reach the
+                    # finally below, which cancels the agent.
+                    await asyncio.wait((task,))
+                    if relay.closed:
+                        raise Unavailable("the relay to the server ended")
                 response = _outcome(task, request.turn_id)
             finally:
+                if relay is not None:
+                    relay.detach(request.relay_key)
                 # Reached early only when the caller went away (cancel or close):
                 # the agent sees CancelledError inside run.
                 if not task.done():
@@ -143,15 +191,26 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             else:
                 pending.extend(emitter.closing_events(response.text))
                 pending.append(finished)
-            yield worker_service_pb2.RunResponse(events=pending)
+            yield worker_service_pb2.RunResponse(
+                events=pending, relayed_events=len(relayed) + emitter.sunk
+            )
             outcome = "finished" if finished is not None else "failed"
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
             self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
             metrics.WORKER_RUNS.labels(outcome).inc()
             metrics.WORKER_RUN_SECONDS.observe(time.monotonic() - started)
+
+
+def _relay_put(relay: Relay, key: int, events: list[event_pb2.Event], refs: list[Any]) -> None:
+    try:
+        relay.put(key, events, refs)
+    except RelayClosed:
+        raise Unavailable("the relay to the server ended") from None
 
 
 # A tail longer than this is a whole history (a seeded one may hold 64 MiB).

@@ -7,8 +7,10 @@ import signal
 from typing import TYPE_CHECKING
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.mesh import Mesh, eventually, until
 from turnmesh.client import AsyncClient, UnavailableError
@@ -91,3 +93,66 @@ async def test_sigterm_drains_in_flight_turns(mesh_factory: Mesh) -> None:
         text = "".join(e.delta for e in events if e.type == event_pb2.TEXT_MESSAGE_CONTENT)
         assert text == "one two three four five six"
     assert server.proc.wait(timeout=30) == 0
+
+
+def _relayed_events(worker_metrics: str) -> float:
+    text = httpx.get(f"http://{worker_metrics}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "turnmesh_worker_relayed_events_total"
+    )
+
+
+async def test_a_worker_drains_relayed_turns_then_ends_its_relays(mesh_factory: Mesh) -> None:
+    """A server's relay never ends by itself: a stopping worker ends it once
+    its turns have, instead of waiting out its grace (600 s here). With the
+    router gone, the server cannot learn that the worker left (which would
+    close its channel): only the worker can end the relay."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn(
+        "worker",
+        "worker",
+        "--router",
+        mesh.router.address if mesh.router else "",
+        "--agent",
+        "echo",
+        "--metrics-port",
+        "0",
+        "--grace-seconds",
+        "600",
+    )
+    server = mesh.spawn_server("server")
+    mesh.wait_ready(worker, server)
+    metrics_address = str(worker.info["metrics_address"])
+    async with AsyncClient(server.address) as client:
+        sid = (await client.create_session(agent="echo")).session_id
+
+        async def relayed() -> bool:
+            # The server opens its relay with its first turn there; a turn
+            # streams on its own call until the relay is open.
+            await client.send(sid, "warm up")
+            return _relayed_events(metrics_address) > 0
+
+        await eventually(relayed, what="turns to go through the server's relay")
+        assert mesh.router is not None
+        mesh.router.proc.kill()
+        mesh.router.proc.wait(timeout=30)
+        before = _relayed_events(metrics_address)
+        events: list[event_pb2.Event] = []
+        async with client.stream_turn(
+            sid, "one two three four five six", metadata={"delay_ms": 100}
+        ) as stream:
+            async for event in stream:
+                events.append(event)
+                if event.type == event_pb2.TEXT_MESSAGE_CONTENT and len(events) == 3:
+                    # This turn's events so far came through the relay.
+                    assert _relayed_events(metrics_address) - before >= 2
+                    worker.proc.send_signal(signal.SIGTERM)
+    assert events[-1].type == event_pb2.RUN_FINISHED
+    text = "".join(e.delta for e in events if e.type == event_pb2.TEXT_MESSAGE_CONTENT)
+    assert text == "one two three four five six"
+    # Far less than the 600 s grace: the relay ended when the turn did.
+    assert worker.proc.wait(timeout=60) == 0

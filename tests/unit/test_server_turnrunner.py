@@ -99,6 +99,9 @@ class FakePool:
         self.workers.extend(self.on_refresh)
         self.on_refresh = []
 
+    def relay(self, worker: WorkerRef) -> None:
+        return None  # every turn streams on its Run call here
+
     def acquire(self, worker: WorkerRef, session_id: str) -> None:
         self.inflight[worker.member_id] = self.inflight.get(worker.member_id, 0) + 1
 

@@ -80,6 +80,9 @@ from turnmesh.v1.session_service_pb2_grpc import add_SessionServiceServicer_to_s
 from turnmesh.v1.session_service_pb2_grpc import SessionService as SessionService
 from turnmesh.v1.worker_service_pb2 import RunRequest as RunRequest
 from turnmesh.v1.worker_service_pb2 import RunResponse as RunResponse
+from turnmesh.v1.worker_service_pb2 import RelayRequest as RelayRequest
+from turnmesh.v1.worker_service_pb2 import RelayResponse as RelayResponse
+from turnmesh.v1.worker_service_pb2 import RelayedEvents as RelayedEvents
 from turnmesh.v1.worker_service_pb2 import GetInfoRequest as GetInfoRequest
 from turnmesh.v1.worker_service_pb2 import GetInfoResponse as GetInfoResponse
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub as WorkerServiceStub
@@ -131,6 +134,9 @@ __all__ = [
     "Problem",
     "RegisterRequest",
     "RegisterResponse",
+    "RelayRequest",
+    "RelayResponse",
+    "RelayedEvents",
     "RemoveSessionRequest",
     "RemoveSessionResponse",
     "ReportSessionsRequest",

@@ -32,6 +32,8 @@ class RunRequest(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     HISTORY_BASE_FIELD_NUMBER: _builtins.int
+    RELAY_ID_FIELD_NUMBER: _builtins.int
+    RELAY_KEY_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session's mesh-wide id: PRINCIPAL/ID, or the bare ID for the
     anonymous principal. The worker takes the turn's principal from it (for
@@ -44,6 +46,13 @@ class RunRequest(_message.Message):
     number answers FAILED_PRECONDITION (reason HISTORY_MISS) before any
     event, and the server sends the whole history again.
     """
+    relay_id: _builtins.str
+    """Send the turn's events (all but those of the last response) through the
+    server's open relay of this id, tagged with `relay_key`. Empty, or a
+    relay this worker does not hold: every event goes on this call's stream.
+    """
+    relay_key: _builtins.int
+    """The turn's key on the relay, unique among the relay's turns."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The new user message(s) of this turn. More than one when the turn
@@ -72,10 +81,12 @@ class RunRequest(_message.Message):
         history: _abc.Iterable[_message_pb2.Message] | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
         history_base: _builtins.int = ...,
+        relay_id: _builtins.str = ...,
+        relay_key: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "history", b"history", "history_base", b"history_base", "messages", b"messages", "metadata", b"metadata", "session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "history", b"history", "history_base", b"history_base", "messages", b"messages", "metadata", b"metadata", "relay_id", b"relay_id", "relay_key", b"relay_key", "session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -87,6 +98,11 @@ class RunResponse(_message.Message):
 
     EVENTS_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
+    RELAYED_EVENTS_FIELD_NUMBER: _builtins.int
+    relayed_events: _builtins.int
+    """On the last response: how many of the turn's events were sent through
+    the relay (0 when it was not used).
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]: ...
     @_builtins.property
@@ -100,14 +116,89 @@ class RunResponse(_message.Message):
         *,
         events: _abc.Iterable[_event_pb2.Event] | None = ...,
         files: _abc.Iterable[_message_pb2.FileRef] | None = ...,
+        relayed_events: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "files", b"files"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "files", b"files", "relayed_events", b"relayed_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunResponse: _TypeAlias = RunResponse  # noqa: Y015
+
+@_typing.final
+class RelayRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELAY_ID_FIELD_NUMBER: _builtins.int
+    relay_id: _builtins.str
+    """The server's name for this relay (random, unique per stream)."""
+    def __init__(
+        self,
+        *,
+        relay_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["relay_id", b"relay_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayRequest: _TypeAlias = RelayRequest  # noqa: Y015
+
+@_typing.final
+class RelayResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayedEvents]:
+        """The turns that had events ready, in the order their first event came."""
+
+    def __init__(
+        self,
+        *,
+        turns: _abc.Iterable[Global___RelayedEvents] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turns", b"turns"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayResponse: _TypeAlias = RelayResponse  # noqa: Y015
+
+@_typing.final
+class RelayedEvents(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELAY_KEY_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    relay_key: _builtins.int
+    """The turn's `RunRequest.relay_key`."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]: ...
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.FileRef]:
+        """What the worker read from the turn's files (with its `file_read`
+        events, before the agent's), as `RunResponse.files`.
+        """
+
+    def __init__(
+        self,
+        *,
+        relay_key: _builtins.int = ...,
+        events: _abc.Iterable[_event_pb2.Event] | None = ...,
+        files: _abc.Iterable[_message_pb2.FileRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "files", b"files", "relay_key", b"relay_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayedEvents: _TypeAlias = RelayedEvents  # noqa: Y015
 
 @_typing.final
 class GetInfoRequest(_message.Message):

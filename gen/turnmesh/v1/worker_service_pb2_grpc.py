@@ -41,6 +41,11 @@ class WorkerServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_worker__service__pb2.RunRequest.SerializeToString,
                 response_deserializer=turnmesh_dot_v1_dot_worker__service__pb2.RunResponse.FromString,
                 _registered_method=True)
+        self.Relay = channel.unary_stream(
+                '/turnmesh.v1.WorkerService/Relay',
+                request_serializer=turnmesh_dot_v1_dot_worker__service__pb2.RelayRequest.SerializeToString,
+                response_deserializer=turnmesh_dot_v1_dot_worker__service__pb2.RelayResponse.FromString,
+                _registered_method=True)
         self.GetInfo = channel.unary_unary(
                 '/turnmesh.v1.WorkerService/GetInfo',
                 request_serializer=turnmesh_dot_v1_dot_worker__service__pb2.GetInfoRequest.SerializeToString,
@@ -68,6 +73,22 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Relay(self, request, context):
+        """A server's relay: one long-lived stream per server and worker that
+        carries the events of every turn the server starts with this
+        `relay_id`, each response holding what every such turn had ready (under
+        load, many turns' events in one gRPC message instead of one message per
+        event per turn). The first response is empty: the relay is open. `Run`
+        stays each turn's own call (its request, its cancellation, its status);
+        its last response says how many of the turn's events went through the
+        relay, and the server reads them all before that response's events.
+        When a relay ends, the worker stops the turns that used it (their Run
+        calls fail UNAVAILABLE) and the server opens another.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetInfo(self, request, context):
         """Which agent this worker runs, and whether it is ready.
         """
@@ -82,6 +103,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=turnmesh_dot_v1_dot_worker__service__pb2.RunRequest.FromString,
                     response_serializer=turnmesh_dot_v1_dot_worker__service__pb2.RunResponse.SerializeToString,
+            ),
+            'Relay': grpc.unary_stream_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=turnmesh_dot_v1_dot_worker__service__pb2.RelayRequest.FromString,
+                    response_serializer=turnmesh_dot_v1_dot_worker__service__pb2.RelayResponse.SerializeToString,
             ),
             'GetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetInfo,
@@ -118,6 +144,33 @@ class WorkerService:
             '/turnmesh.v1.WorkerService/Run',
             turnmesh_dot_v1_dot_worker__service__pb2.RunRequest.SerializeToString,
             turnmesh_dot_v1_dot_worker__service__pb2.RunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/turnmesh.v1.WorkerService/Relay',
+            turnmesh_dot_v1_dot_worker__service__pb2.RelayRequest.SerializeToString,
+            turnmesh_dot_v1_dot_worker__service__pb2.RelayResponse.FromString,
             options,
             channel_credentials,
             insecure,

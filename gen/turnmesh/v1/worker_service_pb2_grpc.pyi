@@ -46,6 +46,18 @@ class WorkerServiceStub:
     answers at once (fewer gRPC messages on the internal hop; nothing waits
     to fill a batch).
     """
+    Relay: _grpc.UnaryStreamMultiCallable[_worker_service_pb2.RelayRequest, _worker_service_pb2.RelayResponse]
+    """A server's relay: one long-lived stream per server and worker that
+    carries the events of every turn the server starts with this
+    `relay_id`, each response holding what every such turn had ready (under
+    load, many turns' events in one gRPC message instead of one message per
+    event per turn). The first response is empty: the relay is open. `Run`
+    stays each turn's own call (its request, its cancellation, its status);
+    its last response says how many of the turn's events went through the
+    relay, and the server reads them all before that response's events.
+    When a relay ends, the worker stops the turns that used it (their Run
+    calls fail UNAVAILABLE) and the server opens another.
+    """
     GetInfo: _grpc.UnaryUnaryMultiCallable[_worker_service_pb2.GetInfoRequest, _worker_service_pb2.GetInfoResponse]
     """Which agent this worker runs, and whether it is ready."""
 
@@ -66,6 +78,18 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     sent: one per event for an agent that streams slowly, a few for one that
     answers at once (fewer gRPC messages on the internal hop; nothing waits
     to fill a batch).
+    """
+    Relay: _aio.UnaryStreamMultiCallable[_worker_service_pb2.RelayRequest, _worker_service_pb2.RelayResponse]  # type: ignore[assignment]
+    """A server's relay: one long-lived stream per server and worker that
+    carries the events of every turn the server starts with this
+    `relay_id`, each response holding what every such turn had ready (under
+    load, many turns' events in one gRPC message instead of one message per
+    event per turn). The first response is empty: the relay is open. `Run`
+    stays each turn's own call (its request, its cancellation, its status);
+    its last response says how many of the turn's events went through the
+    relay, and the server reads them all before that response's events.
+    When a relay ends, the worker stops the turns that used it (their Run
+    calls fail UNAVAILABLE) and the server opens another.
     """
     GetInfo: _aio.UnaryUnaryMultiCallable[_worker_service_pb2.GetInfoRequest, _worker_service_pb2.GetInfoResponse]  # type: ignore[assignment]
     """Which agent this worker runs, and whether it is ready."""
@@ -90,6 +114,24 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         sent: one per event for an agent that streams slowly, a few for one that
         answers at once (fewer gRPC messages on the internal hop; nothing waits
         to fill a batch).
+        """
+
+    @_abc_1.abstractmethod
+    def Relay(
+        self,
+        request: _worker_service_pb2.RelayRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_worker_service_pb2.RelayResponse], _abc.AsyncIterator[_worker_service_pb2.RelayResponse]]:
+        """A server's relay: one long-lived stream per server and worker that
+        carries the events of every turn the server starts with this
+        `relay_id`, each response holding what every such turn had ready (under
+        load, many turns' events in one gRPC message instead of one message per
+        event per turn). The first response is empty: the relay is open. `Run`
+        stays each turn's own call (its request, its cancellation, its status);
+        its last response says how many of the turn's events went through the
+        relay, and the server reads them all before that response's events.
+        When a relay ends, the worker stops the turns that used it (their Run
+        calls fail UNAVAILABLE) and the server opens another.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,142 @@
+"""The worker's end of the servers' relays (``WorkerService.Relay``).
+
+A relay gathers the events of many turns into one gRPC message: an agent's
+emit appends its event to the relay's next response and wakes the relay's
+writer, which sends whatever every turn had ready when the transport took
+the last response. A paced agent's event therefore waits for nothing but the
+write before it (no timer, no batch to fill), while at load one message and
+one wakeup carry many turns' events instead of one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+
+from turnmesh.runtime import metrics
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import worker_service_pb2 as wpb
+
+__all__ = ["Relay", "Relays"]
+
+log = logging.getLogger(__name__)
+
+# One response holds at most this much (a larger event goes alone): the
+# server reads a response whole, and a big one delays every turn in it.
+MAX_RESPONSE_BYTES = 256 * 1024
+# Past this many bytes waiting to be written, emitting turns are stopped
+# (their server stopped reading): the outbox is bounded.
+MAX_OUTBOX_BYTES = 64 * 1024 * 1024
+
+
+class RelayClosed(Exception):
+    """The relay a turn was using has ended."""
+
+
+class Relay:
+    """One server's relay on this worker: an outbox of responses and the
+    turns writing to it."""
+
+    def __init__(self, relay_id: str) -> None:
+        self.relay_id = relay_id
+        self.closed = False
+        # Responses to write, with the bytes of the events each holds.
+        self._outbox: deque[tuple[wpb.RelayResponse, list[int]]] = deque()
+        # The open response's entry per turn (a turn's events stay together).
+        self._entries: dict[int, wpb.RelayedEvents] = {}
+        self._outbox_bytes = 0
+        self._ready = asyncio.Event()
+        # The turns using this relay, to stop when it ends.
+        self._turns: dict[int, asyncio.Task[object]] = {}
+
+    def attach(self, key: int, task: asyncio.Task[object]) -> None:
+        self._turns[key] = task
+
+    def detach(self, key: int) -> None:
+        self._turns.pop(key, None)
+
+    def put(
+        self,
+        key: int,
+        events: Sequence[event_pb2.Event],
+        files: Sequence[message_pb2.FileRef] = (),
+    ) -> None:
+        """Queue a turn's events (and its file readings) for the next write."""
+        if self.closed:
+            raise RelayClosed(self.relay_id)
+        size = sum(event.ByteSize() for event in events) + sum(f.ByteSize() for f in files)
+        if self._outbox_bytes + size > MAX_OUTBOX_BYTES:
+            log.warning("relay %s: the server is not reading; closing it", self.relay_id)
+            self.close()
+            raise RelayClosed(self.relay_id)
+        open_bytes = self._outbox[-1][1][0] if self._outbox else None
+        if open_bytes is None or (open_bytes and open_bytes + size > MAX_RESPONSE_BYTES):
+            self._outbox.append((wpb.RelayResponse(), [0]))
+            self._entries = {}
+        response, held = self._outbox[-1]
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = response.turns.add(relay_key=key)
+        entry.events.extend(events)
+        entry.files.extend(files)
+        held[0] += size
+        self._outbox_bytes += size
+        metrics.WORKER_RELAYED_EVENTS.inc(len(events))
+        self._ready.set()
+
+    async def responses(self) -> AsyncIterator[wpb.RelayResponse]:
+        """What to write, one response at a time, until the relay closes."""
+        while not self.closed:
+            if not self._outbox:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            response, held = self._outbox.popleft()
+            if not self._outbox:
+                self._entries = {}  # the next event starts a new response
+            self._outbox_bytes -= held[0]
+            metrics.WORKER_RELAY_RESPONSES.inc()
+            yield response
+
+    def close(self) -> None:
+        """End the relay: its turns are stopped (their Run calls then fail)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._outbox.clear()
+        self._entries = {}
+        self._ready.set()
+        for task in self._turns.values():
+            task.cancel("the relay to the server ended")
+
+
+class Relays:
+    """The relays servers hold open to this worker, by id."""
+
+    def __init__(self) -> None:
+        self._relays: dict[str, Relay] = {}
+
+    def open(self, relay_id: str) -> Relay:
+        old = self._relays.pop(relay_id, None)
+        if old is not None:
+            old.close()
+        relay = self._relays[relay_id] = Relay(relay_id)
+        return relay
+
+    def get(self, relay_id: str) -> Relay | None:
+        relay = self._relays.get(relay_id)
+        return relay if relay is not None and not relay.closed else None
+
+    def close(self, relay: Relay) -> None:
+        relay.close()
+        if self._relays.get(relay.relay_id) is relay:
+            del self._relays[relay.relay_id]
+
+    def close_all(self) -> None:
+        for relay in list(self._relays.values()):
+            self.close(relay)
+
+    def __len__(self) -> int:
+        return len(self._relays)
