@@ -127,7 +127,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> PacedReport:
         words=args.words,
         delay_ms=args.delay_ms,
     )
-    bench = Bench(workdir, turns=0, smoke=args.smoke)
+    server_args = ("--max-turns", str(args.max_turns)) if args.max_turns else ()
+    bench = Bench(workdir, turns=0, smoke=args.smoke, server_args=server_args)
     bench.start()
     try:
         speed = await bench.grpc_cell("baseline", 16, 200 if args.smoke else 4000, [])
@@ -182,6 +183,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=2, help="turns per conversation")
     parser.add_argument("--words", type=int, default=40)
     parser.add_argument("--delay-ms", type=int, default=40)
+    parser.add_argument(
+        "--max-turns", type=int, default=0, help="the server's --max-turns (0: its default)"
+    )
     parser.add_argument("--smoke", action="store_true", help="a tiny run (make test)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

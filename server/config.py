@@ -43,7 +43,7 @@ class SessionLimits(BaseModel):
         default=15.0, gt=0, description="seconds of silence before a turn stream gets a keepalive"
     )
     max_turns_in_flight: int = Field(
-        default=256,
+        default=512,
         gt=0,
         description="turns running at once before new ones get RESOURCE_EXHAUSTED (429)",
     )

@@ -100,9 +100,10 @@ async def test_a_server_that_stops_reading_closes_the_relay_at_its_bound(
     task: asyncio.Task[object] = asyncio.create_task(asyncio.Event().wait())
     relay.attach(7, task)
     event = event_pb2.Event(type=ET.TEXT_MESSAGE_CONTENT, delta="y" * 100)
+    for _ in range(9):  # nobody writes: the outbox only grows
+        relay.put(7, [event])
     with pytest.raises(RelayClosed):
-        for _ in range(100):  # nobody writes: the outbox only grows
-            relay.put(7, [event])
+        relay.put(7, [event])  # past 1000 bytes
     assert relay.closed
     assert sum(held[0] for _, held in relay._outbox) == 0  # dropped, not kept
     await asyncio.sleep(0)
