@@ -37,8 +37,8 @@ STICKY_SLACK = 2
 # A worker that failed a call is skipped for this long, even if the router
 # still lists it (the router drops it only after missed heartbeats).
 FAILED_WORKER_QUARANTINE = 5.0
-# Bound on remembered (worker, session) history positions; a forgotten one
-# only costs one full history send.
+# Bound on sessions whose history positions on workers are remembered; a
+# forgotten one only costs one full history send.
 MAX_HISTORY_ENTRIES = 100_000
 
 
@@ -67,8 +67,9 @@ class WorkerPool:
         self._last_worker: dict[str, str] = {}
         self._failed_until: dict[str, float] = {}
         self._address_of: dict[str, str] = {}
-        # (worker, session) -> how many messages of history that worker holds.
-        self._history_sent: OrderedDict[tuple[str, str], int] = OrderedDict()
+        # session -> worker -> how many messages of its history that worker
+        # holds; by session, so that deleting one is one step, not a scan.
+        self._history_sent: OrderedDict[str, dict[str, int]] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
         self._refresh_lock = asyncio.Lock()
         self.known = asyncio.Event()
@@ -202,19 +203,19 @@ class WorkerPool:
 
     def forget_session(self, session_id: str) -> None:
         self._last_worker.pop(session_id, None)
-        for key in [k for k in self._history_sent if k[1] == session_id]:
-            del self._history_sent[key]
+        self._history_sent.pop(session_id, None)
 
     def history_base(self, worker: WorkerRef, session_id: str) -> int:
         """Messages of the session's history this worker already holds."""
-        return self._history_sent.get((worker.member_id, session_id), 0)
+        return self._history_sent.get(session_id, {}).get(worker.member_id, 0)
 
     def remember_history(self, worker: WorkerRef, session_id: str, count: int) -> None:
-        key = (worker.member_id, session_id)
-        self._history_sent[key] = count
-        self._history_sent.move_to_end(key)
+        self._history_sent.setdefault(session_id, {})[worker.member_id] = count
+        self._history_sent.move_to_end(session_id)
         while len(self._history_sent) > MAX_HISTORY_ENTRIES:
             self._history_sent.popitem(last=False)
 
     def forget_history(self, worker: WorkerRef, session_id: str) -> None:
-        self._history_sent.pop((worker.member_id, session_id), None)
+        held = self._history_sent.get(session_id)
+        if held is not None:
+            held.pop(worker.member_id, None)

@@ -294,6 +294,30 @@ async def test_forget_session_drops_its_stickiness(
     assert pick(pool, "s1") == "w1"
 
 
+async def test_history_positions_go_with_their_session_and_within_a_bound(
+    pool: WorkerPool, membership: FakeMembership, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await listed(pool, membership, member("w1"), member("w2"))
+    w1, w2 = pool._workers["w1"], pool._workers["w2"]
+    pool.remember_history(w1, "s1", 4)
+    pool.remember_history(w2, "s1", 6)
+    pool.remember_history(w1, "s2", 2)
+    assert (pool.history_base(w1, "s1"), pool.history_base(w2, "s1")) == (4, 6)
+    pool.forget_history(w2, "s1")
+    assert (pool.history_base(w1, "s1"), pool.history_base(w2, "s1")) == (4, 0)
+    pool.forget_session("s1")  # every worker's position of it, in one step
+    assert pool.history_base(w1, "s1") == 0
+    assert pool.history_base(w1, "s2") == 2
+    # Bounded by sessions: the least recently used go first.
+    monkeypatch.setattr(workers_module, "MAX_HISTORY_ENTRIES", 2)
+    pool.remember_history(w1, "s3", 1)
+    pool.remember_history(w2, "s2", 3)  # s2 used again: s3 is now the oldest
+    pool.remember_history(w1, "s4", 1)
+    assert pool.history_base(w1, "s3") == 0
+    assert (pool.history_base(w1, "s2"), pool.history_base(w2, "s2")) == (2, 3)
+    assert pool.history_base(w1, "s4") == 1
+
+
 async def test_a_sticky_worker_that_left_is_not_picked(
     pool: WorkerPool, membership: FakeMembership
 ) -> None:
