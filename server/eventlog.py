@@ -60,7 +60,9 @@ class TurnLog:
         self._first_seq = 1  # seq of self._events[0]
         self._next_seq = 1
         self._max_events = max_events
-        self._changed = asyncio.Event()
+        # What readers wait on; made by the first reader to wait, so that
+        # appends nobody waits for (a batch's second event on) make none.
+        self._changed: asyncio.Event | None = None
         self.ended_at: float | None = None
         self.finished = False  # ended with RUN_FINISHED (the turn changed the history)
         # Write-through to a durable store, in order, by one writer task.
@@ -194,8 +196,14 @@ class TurnLog:
             await asyncio.shield(self._writer)
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def _waiter(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
 
     async def follow(
         self,
@@ -231,12 +239,12 @@ class TurnLog:
                         read_to_end = True
                         return
                     if keepalive_seconds is None or self.last_seq == 0:
-                        await self._changed.wait()
+                        await self._waiter().wait()
                         continue
                     try:
                         # asyncio.timeout, not wait_for: no extra task per wait.
                         async with asyncio.timeout(keepalive_seconds):
-                            await self._changed.wait()
+                            await self._waiter().wait()
                     except TimeoutError:
                         yield self._keepalive()
         finally:

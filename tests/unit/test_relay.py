@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -120,12 +121,11 @@ async def test_turns_that_emit_together_share_one_response() -> None:
     async with worker(agent) as (stub, _):
         link = await open_link(stub)
         got: dict[int, list[str]] = {}
-        turns = []
-        for n in range(3):
-            turn = link.register(
-                lambda entry, n=n: got.setdefault(n, []).extend(e.delta for e in entry.events)
-            )
-            turns.append(turn)
+
+        def collector(n: int) -> Callable[[worker_service_pb2.RelayedEvents], None]:
+            return lambda entry: got.setdefault(n, []).extend(e.delta for e in entry.events)
+
+        turns = [link.register(collector(n)) for n in range(3)]
         responses_before = counter(metrics.WORKER_RELAY_RESPONSES)
         calls = [stub.Run(relayed_request(link, t.key, f"t{n}")) for n, t in enumerate(turns)]
         await spin_until(lambda: agent.waiting == 3, max_spins=100_000)
