@@ -63,6 +63,7 @@ class WorkerPool:
         self._channels: dict[str, grpc.aio.Channel] = {}
         # This server's relay from each worker (by address), once asked for.
         self._relays: dict[str, RelayLink] = {}
+        self._stopped = False
         self._inflight: dict[str, int] = {}
         self._last_worker: dict[str, str] = {}
         self._failed_until: dict[str, float] = {}
@@ -82,7 +83,8 @@ class WorkerPool:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for link in self._relays.values():
+        self._stopped = True  # no relay opens from here on
+        for link in list(self._relays.values()):
             await link.close()
         for channel in self._channels.values():
             await channel.close()
@@ -176,6 +178,8 @@ class WorkerPool:
     def relay(self, worker: WorkerRef) -> RelayLink | None:
         """This server's open relay from the worker, or None (a turn then
         streams on its own call); asking opens one if there is none."""
+        if self._stopped:
+            return None
         link = self._relays.get(worker.address)
         if link is not None and link.open:
             return link
@@ -219,3 +223,5 @@ class WorkerPool:
         held = self._history_sent.get(session_id)
         if held is not None:
             held.pop(worker.member_id, None)
+            if not held:
+                del self._history_sent[session_id]

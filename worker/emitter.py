@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from turnmesh.runtime.events import now_ms
@@ -32,9 +32,16 @@ class QueueEmitter:
     ``None`` on the queue marks the end of the agent's run (see ``finish``).
     """
 
-    def __init__(self, sink: Callable[[event_pb2.Event], None] | None = None) -> None:
+    def __init__(
+        self,
+        sink: Callable[[event_pb2.Event], None] | None = None,
+        room: Callable[[], Awaitable[object] | None] | None = None,
+    ) -> None:
         self.queue: asyncio.Queue[event_pb2.Event | None] = asyncio.Queue()
         self._sink = sink
+        # With a sink: what an emit waits on before it returns (the relay's
+        # backpressure), or None when it need not wait.
+        self._room = room
         self.sunk = 0  # events handed to the sink
         self._text_message_id: str | None = None  # the open text message
         self._assistant_message_id: str | None = None  # parent of the next tool call
@@ -57,6 +64,8 @@ class QueueEmitter:
             )
         self._put(make_event(ET.TEXT_MESSAGE_CONTENT, message_id=self._text_message_id, delta=text))
         self._text_since_tool_result = True
+        if self._room is not None and (wait := self._room()) is not None:
+            await wait
 
     async def emit_tool_call(
         self,
@@ -86,6 +95,8 @@ class QueueEmitter:
         if args:
             self._put(make_event(ET.TOOL_CALL_ARGS, tool_call_id=call_id, delta=args))
         self._put(make_event(ET.TOOL_CALL_END, tool_call_id=call_id))
+        if self._room is not None and (wait := self._room()) is not None:
+            await wait
         return call_id
 
     async def emit_tool_result(self, call_id: str, content: str) -> None:
@@ -102,6 +113,8 @@ class QueueEmitter:
         # What the agent says after a result is a new assistant message.
         self._assistant_message_id = None
         self._text_since_tool_result = False
+        if self._room is not None and (wait := self._room()) is not None:
+            await wait
 
     def finish(self) -> None:
         """Mark the end of the run; ``events()`` stops after what is queued."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 
 from turnmesh.runtime import metrics
 from turnmesh.v1 import event_pb2, message_pb2
@@ -26,8 +26,12 @@ log = logging.getLogger(__name__)
 # One response holds at most this much (a larger event goes alone): the
 # server reads a response whole, and a big one delays every turn in it.
 MAX_RESPONSE_BYTES = 256 * 1024
-# Past this many bytes waiting to be written, emitting turns are stopped
-# (their server stopped reading): the outbox is bounded.
+# Past this many bytes waiting to be written, a turn's next emit waits until
+# the writer has caught up (backpressure, as a stream per turn had), so one
+# turn's burst slows the turns emitting with it and fails none of them.
+HIGH_WATER_BYTES = 8 * 1024 * 1024
+# Still past this when more comes (the server stopped reading while turns
+# emitted anyway): the relay ends, and its turns with it.
 MAX_OUTBOX_BYTES = 64 * 1024 * 1024
 
 
@@ -48,6 +52,10 @@ class Relay:
         self._entries: dict[int, wpb.RelayedEvents] = {}
         self._outbox_bytes = 0
         self._ready = asyncio.Event()
+        self._room = asyncio.Event()  # set while under the high-water mark
+        self._room.set()
+        self._flushed = asyncio.Event()  # set while everything put is written
+        self._flushed.set()
         # The turns using this relay, to stop when it ends.
         self._turns: dict[int, asyncio.Task[object]] = {}
 
@@ -67,7 +75,7 @@ class Relay:
         if self.closed:
             raise RelayClosed(self.relay_id)
         size = sum(event.ByteSize() for event in events) + sum(f.ByteSize() for f in files)
-        if self._outbox_bytes + size > MAX_OUTBOX_BYTES:
+        if self._outbox_bytes > MAX_OUTBOX_BYTES:
             log.warning("relay %s: the server is not reading; closing it", self.relay_id)
             self.close()
             raise RelayClosed(self.relay_id)
@@ -84,12 +92,27 @@ class Relay:
         held[0] += size
         self._outbox_bytes += size
         metrics.WORKER_RELAYED_EVENTS.inc(len(events))
+        self._flushed.clear()
+        if self._outbox_bytes > HIGH_WATER_BYTES:
+            self._room.clear()
         self._ready.set()
 
-    async def responses(self) -> AsyncIterator[wpb.RelayResponse]:
+    def room(self) -> Awaitable[bool] | None:
+        """None while a turn may emit at once; past the high-water mark,
+        what to wait on first (it is done when the writer has caught up, or
+        the relay has ended)."""
+        return None if self._room.is_set() else self._room.wait()
+
+    async def flush(self) -> None:
+        """Wait until everything put has been written (or the relay ended)."""
+        await self._flushed.wait()
+
+    async def responses(self) -> AsyncGenerator[wpb.RelayResponse, None]:
         """What to write, one response at a time, until the relay closes."""
         while not self.closed:
             if not self._outbox:
+                # Back here, the transport has taken the last response.
+                self._flushed.set()
                 self._ready.clear()
                 await self._ready.wait()
                 continue
@@ -97,6 +120,8 @@ class Relay:
             if not self._outbox:
                 self._entries = {}  # the next event starts a new response
             self._outbox_bytes -= held[0]
+            if self._outbox_bytes <= HIGH_WATER_BYTES:
+                self._room.set()
             metrics.WORKER_RELAY_RESPONSES.inc()
             yield response
 
@@ -107,7 +132,10 @@ class Relay:
         self.closed = True
         self._outbox.clear()
         self._entries = {}
+        self._outbox_bytes = 0
         self._ready.set()
+        self._room.set()
+        self._flushed.set()
         for task in self._turns.values():
             task.cancel("the relay to the server ended")
 
@@ -133,6 +161,10 @@ class Relays:
         relay.close()
         if self._relays.get(relay.relay_id) is relay:
             del self._relays[relay.relay_id]
+
+    async def flush_all(self) -> None:
+        for relay in list(self._relays.values()):
+            await relay.flush()
 
     def close_all(self) -> None:
         for relay in list(self._relays.values()):

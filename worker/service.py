@@ -59,6 +59,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         self._idle.set()
         self._histories = HistoryCache(max_bytes=history_cache_bytes)
         self._relays = Relays()
+        self._relays_refused = False  # stopping: turns stream on their Run calls
 
     @property
     def inflight(self) -> int:
@@ -66,12 +67,15 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         return self._inflight
 
     async def close_relays_when_idle(self, grace: float) -> None:
-        """At shutdown (new calls refused already): once the running turns
-        have ended, or after ``grace``, end the servers' relays, which would
-        otherwise hold the server's stop for its whole grace period."""
+        """At shutdown: refuse new relays; once the running turns have ended
+        and their events are written, or after ``grace``, end the servers'
+        relays, which would otherwise hold the server's stop for its whole
+        grace period."""
+        self._relays_refused = True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self._idle.wait()
+                await self._relays.flush_all()
         self._relays.close_all()
 
     async def Relay(
@@ -79,6 +83,8 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         request: worker_service_pb2.RelayRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[worker_service_pb2.RelayResponse]:
+        if self._relays_refused:
+            raise Unavailable("the worker is stopping")
         relay = self._relays.open(request.relay_id)
         try:
             yield worker_service_pb2.RelayResponse()  # open: Run may name it now
@@ -141,7 +147,9 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             if relay is None:
                 emitter = QueueEmitter()
             else:
-                emitter = QueueEmitter(sink=lambda event: relay.put(request.relay_key, (event,)))
+                emitter = QueueEmitter(
+                    sink=lambda event: relay.put(request.relay_key, (event,)), room=relay.room
+                )
             task = asyncio.create_task(
                 self.agent.run(agent_request, emitter=emitter), name=f"turn-{request.turn_id}"
             )

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.unit._server_fakes import spin_until
+from tests.unit._server_fakes import spin, spin_until
 from tests.unit.test_server_turnrunner import FakePool, FakeStore, pending, types
 from tests.unit.test_worker_service import BlockingAgent, names, run_request, worker
 from turnmesh.agent import AgentRequest, AgentResponse, EventEmitter
@@ -101,16 +101,43 @@ async def test_a_server_that_stops_reading_closes_the_relay_at_its_bound(
     task: asyncio.Task[object] = asyncio.create_task(asyncio.Event().wait())
     relay.attach(7, task)
     event = event_pb2.Event(type=ET.TEXT_MESSAGE_CONTENT, delta="y" * 100)
-    for _ in range(9):  # nobody writes: the outbox only grows
+    for _ in range(10):  # nobody writes: the outbox only grows, past 1000 bytes
         relay.put(7, [event])
     with pytest.raises(RelayClosed):
-        relay.put(7, [event])  # past 1000 bytes
+        relay.put(7, [event])  # more, while already past the bound
     assert relay.closed
     assert sum(held[0] for _, held in relay._outbox) == 0  # dropped, not kept
     await asyncio.sleep(0)
     assert task.cancelled()
     with pytest.raises(RelayClosed):
         relay.put(7, [event])
+
+
+async def test_past_the_high_water_mark_emits_wait_for_the_writer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(worker_relay, "HIGH_WATER_BYTES", 350)
+    relay = Relay("r")
+    event = event_pb2.Event(type=ET.TEXT_MESSAGE_CONTENT, delta="z" * 100)
+    for _ in range(3):
+        relay.put(1, [event])
+    assert relay.room() is None  # 312 bytes: not past it yet
+    relay.put(1, [event])
+    wait = relay.room()
+    assert wait is not None
+    waiting = asyncio.ensure_future(wait)
+    responses = relay.responses()
+    await spin(5)
+    assert not waiting.done()
+    await anext(responses)  # the writer takes the outbox
+    await spin_until(waiting.done)
+    assert relay.room() is None
+    flushed = asyncio.ensure_future(relay.flush())
+    await spin(5)
+    assert not flushed.done()  # written only once the transport took it
+    relay.close()
+    await spin_until(flushed.done)
+    await responses.aclose()
 
 
 # --- worker and link over gRPC ----------------------------------------------------
@@ -291,3 +318,90 @@ async def test_a_turn_whose_events_cannot_be_taken_is_lost_alone() -> None:
     turn.deliver(worker_service_pb2.RelayedEvents(relay_key=1))
     assert turn.lost
     assert not await turn.wait_for(1)
+
+
+class BurstAgent:
+    """Once let go, emits ``n`` deltas of ``size`` bytes as fast as it can."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.go = asyncio.Event()
+        self.started = asyncio.Event()
+        self.n, self.size = n, size
+
+    async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
+        self.started.set()
+        await self.go.wait()
+        for i in range(self.n):
+            await emitter.emit_delta(f"{i}" + "x" * self.size)
+        return AgentResponse(text="")
+
+
+async def test_a_stopping_worker_writes_a_finished_turns_events_before_ending_its_relay() -> None:
+    agent = BurstAgent(n=80, size=128 * 1024)  # 10 MiB the writer is still behind on
+    async with worker(agent, "demo") as (stub, servicer):
+        pool = RelayPool(stub)
+        pool.link = await open_link(stub)
+        store = FakeStore()
+        runner = TurnRunner(store, pool)  # type: ignore[arg-type]
+        turn = pending("hi")
+        running = asyncio.create_task(runner.run("s1", "demo", turn))
+        async with asyncio.timeout(60):
+            await agent.started.wait()
+            closing = asyncio.create_task(servicer.close_relays_when_idle(60))  # SIGTERM
+            await spin_until(lambda: servicer._relays_refused)
+            agent.go.set()  # the turn ends during the drain
+            await running
+            await closing
+    assert turn.log._events[-1].type == ET.RUN_FINISHED
+    assert types(turn.log).count(ET.TEXT_MESSAGE_CONTENT) == 80
+    assert [m.role for m in store.sessions["s1"]] == ["user", "assistant"]
+    assert pool.failed == []
+
+
+async def test_a_stopping_worker_refuses_new_relays() -> None:
+    async with worker(EchoAgent(), "demo") as (stub, servicer):
+        await servicer.close_relays_when_idle(0)
+        link = RelayLink(stub, ())
+        await spin_until(lambda: link.closed, max_spins=100_000)
+        assert not link.open
+
+
+async def test_one_turns_burst_slows_the_others_and_fails_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Bounds small enough that, without backpressure, the burst would pass
+    # the outbox's bound and end the relay with every turn on it.
+    monkeypatch.setattr(worker_relay, "HIGH_WATER_BYTES", 1024 * 1024)
+    monkeypatch.setattr(worker_relay, "MAX_OUTBOX_BYTES", 4 * 1024 * 1024)
+    burst = BurstAgent(n=40, size=256 * 1024)  # 10 MiB
+    steady = TogetherAgent(runs=1, words=3)
+
+    class Both:
+        async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
+            agent: Any = burst if request.message == "burst" else steady
+            response: AgentResponse = await agent.run(request, emitter=emitter)
+            return response
+
+    async with worker(Both(), "demo") as (stub, _):
+        pool = RelayPool(stub)
+        pool.link = await open_link(stub)
+        store = FakeStore()
+        store.sessions = {"acme/s": [], "beta/s": []}
+        runner = TurnRunner(store, pool)  # type: ignore[arg-type]
+        mine, other = pending("burst"), pending("steady")
+        async with asyncio.timeout(60):
+            runs = [
+                asyncio.create_task(runner.run("acme/s", "demo", mine)),
+                asyncio.create_task(runner.run("beta/s", "demo", other)),
+            ]
+            await burst.started.wait()
+            await spin_until(lambda: steady.waiting == 1, max_spins=100_000)
+            burst.go.set()
+            steady.go.set()
+            await asyncio.gather(*runs)
+        assert not pool.link.closed
+        await pool.link.close()
+    assert mine.log._events[-1].type == ET.RUN_FINISHED
+    assert types(mine.log).count(ET.TEXT_MESSAGE_CONTENT) == 40
+    assert other.log._events[-1].type == ET.RUN_FINISHED
+    assert pool.failed == []

@@ -425,3 +425,12 @@ async def test_stop_closes_every_channel(
     await listed(pool, membership, member("w1"), member("w2"))
     await pool.stop()
     assert sorted(channels.closed()) == ["w1.local:50052", "w2.local:50052"]
+
+
+async def test_a_stopped_pool_opens_no_relay(pool: WorkerPool, membership: FakeMembership) -> None:
+    await listed(pool, membership, member("w1"))
+    worker = pool._workers["w1"]
+    await pool.stop()
+    # A turn still running (or retried) while the server stops streams on its own call.
+    assert pool.relay(worker) is None
+    assert not pool._relays
