@@ -50,7 +50,7 @@ INTERNAL_HEADERS = (
     "x-turnmesh-unreachable",
     "x-turnmesh-principal",
 )
-OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses")
+OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses", "/v1/models")
 
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(X-TURNMESH-ORIGINAL-METHOD?:METHOD)% '

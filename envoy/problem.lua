@@ -79,7 +79,8 @@ function envoy_on_request(handle)
   end
   headers:replace("x-turnmesh-original-method", headers:get(":method") or "")
   local path = headers:get(":path") or ""
-  if path:find("^/v1/chat/completions") or path:find("^/v1/responses") then
+  if path:find("^/v1/chat/completions") or path:find("^/v1/responses")
+      or path:find("^/v1/models") then
     handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "openai")
   end
 end

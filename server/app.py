@@ -31,7 +31,7 @@ from turnmesh.runtime.serving import (
 )
 from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
-from turnmesh.server.compat import CompatServicer, Mesh
+from turnmesh.server.compat import CompatServicer, Mesh, Models
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import Forwarder
@@ -172,7 +172,7 @@ class SessionServer:
         self._compat_mesh = Mesh()
         self._compat_mesh.connect(servicer)
         self._opened.push_async_callback(self._compat_mesh.close)
-        compat = CompatServicer(self._compat_mesh)
+        compat = CompatServicer(self._compat_mesh, Models(self.workers.agents))
 
         def register(server: grpc.aio.Server) -> None:
             # The servicer takes service.Context (gRPC's, or an in-process

@@ -3,6 +3,7 @@ AG-UI, simple chat), served by every session server as clients of its own
 public SessionService."""
 
 from turnmesh.server.compat._common import Mesh
+from turnmesh.server.compat.openai_models import Models
 from turnmesh.server.compat.service import CompatServicer
 
-__all__ = ["CompatServicer", "Mesh"]
+__all__ = ["CompatServicer", "Mesh", "Models"]

@@ -11,6 +11,7 @@ from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server import validation
 from turnmesh.server.compat import agui, openai_chat, openai_responses, simple_chat
 from turnmesh.server.compat._common import Mesh
+from turnmesh.server.compat.openai_models import Models
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -42,8 +43,9 @@ async def _then_headers(
 
 
 class CompatServicer(CompatServiceServicer):
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: Mesh, models: Models) -> None:
         self._mesh = mesh
+        self._models = models
 
     async def CreateChatCompletion(
         self, request: httpbody_pb2.HttpBody, context: ServicerContext
@@ -79,6 +81,16 @@ class CompatServicer(CompatServiceServicer):
     ) -> httpbody_pb2.HttpBody:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         return await openai_responses.get(mesh, request.response_id)
+
+    async def ListModels(
+        self, request: cpb.ListModelsRequest, context: ServicerContext
+    ) -> httpbody_pb2.HttpBody:
+        return self._models.list()
+
+    async def GetModel(
+        self, request: cpb.GetModelRequest, context: ServicerContext
+    ) -> httpbody_pb2.HttpBody:
+        return self._models.get(request.model)
 
     async def RunAgent(
         self, request: httpbody_pb2.HttpBody, context: ServicerContext

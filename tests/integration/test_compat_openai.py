@@ -210,3 +210,38 @@ def test_a_streamed_responses_text_is_its_deltas(sdk: openai.OpenAI) -> None:
     assert done.text == deltas
     assert final.output_text == deltas
     assert "42" in deltas
+
+
+def test_models_list_the_agents_the_mesh_serves(sdk: openai.OpenAI) -> None:
+    models = {model.id: model for model in sdk.models.list()}
+    assert {"demo", "echo"} <= set(models)
+    for model in models.values():
+        assert model.object == "model"
+        assert model.owned_by == "turnmesh"
+        assert model.created > 1_700_000_000
+    demo = sdk.models.retrieve("demo")
+    assert (demo.id, demo.object, demo.owned_by) == ("demo", "model", "turnmesh")
+    # Each listed model is one a request can name.
+    answer = sdk.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "listed and served"}]
+    )
+    assert answer.choices[0].message.content == "listed and served"
+
+
+def test_an_unserved_model_is_openais_not_found(
+    sdk: openai.OpenAI, shared_mesh: SharedMesh
+) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk.models.retrieve("no-such-agent")
+    assert info.value.code == "model_not_found"
+    assert info.value.param == "model"
+    assert info.value.type == "invalid_request_error"
+    assert "no-such-agent" in info.value.message
+    import httpx
+
+    with httpx.Client(base_url=f"http://{shared_mesh.edge}", timeout=60) as http:
+        long_id = http.get("/v1/models/" + "x" * 5000)
+    assert long_id.status_code == 404
+    error = long_id.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "x" * 200 not in error["message"]  # not echoed back

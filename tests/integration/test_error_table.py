@@ -28,7 +28,7 @@ from turnmesh.envoy.process import RunningEnvoy, write_config
 from turnmesh.envoy.process import start as start_envoy
 from turnmesh.runtime import errors
 from turnmesh.runtime.serving import GrpcProcess
-from turnmesh.server.compat import CompatServicer, Mesh
+from turnmesh.server.compat import CompatServicer, Mesh, Models
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -93,7 +93,7 @@ async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
     # define answer UNIMPLEMENTED, as they should here.
     sessions = RaisingSessions()  # type: ignore[abstract]
     mesh = Mesh()
-    compat = CompatServicer(mesh)
+    compat = CompatServicer(mesh, Models(lambda: ["demo"]))
 
     def register(server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(sessions, server)

@@ -14,6 +14,8 @@ from turnmesh.v1 import worker_service_pb2
 from turnmesh.v1 import worker_service_pb2_grpc
 
 from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
+from turnmesh.v1.compat_service_pb2 import ListModelsRequest as ListModelsRequest
+from turnmesh.v1.compat_service_pb2 import GetModelRequest as GetModelRequest
 from turnmesh.v1.compat_service_pb2 import ChatRequest as ChatRequest
 from turnmesh.v1.compat_service_pb2 import ChatToolCall as ChatToolCall
 from turnmesh.v1.compat_service_pb2 import ChatTokensUsed as ChatTokensUsed
@@ -116,6 +118,7 @@ __all__ = [
     "GetHistoryResponse",
     "GetInfoRequest",
     "GetInfoResponse",
+    "GetModelRequest",
     "GetReadinessRequest",
     "GetReadinessResponse",
     "GetResponseRequest",
@@ -126,6 +129,7 @@ __all__ = [
     "LifecycleState",
     "ListMembersRequest",
     "ListMembersResponse",
+    "ListModelsRequest",
     "ListSessionsRequest",
     "ListSessionsResponse",
     "Member",

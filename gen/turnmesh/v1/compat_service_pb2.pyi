@@ -39,6 +39,41 @@ class GetResponseRequest(_message.Message):
 Global___GetResponseRequest: _TypeAlias = GetResponseRequest  # noqa: Y015
 
 @_typing.final
+class ListModelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListModelsRequest: _TypeAlias = ListModelsRequest  # noqa: Y015
+
+@_typing.final
+class GetModelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The model's id: an agent's name."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetModelRequest: _TypeAlias = GetModelRequest  # noqa: Y015
+
+@_typing.final
 class ChatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -59,6 +59,16 @@ class CompatServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.GetResponseRequest.SerializeToString,
                 response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/turnmesh.v1.CompatService/ListModels',
+                request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+                _registered_method=True)
+        self.GetModel = channel.unary_unary(
+                '/turnmesh.v1.CompatService/GetModel',
+                request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.GetModelRequest.SerializeToString,
+                response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+                _registered_method=True)
         self.RunAgent = channel.unary_stream(
                 '/turnmesh.v1.CompatService/RunAgent',
                 request_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
@@ -114,6 +124,25 @@ class CompatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListModels(self, request, context):
+        """OpenAI's model list: the agents the mesh serves now (a live worker runs
+        each), as `{"object": "list", "data": [{"id", "object": "model",
+        "created", "owned_by": "turnmesh"}]}`. Clients such as Open WebUI and
+        LibreChat, and SDK helpers, call it first. `created` is when this server
+        first saw a worker of the agent (Unix seconds).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetModel(self, request, context):
+        """One agent as an OpenAI model; an agent no live worker serves is 404
+        `model_not_found` in OpenAI's error shape.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RunAgent(self, request, context):
         """AG-UI: takes a RunAgentInput, streams AG-UI events over SSE. `threadId` is
         the session, created on first use with the given messages as its history.
@@ -153,6 +182,16 @@ def add_CompatServiceServicer_to_server(servicer, server):
             'GetResponse': grpc.unary_unary_rpc_method_handler(
                     servicer.GetResponse,
                     request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.GetResponseRequest.FromString,
+                    response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.ListModelsRequest.FromString,
+                    response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
+            ),
+            'GetModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModel,
+                    request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.GetModelRequest.FromString,
                     response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
             ),
             'RunAgent': grpc.unary_stream_rpc_method_handler(
@@ -259,6 +298,60 @@ class CompatService:
             target,
             '/turnmesh.v1.CompatService/GetResponse',
             turnmesh_dot_v1_dot_compat__service__pb2.GetResponseRequest.SerializeToString,
+            google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.CompatService/ListModels',
+            turnmesh_dot_v1_dot_compat__service__pb2.ListModelsRequest.SerializeToString,
+            google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.CompatService/GetModel',
+            turnmesh_dot_v1_dot_compat__service__pb2.GetModelRequest.SerializeToString,
             google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
             options,
             channel_credentials,

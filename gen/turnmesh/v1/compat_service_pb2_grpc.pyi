@@ -57,6 +57,17 @@ class CompatServiceStub:
     """
     GetResponse: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.GetResponseRequest, _httpbody_pb2.HttpBody]
     """A stored OpenAI response."""
+    ListModels: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.ListModelsRequest, _httpbody_pb2.HttpBody]
+    """OpenAI's model list: the agents the mesh serves now (a live worker runs
+    each), as `{"object": "list", "data": [{"id", "object": "model",
+    "created", "owned_by": "turnmesh"}]}`. Clients such as Open WebUI and
+    LibreChat, and SDK helpers, call it first. `created` is when this server
+    first saw a worker of the agent (Unix seconds).
+    """
+    GetModel: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.GetModelRequest, _httpbody_pb2.HttpBody]
+    """One agent as an OpenAI model; an agent no live worker serves is 404
+    `model_not_found` in OpenAI's error shape.
+    """
     RunAgent: _grpc.UnaryStreamMultiCallable[_httpbody_pb2.HttpBody, _httpbody_pb2.HttpBody]
     """AG-UI: takes a RunAgentInput, streams AG-UI events over SSE. `threadId` is
     the session, created on first use with the given messages as its history.
@@ -95,6 +106,17 @@ class CompatServiceAsyncStub(CompatServiceStub):
     """
     GetResponse: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.GetResponseRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
     """A stored OpenAI response."""
+    ListModels: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.ListModelsRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
+    """OpenAI's model list: the agents the mesh serves now (a live worker runs
+    each), as `{"object": "list", "data": [{"id", "object": "model",
+    "created", "owned_by": "turnmesh"}]}`. Clients such as Open WebUI and
+    LibreChat, and SDK helpers, call it first. `created` is when this server
+    first saw a worker of the agent (Unix seconds).
+    """
+    GetModel: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.GetModelRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
+    """One agent as an OpenAI model; an agent no live worker serves is 404
+    `model_not_found` in OpenAI's error shape.
+    """
     RunAgent: _aio.UnaryStreamMultiCallable[_httpbody_pb2.HttpBody, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
     """AG-UI: takes a RunAgentInput, streams AG-UI events over SSE. `threadId` is
     the session, created on first use with the given messages as its history.
@@ -148,6 +170,29 @@ class CompatServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_httpbody_pb2.HttpBody, _abc.Awaitable[_httpbody_pb2.HttpBody]]:
         """A stored OpenAI response."""
+
+    @_abc_1.abstractmethod
+    def ListModels(
+        self,
+        request: _compat_service_pb2.ListModelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_httpbody_pb2.HttpBody, _abc.Awaitable[_httpbody_pb2.HttpBody]]:
+        """OpenAI's model list: the agents the mesh serves now (a live worker runs
+        each), as `{"object": "list", "data": [{"id", "object": "model",
+        "created", "owned_by": "turnmesh"}]}`. Clients such as Open WebUI and
+        LibreChat, and SDK helpers, call it first. `created` is when this server
+        first saw a worker of the agent (Unix seconds).
+        """
+
+    @_abc_1.abstractmethod
+    def GetModel(
+        self,
+        request: _compat_service_pb2.GetModelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_httpbody_pb2.HttpBody, _abc.Awaitable[_httpbody_pb2.HttpBody]]:
+        """One agent as an OpenAI model; an agent no live worker serves is 404
+        `model_not_found` in OpenAI's error shape.
+        """
 
     @_abc_1.abstractmethod
     def RunAgent(
