@@ -10,6 +10,7 @@ RPCs come out as SSE. Errors a REST client can get are all
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,20 @@ INTERNAL_HEADERS = (
     "x-turnmesh-unreachable",
     "x-turnmesh-principal",
 )
-OPENAI_PATH_PREFIXES = ("/v1/chat/completions", "/v1/responses", "/v1/models")
+# OpenAI's APIs turnmesh does not serve: OpenAI's 404 (its SDKs raise
+# NotFoundError), where any other unknown path keeps problem+json.
+OPENAI_UNSERVED = (
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/files",
+    "/v1/images",
+    "/v1/audio",
+    "/v1/moderations",
+    "/v1/assistants",
+    "/v1/threads",
+    "/v1/batches",
+)
+OPENAI_SERVED = ("/v1/chat/completions", "/v1/responses", "/v1/models")
 
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(X-TURNMESH-ORIGINAL-METHOD?:METHOD)% '
@@ -173,6 +187,28 @@ def _cors(config: EdgeConfig) -> dict[str, Any]:
 
 def _method(name: str) -> dict[str, Any]:
     return {"name": ":method", "string_match": {"exact": name}}
+
+
+def _openai_unserved_routes() -> list[dict[str, Any]]:
+    served = ", ".join(OPENAI_SERVED)
+    return [
+        {
+            "match": {"path_separated_prefix": path},
+            "direct_response": {
+                "status": 404,
+                "body": {"inline_string": f"turnmesh does not serve {path}; it serves {served}"},
+            },
+            # Answered before any key check, as the edge's other refusals are.
+            "typed_per_filter_config": {
+                "envoy.filters.http.grpc_json_transcoder": {
+                    "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                    "disabled": True,
+                },
+                **ext_authz.bodiless(),
+            },
+        }
+        for path in OPENAI_UNSERVED
+    ]
 
 
 def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
@@ -357,10 +393,17 @@ def lua_error_table() -> str:
 
 def _openai_paths() -> dict[str, Any]:
     """Requests to OpenAI's paths, before or after the transcoder rewrote :path."""
+    # For the unserved ones a path segment (or the query) ends the prefix:
+    # /v1/embeddingsx is no OpenAI path, and keeps problem+json. One regex
+    # each (RE2 refuses a program over 100 instructions).
+    matchers: list[dict[str, Any]] = [{"prefix": prefix} for prefix in OPENAI_SERVED]
+    matchers += [
+        {"safe_regex": {"regex": f"^{re.escape(prefix)}([/?].*)?$"}} for prefix in OPENAI_UNSERVED
+    ]
     filters = [
-        {"header_filter": {"header": {"name": name, "string_match": {"prefix": prefix}}}}
+        {"header_filter": {"header": {"name": name, "string_match": matcher}}}
         for name in (":path", "x-envoy-original-path")
-        for prefix in OPENAI_PATH_PREFIXES
+        for matcher in matchers
     ]
     return {"or_filter": {"filters": filters}}
 
@@ -465,6 +508,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                             }
                             for path in ("/health", "/ready")
                         ),
+                        *_openai_unserved_routes(),
                         {"match": {"prefix": "/"}, "route": route},
                     ],
                 },

@@ -245,3 +245,48 @@ def test_an_unserved_model_is_openais_not_found(
     error = long_id.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert "x" * 200 not in error["message"]  # not echoed back
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/embeddings",
+        "/v1/completions",
+        "/v1/images/generations",
+        "/v1/audio/speech",
+        "/v1/files",
+        "/v1/moderations",
+        "/v1/assistants",
+        "/v1/threads/t1/runs",
+        "/v1/batches",
+    ],
+)
+def test_openai_apis_turnmesh_does_not_serve_are_openais_404(
+    shared_mesh: SharedMesh, path: str
+) -> None:
+    import httpx
+
+    with httpx.Client(base_url=f"http://{shared_mesh.edge}", timeout=60) as http:
+        answer = http.post(path, json={"model": "demo", "input": "hi"})
+    assert answer.status_code == 404
+    assert answer.headers["content-type"].startswith("application/json")
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert "/v1/chat/completions" in error["message"]
+
+
+def test_the_sdk_raises_not_found_for_an_unserved_api(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk.embeddings.create(model="demo", input="hi")
+    assert info.value.status_code == 404
+
+
+def test_other_unknown_paths_keep_problem_json(shared_mesh: SharedMesh) -> None:
+    import httpx
+
+    with httpx.Client(base_url=f"http://{shared_mesh.edge}", timeout=60) as http:
+        for path in ("/v1/nothing-here", "/v1/embeddingsx"):
+            answer = http.post(path, json={})
+            assert answer.status_code == 404, path
+            assert answer.headers["content-type"] == "application/problem+json", path
