@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Sequence
+from dataclasses import dataclass, field
 
 from turnmesh.runtime import metrics
 from turnmesh.v1 import event_pb2, message_pb2
@@ -39,6 +40,15 @@ class RelayClosed(Exception):
     """The relay a turn was using has ended."""
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A response waiting to be written, and what its events hold."""
+
+    response: wpb.RelayResponse = field(default_factory=wpb.RelayResponse)
+    bytes: int = 0
+    events: int = 0
+
+
 class Relay:
     """One server's relay on this worker: an outbox of responses and the
     turns writing to it."""
@@ -46,8 +56,7 @@ class Relay:
     def __init__(self, relay_id: str) -> None:
         self.relay_id = relay_id
         self.closed = False
-        # Responses to write, with the bytes of the events each holds.
-        self._outbox: deque[tuple[wpb.RelayResponse, list[int]]] = deque()
+        self._outbox: deque[_Pending] = deque()
         # The open response's entry per turn (a turn's events stay together).
         self._entries: dict[int, wpb.RelayedEvents] = {}
         self._outbox_bytes = 0
@@ -79,19 +88,19 @@ class Relay:
             log.warning("relay %s: the server is not reading; closing it", self.relay_id)
             self.close()
             raise RelayClosed(self.relay_id)
-        open_bytes = self._outbox[-1][1][0] if self._outbox else None
-        if open_bytes is None or (open_bytes and open_bytes + size > MAX_RESPONSE_BYTES):
-            self._outbox.append((wpb.RelayResponse(), [0]))
+        pending = self._outbox[-1] if self._outbox else None
+        if pending is None or (pending.bytes and pending.bytes + size > MAX_RESPONSE_BYTES):
+            pending = _Pending()
+            self._outbox.append(pending)
             self._entries = {}
-        response, held = self._outbox[-1]
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = response.turns.add(relay_key=key)
+            entry = self._entries[key] = pending.response.turns.add(relay_key=key)
         entry.events.extend(events)
         entry.files.extend(files)
-        held[0] += size
+        pending.bytes += size
+        pending.events += len(events)
         self._outbox_bytes += size
-        metrics.WORKER_RELAYED_EVENTS.inc(len(events))
         self._flushed.clear()
         if self._outbox_bytes > HIGH_WATER_BYTES:
             self._room.clear()
@@ -116,14 +125,16 @@ class Relay:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            response, held = self._outbox.popleft()
+            pending = self._outbox.popleft()
             if not self._outbox:
                 self._entries = {}  # the next event starts a new response
-            self._outbox_bytes -= held[0]
+            self._outbox_bytes -= pending.bytes
             if self._outbox_bytes <= HIGH_WATER_BYTES:
                 self._room.set()
+            # Counted once a response, not once an event (the hot path).
             metrics.WORKER_RELAY_RESPONSES.inc()
-            yield response
+            metrics.WORKER_RELAYED_EVENTS.inc(pending.events)
+            yield pending.response
 
     def close(self) -> None:
         """End the relay: its turns are stopped (their Run calls then fail)."""

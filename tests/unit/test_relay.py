@@ -71,7 +71,7 @@ def test_a_turns_events_stay_together_in_order_within_a_response() -> None:
     for i in range(3):
         relay.put(1, [event_pb2.Event(type=ET.TEXT_MESSAGE_CONTENT, delta=f"a{i}")])
         relay.put(2, [event_pb2.Event(type=ET.TEXT_MESSAGE_CONTENT, delta=f"b{i}")])
-    response, _ = relay._outbox[0]
+    response = relay._outbox[0].response
     assert len(relay._outbox) == 1
     assert [t.relay_key for t in response.turns] == [1, 2]
     assert [e.delta for e in response.turns[0].events] == ["a0", "a1", "a2"]
@@ -83,7 +83,7 @@ def test_a_response_holds_at_most_its_byte_bound(monkeypatch: pytest.MonkeyPatch
     relay = Relay("r")
     for i in range(10):
         relay.put(1, [event_pb2.Event(type=ET.TEXT_MESSAGE_CONTENT, delta=f"{i:040d}")])
-    responses = [response for response, _ in relay._outbox]
+    responses = [pending.response for pending in relay._outbox]
     assert len(responses) == 5  # two 45-byte events each
     assert all(r.ByteSize() < 150 for r in responses)
     deltas = [e.delta for r in responses for t in r.turns for e in t.events]
@@ -106,7 +106,7 @@ async def test_a_server_that_stops_reading_closes_the_relay_at_its_bound(
     with pytest.raises(RelayClosed):
         relay.put(7, [event])  # more, while already past the bound
     assert relay.closed
-    assert sum(held[0] for _, held in relay._outbox) == 0  # dropped, not kept
+    assert not relay._outbox  # dropped, not kept
     await asyncio.sleep(0)
     assert task.cancelled()
     with pytest.raises(RelayClosed):
@@ -243,23 +243,27 @@ async def test_a_worker_without_relays_is_asked_again_only_much_later() -> None:
 
 
 class RelayPool(FakePool):
-    """One real worker, reached through a relay once it is open."""
+    """One real worker, reached through its relay while that is open."""
 
-    def __init__(self, stub: Any) -> None:
+    def __init__(self, stub: Any, link: RelayLink) -> None:
         super().__init__()
         self.workers.append(WorkerRef("w1", "w1:1", "demo", stub))
-        self.link: RelayLink | None = None
+        self.link = link
 
     def relay(self, worker: WorkerRef) -> RelayLink | None:  # type: ignore[override]
-        return self.link if self.link is not None and self.link.open else None
+        return self.link if self.link.open else None
+
+
+async def over_relay(stub: Any) -> tuple[RelayPool, FakeStore, TurnRunner]:
+    """A runner whose one worker is reached through an open relay."""
+    pool = RelayPool(stub, await open_link(stub))
+    store = FakeStore()
+    return pool, store, TurnRunner(store, pool)  # type: ignore[arg-type]
 
 
 async def test_a_relayed_turn_is_logged_and_committed_like_any_other() -> None:
     async with worker(EchoAgent(), "demo") as (stub, _):
-        pool = RelayPool(stub)
-        pool.link = await open_link(stub)
-        store = FakeStore()
-        runner = TurnRunner(store, pool)  # type: ignore[arg-type]
+        pool, store, runner = await over_relay(stub)
         relayed_before = counter(metrics.WORKER_RELAYED_EVENTS)
         turn = pending("one two three")
         await runner.run("s1", "demo", turn)
@@ -283,10 +287,7 @@ async def test_a_relayed_turn_is_logged_and_committed_like_any_other() -> None:
 async def test_a_relay_lost_mid_turn_fails_the_turn_and_keeps_history() -> None:
     agent = BlockingAgent()
     async with worker(agent, "demo") as (stub, servicer):
-        pool = RelayPool(stub)
-        pool.link = await open_link(stub)
-        store = FakeStore()
-        runner = TurnRunner(store, pool)  # type: ignore[arg-type]
+        pool, store, runner = await over_relay(stub)
         turn = pending("wait")
         running = asyncio.create_task(runner.run("s1", "demo", turn))
         async with asyncio.timeout(30):
@@ -339,10 +340,7 @@ class BurstAgent:
 async def test_a_stopping_worker_writes_a_finished_turns_events_before_ending_its_relay() -> None:
     agent = BurstAgent(n=80, size=128 * 1024)  # 10 MiB the writer is still behind on
     async with worker(agent, "demo") as (stub, servicer):
-        pool = RelayPool(stub)
-        pool.link = await open_link(stub)
-        store = FakeStore()
-        runner = TurnRunner(store, pool)  # type: ignore[arg-type]
+        pool, store, runner = await over_relay(stub)
         turn = pending("hi")
         running = asyncio.create_task(runner.run("s1", "demo", turn))
         async with asyncio.timeout(60):
@@ -383,11 +381,8 @@ async def test_one_turns_burst_slows_the_others_and_fails_none(
             return response
 
     async with worker(Both(), "demo") as (stub, _):
-        pool = RelayPool(stub)
-        pool.link = await open_link(stub)
-        store = FakeStore()
+        pool, store, runner = await over_relay(stub)
         store.sessions = {"acme/s": [], "beta/s": []}
-        runner = TurnRunner(store, pool)  # type: ignore[arg-type]
         mine, other = pending("burst"), pending("steady")
         async with asyncio.timeout(60):
             runs = [
