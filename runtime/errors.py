@@ -20,9 +20,11 @@ the typed client's exceptions and the compatibility surfaces.
     │   ├── SessionQuotaExceeded  reason SESSION_QUOTA_EXCEEDED  (Retry-After)
     │   └── TurnQuotaExceeded     reason TURN_QUOTA_EXCEEDED     (Retry-After)
     ├── FailedPrecondition  FAILED_PRECONDITION  400  failed-precondition
-    │   └── HistoryMiss       reason HISTORY_MISS     history-miss       (worker to server)
+    │   ├── HistoryMiss       reason HISTORY_MISS     history-miss       (worker to server)
+    │   └── TurnFailed        reason TURN_FAILED      turn-failed        (x-should-retry: false)
     ├── Aborted             ABORTED              409  aborted
-    │   └── SessionBusy       reason SESSION_BUSY     session-busy       (Retry-After)
+    │   ├── SessionBusy       reason SESSION_BUSY     session-busy       (Retry-After)
+    │   └── TurnCancelled     reason TURN_CANCELLED   turn-cancelled     (x-should-retry: false)
     ├── OutOfRange          OUT_OF_RANGE         400  out-of-range
     ├── Unimplemented       UNIMPLEMENTED        501  unimplemented
     ├── Unavailable         UNAVAILABLE          503  unavailable
@@ -300,6 +302,16 @@ class HistoryMiss(FailedPrecondition):
         )
 
 
+class TurnFailed(FailedPrecondition):
+    """A turn a surface answers in one piece failed in its agent (the
+    RUN_ERROR's code is in the ErrorInfo's ``cause``): the same request would
+    most likely fail the same way, so clients are told not to retry."""
+
+    slug = "turn-failed"
+    title = "Turn failed"
+    trailers = (("x-should-retry", "false"),)
+
+
 class Aborted(TurnmeshError):
     code = grpc.StatusCode.ABORTED
     http_status = 409
@@ -312,6 +324,17 @@ class SessionBusy(Aborted):
     slug = "session-busy"
     title = "Session busy"
     default_retry_after = 1
+
+
+class TurnCancelled(Aborted):
+    """A turn a surface answers in one piece was cancelled on the server (a
+    CancelTurn, a newer turn's INTERRUPT, the session's delete). Sending it
+    again would run it again: the official OpenAI SDKs retry a 409 unless
+    told not to."""
+
+    slug = "turn-cancelled"
+    title = "Turn cancelled"
+    trailers = (("x-should-retry", "false"),)
 
 
 class OutOfRange(TurnmeshError):

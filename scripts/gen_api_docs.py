@@ -184,12 +184,41 @@ def _errors() -> list[str]:
         "",
         "Agents add codes of their own (`AgentError`, e.g. `model_error`).",
         "",
+        *_one_piece_errors(),
+        "",
         "### Problem types that changed",
         "",
         "| before | now |",
         "|---|---|",
         *(f"| {before} | {now} |" for before, now in CHANGED_TYPES),
     ]
+    return out
+
+
+def _one_piece_errors() -> list[str]:
+    """How a surface that answers in one piece (non-streamed chat completions
+    and Responses, `/v1/chat`) reports a RUN_ERROR: rendered from the code
+    that maps it, so it cannot drift."""
+    from turnmesh.server.compat._common import turn_error
+
+    out = [
+        "A surface that answers in one piece (chat completions and Responses without "
+        "`stream`, `/v1/chat`) answers a turn that ended in `RUN_ERROR` with an HTTP error "
+        "instead; the session's history is unchanged in every case. Only the mesh's own "
+        "faults are worth the OpenAI SDKs' automatic retry (they retry 408, 409, 429 and "
+        "5xx unless `x-should-retry: false` says otherwise); the RUN_ERROR's code is in "
+        "`ErrorInfo.metadata.cause`:",
+        "",
+        "| RUN_ERROR code | HTTP | reason (OpenAI `code`) | `x-should-retry` |",
+        "|---|---|---|---|",
+    ]
+    codes = [(e.code, e.event("")) for e in errors.TurnError]
+    codes.append(("an agent's own", errors.error_event("model_error", "", 502, "")))
+    for code, event in codes:
+        error = turn_error(event)
+        retry = dict(error.trailers).get("x-should-retry", "(absent: retried)")
+        name = code if code.startswith("an ") else f"`{code}`"
+        out.append(f"| {name} | {error.http_status} | `{error.reason}` | {retry} |")
     return out
 
 

@@ -22,6 +22,9 @@ from turnmesh.runtime.errors import (
     FieldViolation,
     InvalidArgument,
     NotFound,
+    TurnCancelled,
+    TurnError,
+    TurnFailed,
     TurnmeshError,
     Unavailable,
     from_status,
@@ -177,10 +180,13 @@ class Mesh:
         files: Sequence[message_pb2.File] = (),
         metadata: Mapping[str, Any] | None = None,
         policy: spb.TurnPolicy.ValueType = spb.TURN_POLICY_COLLECT,
+        on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CONTINUE,
     ) -> AsyncIterator[AsyncIterator[event_pb2.Event]]:
-        """A turn's events; leaving the block closes the stream (a disconnect:
-        the turn goes on, as it does for any caller)."""
-        request = spb.TurnRequest(session_id=session_id, message=message, policy=policy)
+        """A turn's events; leaving the block before the end is a disconnect,
+        which cancels the turn or lets it go on as ``on_disconnect`` says."""
+        request = spb.TurnRequest(
+            session_id=session_id, message=message, policy=policy, on_disconnect=on_disconnect
+        )
         if metadata:
             json_format.ParseDict(dict(metadata), request.metadata)
         for file in files:
@@ -208,6 +214,25 @@ POLICIES: dict[str, spb.TurnPolicy.ValueType] = {
     name: spb.TurnPolicy.Value(f"TURN_POLICY_{name.upper()}")
     for name in ("collect", "enqueue", "interrupt", "reject")
 }
+
+
+ON_DISCONNECT_HEADER = "x-turnmesh-on-disconnect"
+_ON_DISCONNECT = {
+    "cancel": spb.DISCONNECT_POLICY_CANCEL,
+    "continue": spb.DISCONNECT_POLICY_CONTINUE,
+}
+
+
+def on_disconnect(header: str | None) -> spb.DisconnectPolicy.ValueType:
+    """What a client's disconnect does on an OpenAI surface: cancel the turn
+    (OpenAI's own behaviour, the default) or, with ``continue``, let it finish
+    and be saved, to resume with SubscribeTurn as a native caller would."""
+    if header is None:
+        return spb.DISCONNECT_POLICY_CANCEL
+    policy = _ON_DISCONNECT.get(header.strip().lower())
+    if policy is None:
+        raise invalid("X-Turnmesh-On-Disconnect", "must be cancel or continue")
+    return policy
 
 
 class ContentPart(BaseModel):
@@ -266,8 +291,41 @@ def from_pydantic(exc: ValidationError) -> InvalidArgument:
     return InvalidArgument(violations)
 
 
+# RUN_ERROR codes that mean the turn was stopped on purpose, not that it broke.
+_CANCELLED_CODES = frozenset(
+    e.code
+    for e in (
+        TurnError.CANCELLED,
+        TurnError.INTERRUPTED,
+        TurnError.DISCONNECTED,
+        TurnError.SESSION_DELETED,
+    )
+)
+# The mesh's own faults: the turn never reached its agent's end, and the same
+# request sent again may well succeed (by code: an agent's own AgentError
+# says 502 too, and is no mesh fault).
+_MESH_FAULT_CODES = frozenset(
+    e.code
+    for e in (
+        TurnError.WORKER_FAILED,
+        TurnError.WORKER_UNAVAILABLE,
+        TurnError.OWNER_LOST,
+        TurnError.SHUTDOWN,
+    )
+)
+
+
 def turn_error(event: event_pb2.Event) -> TurnmeshError:
-    """A turn that ended with RUN_ERROR, for a surface that answers in one piece."""
-    if event.problem.status in (502, 503):  # worker_failed, worker_unavailable, owner_lost
-        return Unavailable(event.message or "the turn failed")
-    return TurnmeshError(event.message or "the turn failed", reason=event.code.upper() or None)
+    """A turn that ended with RUN_ERROR, for a surface that answers in one
+    piece (the table is in docs/api.md, "A turn that fails"). History is
+    unchanged in every case; only a mesh fault is worth the SDKs' automatic
+    retry (503): the others say ``x-should-retry: false``, never a bare 500."""
+    message = event.message or "the turn failed"
+    if event.problem.detail and event.problem.detail != message:
+        message = f"{message}: {event.problem.detail}"
+    if event.code in _MESH_FAULT_CODES:
+        return Unavailable(message)
+    cause = {"cause": event.code or "internal"}
+    if event.code in _CANCELLED_CODES:
+        return TurnCancelled(message, metadata=cause)
+    return TurnFailed(message, metadata=cause)

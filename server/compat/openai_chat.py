@@ -25,6 +25,7 @@ from turnmesh.server.compat._common import (
 )
 from turnmesh.server.compat._files import Inline, decode, from_data_url, from_inline, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
 
 
 class ChatMessage(BaseModel):
@@ -81,6 +82,9 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
     stream: bool = False
     stream_options: _StreamOptions | None = None
+    # OpenAI's stored-completion tags; here they reach the agent as the
+    # turn's metadata, as on Responses.
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
 
 
 def to_history(messages: list[ChatMessage]) -> list[message_pb2.Message]:
@@ -99,6 +103,8 @@ class Turn:
     def __init__(self, session_id: str, throwaway: bool) -> None:
         self.session_id = session_id
         self.throwaway = throwaway
+        self.metadata: dict[str, str] = {}
+        self.on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CANCEL
         self.id = ""
         self.created = int(time.time())
         self.answer = Answer()
@@ -115,9 +121,21 @@ class Turn:
 
 
 async def open_turn(
-    mesh: Mesh, request: ChatCompletionRequest, session_header: str | None
+    mesh: Mesh,
+    request: ChatCompletionRequest,
+    session_header: str | None,
+    on_disconnect: spb.DisconnectPolicy.ValueType,
 ) -> tuple[Turn, str]:
     """The session for this request, and the new user message."""
+    turn, message = await _open(mesh, request, session_header)
+    turn.metadata = dict(request.metadata or {})
+    turn.on_disconnect = on_disconnect
+    return turn, message
+
+
+async def _open(
+    mesh: Mesh, request: ChatCompletionRequest, session_header: str | None
+) -> tuple[Turn, str]:
     last = request.messages[-1]
     if last.role != "user":
         raise invalid(
@@ -158,7 +176,13 @@ async def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
 async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb2.Event]:
     """The turn's events, each folded into ``turn.answer`` first."""
     try:
-        async with mesh.turn(turn.session_id, message, files=turn.files) as stream:
+        async with mesh.turn(
+            turn.session_id,
+            message,
+            files=turn.files,
+            metadata=turn.metadata,
+            on_disconnect=turn.on_disconnect,
+        ) as stream:
             async for event in stream:
                 if not turn.id:
                     turn.id = f"chatcmpl-{event.run_id}"

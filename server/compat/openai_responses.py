@@ -29,6 +29,7 @@ from turnmesh.server.compat._common import (
 )
 from turnmesh.server.compat._files import Inline, decode, from_data_url, from_inline, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
 
 
 class InputMessage(BaseModel):
@@ -127,6 +128,7 @@ class Response:
         self.status = "in_progress"
         self.error: dict[str, str] | None = None
         self.files: list[message_pb2.File] = []
+        self.on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CANCEL
 
     def started(self, turn_id: str) -> None:
         self.id = response_id(self.session_id, turn_id)
@@ -240,23 +242,33 @@ async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator
     if response.request.instructions and response.request.previous_response_id:
         metadata["instructions"] = response.request.instructions
     async with mesh.turn(
-        response.session_id, message, metadata=metadata, files=response.files
+        response.session_id,
+        message,
+        metadata=metadata,
+        files=response.files,
+        on_disconnect=response.on_disconnect,
     ) as stream:
         async for event in stream:
             response.feed(event)
             yield event
 
 
-async def create(mesh: Mesh, request: ResponseRequest) -> httpbody_pb2.HttpBody:
+async def create(
+    mesh: Mesh, request: ResponseRequest, on_disconnect: spb.DisconnectPolicy.ValueType
+) -> httpbody_pb2.HttpBody:
     response, message = await open_response(mesh, request)
+    response.on_disconnect = on_disconnect
     async for event in _events(mesh, response, message):
         if event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
     return json_body(response.body())
 
 
-async def stream(mesh: Mesh, request: ResponseRequest) -> AsyncIterator[httpbody_pb2.HttpBody]:
+async def stream(
+    mesh: Mesh, request: ResponseRequest, on_disconnect: spb.DisconnectPolicy.ValueType
+) -> AsyncIterator[httpbody_pb2.HttpBody]:
     response, message = await open_response(mesh, request)
+    response.on_disconnect = on_disconnect
     response.streamed = []
     sequence = 0
 

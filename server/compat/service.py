@@ -10,7 +10,7 @@ from google.api import httpbody_pb2
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server import validation
 from turnmesh.server.compat import agui, openai_chat, openai_responses, simple_chat
-from turnmesh.server.compat._common import Mesh
+from turnmesh.server.compat._common import ON_DISCONNECT_HEADER, Mesh, on_disconnect
 from turnmesh.server.compat.openai_models import Models
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
@@ -56,6 +56,7 @@ class CompatServicer(CompatServiceServicer):
             mesh,
             parsed,
             _header(context, SESSION_HEADER),
+            on_disconnect(_header(context, ON_DISCONNECT_HEADER)),
         )
         if parsed.stream:
             bodies = openai_chat.stream(mesh, parsed, turn, message)
@@ -69,10 +70,11 @@ class CompatServicer(CompatServiceServicer):
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = await openai_responses.parse(request)
+        policy = on_disconnect(_header(context, ON_DISCONNECT_HEADER))
         if parsed.stream:
-            bodies = openai_responses.stream(mesh, parsed)
+            bodies = openai_responses.stream(mesh, parsed, policy)
         else:
-            bodies = _one(openai_responses.create(mesh, parsed))
+            bodies = _one(openai_responses.create(mesh, parsed, policy))
         async for body in bodies:
             yield body
 
