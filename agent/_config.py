@@ -4,7 +4,7 @@ Python. ``turnmesh worker --agent agent.yaml`` (or ``turnmesh up --agent``).
 ::
 
     name: assistant
-    kind: openai            # openai | echo | demo | langgraph | package.module:Class
+    kind: openai            # openai | echo | demo | langgraph | areal | package.module:Class
     model:
       name: ${OPENAI_MODEL:-llama3.1}
       base_url: ${OPENAI_BASE_URL:-http://127.0.0.1:11434/v1}
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from turnmesh.agent._contract import AgentRunnable
 from turnmesh.agent.builtin.llm import ModelSettings
 
 AGENT_FILE_SUFFIXES = (".yaml", ".yml")
-KINDS = ("openai", "echo", "demo", "langgraph")
+KINDS = ("openai", "echo", "demo", "langgraph", "areal")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -51,6 +51,18 @@ class AgentFile(BaseModel):
     tool_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     max_tool_rounds: int = Field(default=8, ge=1, le=100)
     graph: str | None = Field(default=None, description="langgraph: package.module:compiled_graph")
+    # `class` in the file (a Python keyword, hence the alias).
+    agent_class: str | None = Field(
+        default=None, alias="class", description="areal: package.module:Class (AReaL's contract)"
+    )
+
+    @field_validator("agent_class")
+    @classmethod
+    def _is_a_class_spec(cls, value: str | None) -> str | None:
+        module, _, attribute = (value or "").partition(":")
+        if value is not None and not (module.strip() and attribute.strip()):
+            raise ValueError(f"expected package.module:Class, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _fits_the_kind(self) -> AgentFile:
@@ -60,6 +72,10 @@ class AgentFile(BaseModel):
             raise ValueError("an openai agent needs `model` (at least its name)")
         if self.kind == "langgraph" and not self.graph:
             raise ValueError("a langgraph agent needs `graph` (package.module:compiled_graph)")
+        if self.kind == "areal" and not self.agent_class:
+            raise ValueError("an areal agent needs `class` (package.module:Class)")
+        if self.agent_class and self.kind != "areal":
+            raise ValueError("`class` is for areal agents")
         if self.tools and self.kind != "openai":
             raise ValueError("`tools` are for openai agents")
         return self
@@ -101,7 +117,7 @@ def read_agent_file(path: str | Path) -> AgentFile:
 
 def build_agent(config: AgentFile) -> AgentRunnable:
     """The agent the file describes (its name set to the file's)."""
-    from turnmesh.agent._loader import load_agent
+    from turnmesh.agent._loader import AgentLoadError, load_agent
     from turnmesh.agent.tools import ToolLoadError
 
     if config.kind == "openai":
@@ -123,6 +139,14 @@ def build_agent(config: AgentFile) -> AgentRunnable:
 
         assert config.graph is not None
         return LangGraphAgent(config.graph, name=config.name, instructions=config.instructions)
+    if config.kind == "areal":
+        from turnmesh.agent.areal import AReaLAgent
+
+        assert config.agent_class is not None
+        try:
+            return AReaLAgent(config.agent_class, name=config.name)
+        except AgentLoadError as exc:
+            raise AgentFileError(f"class: {exc}") from exc
     _, agent = load_agent(config.kind)
     try:
         agent.name = config.name  # type: ignore[attr-defined]
