@@ -6,9 +6,9 @@ STAMP := $(VENV)/.installed
 
 # Programs the tests use that come from Debian, not PyPI: command:package.
 SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server redis-cli:redis-tools wrk:wrk tesseract:tesseract-ocr ip:iproute2 chromium:chromium chromedriver:chromium-driver
-# From npm, each pinned by its package-lock.json: the real AG-UI client and
-# grpc-js (tests), and buf (the proto module's build, lint and breaking check).
-NODE_DIRS := clients/agui clients/grpc-js tools
+# From npm, each pinned by its package-lock.json: the real AG-UI client, the
+# Vercel AI SDK and grpc-js (tests), and buf (the proto module's build, lint and breaking check).
+NODE_DIRS := clients/agui clients/aisdk clients/grpc-js tools
 NODE_STAMPS := $(NODE_DIRS:%=%/node_modules/.package-lock.json)
 BUF := tools/node_modules/.bin/buf
 

@@ -13,6 +13,7 @@ from turnmesh.client._turns import (
     TurnOptions,
     TurnResult,
     build_create_request,
+    build_fork_request,
     build_list_request,
     build_turn_request,
     collect_result,
@@ -82,6 +83,24 @@ class Client:
         request = build_create_request(session_id, agent, metadata, messages)
         with map_rpc_errors():
             response: spb.CreateSessionResponse = self._stub.CreateSession(
+                request, metadata=self._metadata, timeout=self._timeout
+            )
+        return response.session
+
+    def fork_session(
+        self,
+        session_id: str,
+        at_turn_id: str = "",
+        *,
+        new_session_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> spb.Session:
+        """A new session with this one's history up to and including
+        ``at_turn_id`` (all of it if empty): a branch of the conversation.
+        ``metadata`` unset copies the source's."""
+        request = build_fork_request(session_id, at_turn_id, new_session_id, metadata)
+        with map_rpc_errors():
+            response: spb.ForkSessionResponse = self._stub.ForkSession(
                 request, metadata=self._metadata, timeout=self._timeout
             )
         return response.session

@@ -90,6 +90,21 @@ def build_create_request(
     return request
 
 
+def build_fork_request(
+    session_id: str,
+    at_turn_id: str,
+    new_session_id: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> spb.ForkSessionRequest:
+    request = spb.ForkSessionRequest(
+        session_id=session_id, at_turn_id=at_turn_id, new_session_id=new_session_id or ""
+    )
+    if metadata is not None:  # {} sets empty metadata; None copies the source's
+        request.metadata.SetInParent()
+        json_format.ParseDict(dict(metadata), request.metadata)
+    return request
+
+
 def build_list_request(
     page_size: int, page_token: str, agent: str, metadata: Mapping[str, str] | None, principal: str
 ) -> spb.ListSessionsRequest:

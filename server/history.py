@@ -9,7 +9,26 @@ from __future__ import annotations
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from turnmesh.runtime.errors import NotFound
 from turnmesh.v1 import event_pb2, message_pb2
+
+
+def up_to_turn(
+    history: list[message_pb2.Message], turn_id: str, *, param: str = "at_turn_id"
+) -> list[message_pb2.Message]:
+    """The history up to and including a turn's messages (all of it for no
+    turn): what a fork at that turn starts from."""
+    if not turn_id:
+        return history
+    for index in range(len(history) - 1, -1, -1):
+        if history[index].turn_id == turn_id:
+            return history[: index + 1]
+    raise NotFound(
+        f"turn {turn_id!r} is not in the session's history (a running, cancelled or "
+        "failed turn saved nothing)",
+        reason="TURN_NOT_FOUND",
+        metadata={"param": param},
+    )
 
 
 class HistoryBuilder:

@@ -26,6 +26,7 @@ from turnmesh.server.forwarding import (
     Forwarder,
     OwnerFailed,
 )
+from turnmesh.server.history import up_to_turn
 from turnmesh.server.ownership import Local, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -321,6 +322,35 @@ class SessionServicer:
         return await self._unary(
             sid, context, lambda stub, md: stub.DeleteSession(request, metadata=md), local
         )
+
+    async def ForkSession(
+        self, request: spb.ForkSessionRequest, context: Context
+    ) -> spb.ForkSessionResponse:
+        validation.validate_fork_session(request)
+        # Read where the source lives, create where the router places the
+        # fork: each call forwards on its own, so the two may be two servers.
+        source = (
+            await self.GetSession(spb.GetSessionRequest(session_id=request.session_id), context)
+        ).session
+        history = await self.GetHistory(
+            spb.GetHistoryRequest(session_id=request.session_id), context
+        )
+        create = spb.CreateSessionRequest(
+            session_id=request.new_session_id,
+            agent_name=source.agent_name,
+            messages=up_to_turn(list(history.messages), request.at_turn_id),
+        )
+        create.metadata.CopyFrom(
+            request.metadata if request.HasField("metadata") else source.metadata
+        )
+        try:
+            created = await self.CreateSession(create, context)
+        except InvalidArgument as exc:
+            # Past what a new session may be seeded with (10,000 messages, 64 MiB).
+            raise InvalidArgument(
+                [FieldViolation("at_turn_id", f"the history up to this turn: {exc.detail}")]
+            ) from None
+        return spb.ForkSessionResponse(session=created.session)
 
     async def GetHistory(
         self, request: spb.GetHistoryRequest, context: Context

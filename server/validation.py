@@ -61,6 +61,20 @@ def validate_turn_ref(session_id: str, turn_id: str) -> None:
     _raise_if(session_id_violations(session_id) + _turn_id_violations(turn_id))
 
 
+def validate_fork_session(request: spb.ForkSessionRequest) -> None:
+    violations = session_id_violations(request.session_id)
+    if request.at_turn_id:
+        violations += [
+            FieldViolation("at_turn_id", v.description)
+            for v in _turn_id_violations(request.at_turn_id)
+        ]
+    if request.new_session_id:
+        violations += session_id_violations(request.new_session_id, "new_session_id")
+    if request.metadata.ByteSize() > MAX_METADATA_BYTES:
+        violations.append(FieldViolation("metadata", f"must be at most {MAX_METADATA_BYTES} bytes"))
+    _raise_if(violations)
+
+
 def validate_create_session(request: spb.CreateSessionRequest) -> None:
     violations: list[FieldViolation] = []
     if request.session_id:
@@ -139,16 +153,21 @@ def validate_subscribe(request: spb.SubscribeTurnRequest) -> None:
     _raise_if(violations)
 
 
+def message_violations(message: str, field: str = "message") -> list[FieldViolation]:
+    """A turn's user message: what the other APIs check first, under their
+    own name for the field."""
+    if not message:
+        return [FieldViolation(field, "required")]
+    if not message.strip():
+        return [FieldViolation(field, "must not be blank")]
+    if len(message) > MAX_MESSAGE_CHARS:
+        return [FieldViolation(field, f"must be at most {MAX_MESSAGE_CHARS} characters")]
+    return []
+
+
 def validate_turn(request: spb.TurnRequest) -> None:
     violations = session_id_violations(request.session_id)
-    if not request.message:
-        violations.append(FieldViolation("message", "required"))
-    elif not request.message.strip():
-        violations.append(FieldViolation("message", "must not be blank"))
-    elif len(request.message) > MAX_MESSAGE_CHARS:
-        violations.append(
-            FieldViolation("message", f"must be at most {MAX_MESSAGE_CHARS} characters")
-        )
+    violations += message_violations(request.message)
     violations += _file_violations(request)
     if request.policy not in spb.TurnPolicy.values():
         violations.append(FieldViolation("policy", "unknown policy"))

@@ -29,6 +29,7 @@ from turnmesh.runtime.errors import (
     Unavailable,
     from_status,
 )
+from turnmesh.server import validation
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -86,6 +87,10 @@ class SessionCalls(Protocol):
     async def GetHistory(
         self, request: spb.GetHistoryRequest, context: Context
     ) -> spb.GetHistoryResponse: ...
+
+    async def ForkSession(
+        self, request: spb.ForkSessionRequest, context: Context
+    ) -> spb.ForkSessionResponse: ...
 
     def Turn(
         self, request: spb.TurnRequest, context: Context
@@ -166,6 +171,11 @@ class Mesh:
     async def delete_session(self, session_id: str) -> None:
         request = spb.DeleteSessionRequest(session_id=session_id)
         await self._unary(self._svc.DeleteSession(request, self._call))
+
+    async def fork_session(self, session_id: str, at_turn_id: str) -> str:
+        """A new session with this one's history up to a turn; its id."""
+        request = spb.ForkSessionRequest(session_id=session_id, at_turn_id=at_turn_id)
+        return (await self._unary(self._svc.ForkSession(request, self._call))).session.session_id
 
     async def history(self, session_id: str) -> list[message_pb2.Message]:
         request = spb.GetHistoryRequest(session_id=session_id)
@@ -280,15 +290,38 @@ def sse_body(payload: Any, event: str | None = None) -> httpbody_pb2.HttpBody:
     )
 
 
-def from_pydantic(exc: ValidationError) -> InvalidArgument:
-    """A request body that does not fit the schema, one violation per error."""
-    violations = []
-    for error in exc.errors()[:20]:
-        field = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in error["loc"]).replace(
-            ".[", "["
-        )
-        violations.append(FieldViolation(field or "body", error["msg"]))
-    return InvalidArgument(violations)
+def from_pydantic(exc: ValidationError, prefix: str = "") -> InvalidArgument:
+    """A request body that does not fit the schema, one violation per field,
+    named as the caller wrote it (``messages[0].content``: no union branch
+    names such as ``str`` or ``list[ChatMessage]``)."""
+    found: dict[str, list[str]] = {}
+    for error in exc.errors()[:40]:
+        parts = [p for p in error["loc"] if not _is_branch_tag(p)]
+        field = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+        field = field.removeprefix(".") or "body"
+        messages = found.setdefault(field, [])
+        if error["msg"] not in messages:
+            messages.append(error["msg"])
+    return InvalidArgument(
+        [FieldViolation(field, "; or ".join(m[:3])) for field, m in list(found.items())[:20]]
+    )
+
+
+_SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "none"})
+
+
+def _is_branch_tag(part: str | int) -> bool:
+    """Pydantic names the branch of a union it tried (``str``,
+    ``list[InputItem]``, ``function-after[...]``); our fields are snake_case."""
+    return isinstance(part, str) and (part in _SCALAR_TAGS or "[" in part or part[:1].isupper())
+
+
+def check_message(message: str, field: str) -> None:
+    """The Turn rules for the user's message, under the caller's name for it,
+    before any session is made."""
+    violations = validation.message_violations(message, field)
+    if violations:
+        raise InvalidArgument(violations)
 
 
 # RUN_ERROR codes that mean the turn was stopped on purpose, not that it broke.

@@ -16,6 +16,7 @@ from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
     ContentPart,
     Mesh,
+    check_message,
     from_pydantic,
     invalid,
     json_body,
@@ -142,6 +143,7 @@ async def _open(
             f"messages[{len(request.messages) - 1}].role", "the last message must be the user's"
         )
     last_index = len(request.messages) - 1
+    check_message(last.text(), f"messages[{last_index}].content")
     if session_header and await mesh.session_exists(session_header):
         turn = Turn(session_header, throwaway=False)
         turn.files = await decode(last.files(f"messages[{last_index}]"))

@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from google.api import httpbody_pb2
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from turnmesh.runtime.errors import NotFound
+from turnmesh.runtime.errors import InvalidArgument, NotFound
 from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
     ContentPart,
     Mesh,
+    check_message,
     from_pydantic,
     invalid,
     json_body,
@@ -70,35 +71,97 @@ class InputMessage(BaseModel):
         return files
 
 
+class ItemReference(BaseModel):
+    """An earlier output item named by its id (what the Vercel AI SDK sends
+    for the assistant's turns of a stored conversation)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["item_reference"]
+    id: str = Field(min_length=1, max_length=512)
+
+
+InputItem = InputMessage | ItemReference
+# The sessions one request's item references may read (each a history read).
+MAX_REFERENCED_SESSIONS = 8
+
+
 class ResponseRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, max_length=128)
-    input: str | list[InputMessage]
+    input: str | list[dict[str, Any]] = Field(max_length=1000)
     instructions: str | None = None
     stream: bool = False
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
+    _items: list[InputItem] = PrivateAttr(default_factory=list)
 
-    def items(self) -> list[InputMessage]:
-        if isinstance(self.input, str):
-            return [InputMessage(role="user", content=self.input)]
-        return self.input
+    def items(self) -> list[InputItem]:
+        return self._items
+
+    def field(self, index: int) -> str:
+        """The caller's name for an input item."""
+        return "input" if isinstance(self.input, str) else f"input[{index}]"
+
+
+def _input_items(value: str | list[dict[str, Any]]) -> list[InputItem]:
+    """The input, each item checked under its own name (``input[2].role``),
+    not under pydantic's union branches."""
+    if isinstance(value, str):
+        return [InputMessage(role="user", content=value)]
+    items: list[InputItem] = []
+    for index, raw in enumerate(value):
+        kind = raw.get("type", "message")
+        model: type[InputMessage] | type[ItemReference]
+        if kind == "message":
+            model = InputMessage
+        elif kind == "item_reference":
+            model = ItemReference
+        else:
+            raise invalid(
+                f"input[{index}].type",
+                f"{str(kind)[:64]!r} items are not supported: message and item_reference are",
+            )
+        try:
+            items.append(model.model_validate(raw))
+        except ValidationError as exc:
+            raise from_pydantic(exc, prefix=f"input[{index}]") from exc
+    return items
+
+
+def _encoded(session_id: str, turn_id: str) -> str:
+    encoded = base64.urlsafe_b64encode(session_id.encode()).decode().rstrip("=")
+    return f"{turn_id}.{encoded}"
+
+
+def _decoded(value: str) -> tuple[str, str]:
+    """(session, turn) of ``<turn>.<session, base64url>``; ValueError if not."""
+    turn_id, encoded = value.split(".", 1)
+    try:
+        session_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError) as exc:
+        raise ValueError(value) from exc
+    if not turn_id or not session_id:
+        raise ValueError(value)
+    return session_id, turn_id
 
 
 def response_id(session_id: str, turn_id: str) -> str:
-    encoded = base64.urlsafe_b64encode(session_id.encode()).decode().rstrip("=")
-    return f"resp_{turn_id}.{encoded}"
+    return f"resp_{_encoded(session_id, turn_id)}"
+
+
+def item_id(session_id: str, turn_id: str) -> str:
+    """An output message's id names its session too, so an item reference
+    to it resolves on any server, in a request with no previous response."""
+    return f"msg_{_encoded(session_id, turn_id)}"
 
 
 def parse_response_id(value: str, field: str) -> tuple[str, str]:
-    try:
-        turn_id, encoded = value.removeprefix("resp_").split(".", 1)
-        session_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise invalid(field, "not a response id from this service") from exc
-    if not value.startswith("resp_") or not turn_id or not session_id:
+    if not value.startswith("resp_"):
         raise invalid(field, "not a response id from this service")
-    return session_id, turn_id
+    try:
+        return _decoded(value.removeprefix("resp_"))
+    except ValueError:
+        raise invalid(field, "not a response id from this service") from None
 
 
 async def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
@@ -107,9 +170,13 @@ async def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
         request = ResponseRequest.model_validate(data)
     except ValidationError as exc:
         raise from_pydantic(exc) from exc
+    request._items = _input_items(request.input)
     items = request.items()
-    if not items or items[-1].role != "user":
+    last = items[-1] if items else None
+    if not isinstance(last, InputMessage) or last.role != "user":
         raise invalid("input", "must end with a user message")
+    where = request.field(len(items) - 1)
+    check_message(last.text(), where if where == "input" else f"{where}.content")
     return request
 
 
@@ -132,7 +199,7 @@ class Response:
 
     def started(self, turn_id: str) -> None:
         self.id = response_id(self.session_id, turn_id)
-        self.item_id = f"msg_{turn_id}"
+        self.item_id = item_id(self.session_id, turn_id)
 
     @property
     def text(self) -> str:
@@ -199,22 +266,18 @@ class Response:
 async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response, str]:
     """The session this request continues or starts, and the new user message."""
     items = request.items()
-    message = items[-1].text()
+    last = items[-1]
+    assert isinstance(last, InputMessage)  # parse() checked
     if request.previous_response_id:
-        session_id, _ = parse_response_id(request.previous_response_id, "previous_response_id")
-        if not await mesh.session_exists(session_id):
-            raise NotFound(
-                f"previous response {request.previous_response_id!r} not found",
-                reason="PREVIOUS_RESPONSE_NOT_FOUND",
-                metadata={"param": "previous_response_id"},
-            )
+        session_id = await _continued(mesh, request.previous_response_id)
         response = Response(request, session_id)
-        response.files = await decode(items[-1].files(_field(request, len(items) - 1)))
-        return response, message
+        response.files = await decode(last.files(request.field(len(items) - 1)))
+        return response, last.text()
+    messages = await _resolved(mesh, request)
     history = []
     if request.instructions:
         history.append(message_pb2.Message(role="system", content=request.instructions))
-    for item in items[:-1]:
+    for item in messages[:-1]:
         role = "system" if item.role == "developer" else item.role
         history.append(message_pb2.Message(role=role, content=item.text()))
     # A new session: files anywhere in the input go with this turn (the
@@ -222,19 +285,78 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response,
     files = await decode(
         [
             file
-            for index, item in enumerate(items)
+            for index, item in enumerate(messages)
             if item.role == "user"
-            for file in item.files(_field(request, index))
+            for file in item.files(request.field(index))
         ]
     )
     session_id = await mesh.create_session(None, request.model, history, param="model")
     response = Response(request, session_id)
     response.files = files
-    return response, message
+    return response, last.text()
 
 
-def _field(request: ResponseRequest, index: int) -> str:
-    return "input" if isinstance(request.input, str) else f"input[{index}]"
+async def _continued(mesh: Mesh, previous: str) -> str:
+    """The session a turn after ``previous`` runs in: the response's own,
+    or, if later turns followed it there, a fork at it (a branch: the
+    conversation goes on from that response, and the later ones stay as
+    they were)."""
+    session_id, turn_id = parse_response_id(previous, "previous_response_id")
+    try:
+        history = await mesh.history(session_id)
+    except (NotFound, InvalidArgument):
+        raise NotFound(
+            f"previous response {previous!r} not found",
+            reason="PREVIOUS_RESPONSE_NOT_FOUND",
+            metadata={"param": "previous_response_id"},
+        ) from None
+    last = max((i for i, m in enumerate(history) if m.turn_id == turn_id), default=None)
+    if last is None or last == len(history) - 1:
+        # The newest response, or one that saved nothing (still running,
+        # cancelled, failed): the conversation goes on from where it is.
+        return session_id
+    return await mesh.fork_session(session_id, turn_id)
+
+
+async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputMessage]:
+    """The input with each item reference replaced by the assistant message
+    it names (read from its session's history: the caller's own only)."""
+    histories: dict[str, list[message_pb2.Message]] = {}
+    messages = []
+    for index, item in enumerate(request.items()):
+        if isinstance(item, InputMessage):
+            messages.append(item)
+            continue
+        where = f"{request.field(index)}.id"
+        not_found = NotFound(
+            f"item {item.id[:128]!r} not found", reason="ITEM_NOT_FOUND", metadata={"param": where}
+        )
+        if not item.id.startswith("msg_"):
+            raise not_found
+        try:
+            session_id, turn_id = _decoded(item.id.removeprefix("msg_"))
+        except ValueError:
+            raise not_found from None
+        if session_id not in histories:
+            if len(histories) == MAX_REFERENCED_SESSIONS:
+                raise invalid(
+                    where, f"items of at most {MAX_REFERENCED_SESSIONS} conversations per request"
+                )
+            try:
+                histories[session_id] = await mesh.history(session_id)
+            except (NotFound, InvalidArgument):
+                raise not_found from None
+        # The output item's text is all the turn's text, before and after
+        # its tool calls: in history, its assistant messages in order.
+        said = [
+            m.content
+            for m in histories[session_id]
+            if m.turn_id == turn_id and m.role == "assistant"
+        ]
+        if not said:
+            raise not_found
+        messages.append(InputMessage(role="assistant", content="".join(said)))
+    return messages
 
 
 async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator[event_pb2.Event]:

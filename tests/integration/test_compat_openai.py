@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any, cast
 
 import openai
 import pytest
@@ -112,12 +113,33 @@ def test_unknown_model_raises_the_sdks_not_found_error(sdk: openai.OpenAI) -> No
 def test_bad_request_uses_openais_error_shape(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model="demo", messages=[{"role": "user", "content": "  "}])
-    assert info.value.param == "message"
+    # `param` names the caller's field, never the native API's `message`.
+    assert info.value.param == "messages[0].content"
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(
             model="demo", messages=[{"role": "assistant", "content": "no user message"}]
         )
     assert info.value.param == "messages[0].role"
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(
+            model="demo",
+            messages=cast(Any, [{"role": "system", "content": "s"}, {"role": "robot"}]),
+        )
+    assert info.value.param == "messages[1].role"
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.responses.create(model="demo", input="   ")
+    assert info.value.param == "input"
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.responses.create(model="demo", input=[{"role": "user", "content": "x" * 10_001}])
+    assert info.value.param == "input[0].content"
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.responses.create(
+            model="demo", input=cast(Any, [{"role": "user", "content": "a"}, {"role": "robot"}])
+        )
+    assert info.value.param == "input[1].role"  # not pydantic's union branch names
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.responses.create(model="demo", input=cast(Any, 5))
+    assert info.value.param == "input"
 
 
 def test_response_create_and_retrieve(sdk: openai.OpenAI) -> None:

@@ -71,6 +71,9 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
     async def DeleteSession(self, *args: object) -> spb.DeleteSessionResponse:
         return self._raise()  # type: ignore[no-any-return]
 
+    async def ForkSession(self, *args: object) -> spb.ForkSessionResponse:
+        return self._raise()  # type: ignore[no-any-return]
+
     async def Turn(self, *args: object) -> AsyncGenerator[Any, None]:
         self._raise()
         yield  # pragma: no cover

@@ -60,6 +60,8 @@ from turnmesh.v1.session_service_pb2 import TurnState as TurnState
 from turnmesh.v1.session_service_pb2 import Session as Session
 from turnmesh.v1.session_service_pb2 import CreateSessionRequest as CreateSessionRequest
 from turnmesh.v1.session_service_pb2 import CreateSessionResponse as CreateSessionResponse
+from turnmesh.v1.session_service_pb2 import ForkSessionRequest as ForkSessionRequest
+from turnmesh.v1.session_service_pb2 import ForkSessionResponse as ForkSessionResponse
 from turnmesh.v1.session_service_pb2 import GetSessionRequest as GetSessionRequest
 from turnmesh.v1.session_service_pb2 import ListSessionsRequest as ListSessionsRequest
 from turnmesh.v1.session_service_pb2 import ListSessionsResponse as ListSessionsResponse
@@ -111,6 +113,8 @@ __all__ = [
     "EventType",
     "File",
     "FileRef",
+    "ForkSessionRequest",
+    "ForkSessionResponse",
     "FunctionCall",
     "GetHealthRequest",
     "GetHealthResponse",

@@ -249,6 +249,66 @@ class CreateSessionResponse(_message.Message):
 Global___CreateSessionResponse: _TypeAlias = CreateSessionResponse  # noqa: Y015
 
 @_typing.final
+class ForkSessionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    AT_TURN_ID_FIELD_NUMBER: _builtins.int
+    NEW_SESSION_ID_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session to fork."""
+    at_turn_id: _builtins.str
+    """The last turn the fork keeps: the history up to and including its
+    messages. Empty keeps the whole history.
+    """
+    new_session_id: _builtins.str
+    """The new session's id, as CreateSessionRequest.session_id; one is minted
+    if unset.
+    """
+    @_builtins.property
+    def metadata(self) -> _struct_pb2.Struct:
+        """The new session's metadata; unset copies the source's."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        at_turn_id: _builtins.str = ...,
+        new_session_id: _builtins.str = ...,
+        metadata: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_turn_id", b"at_turn_id", "metadata", b"metadata", "new_session_id", b"new_session_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionRequest: _TypeAlias = ForkSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkSessionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___Session:
+        """The new session: the source's agent, the kept history."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
+
+@_typing.final
 class GetSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -71,6 +71,11 @@ class SessionServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_session__service__pb2.DeleteSessionRequest.SerializeToString,
                 response_deserializer=turnmesh_dot_v1_dot_session__service__pb2.DeleteSessionResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/turnmesh.v1.SessionService/ForkSession',
+                request_serializer=turnmesh_dot_v1_dot_session__service__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=turnmesh_dot_v1_dot_session__service__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
         self.GetHistory = channel.unary_unary(
                 '/turnmesh.v1.SessionService/GetHistory',
                 request_serializer=turnmesh_dot_v1_dot_session__service__pb2.GetHistoryRequest.SerializeToString,
@@ -153,6 +158,16 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """Makes a new session whose history is this session's up to and including
+        one turn: a branch of the conversation, which goes on on its own. The
+        source is unchanged. NOT_FOUND (reason TURN_NOT_FOUND) if the turn is not
+        in the history (a running, cancelled or failed turn saved nothing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetHistory(self, request, context):
         """Returns a session's history in the OpenAI chat shape.
         """
@@ -222,6 +237,11 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.DeleteSession,
                     request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.DeleteSessionRequest.FromString,
                     response_serializer=turnmesh_dot_v1_dot_session__service__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.ForkSessionRequest.FromString,
+                    response_serializer=turnmesh_dot_v1_dot_session__service__pb2.ForkSessionResponse.SerializeToString,
             ),
             'GetHistory': grpc.unary_unary_rpc_method_handler(
                     servicer.GetHistory,
@@ -378,6 +398,33 @@ class SessionService:
             '/turnmesh.v1.SessionService/DeleteSession',
             turnmesh_dot_v1_dot_session__service__pb2.DeleteSessionRequest.SerializeToString,
             turnmesh_dot_v1_dot_session__service__pb2.DeleteSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.SessionService/ForkSession',
+            turnmesh_dot_v1_dot_session__service__pb2.ForkSessionRequest.SerializeToString,
+            turnmesh_dot_v1_dot_session__service__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,12 @@ class SessionServiceStub:
     """Deletes a session and cancels its running turn. Deleting a session that
     does not exist succeeds (idempotent).
     """
+    ForkSession: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.ForkSessionRequest, _session_service_pb2.ForkSessionResponse]
+    """Makes a new session whose history is this session's up to and including
+    one turn: a branch of the conversation, which goes on on its own. The
+    source is unchanged. NOT_FOUND (reason TURN_NOT_FOUND) if the turn is not
+    in the history (a running, cancelled or failed turn saved nothing).
+    """
     GetHistory: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.GetHistoryRequest, _session_service_pb2.GetHistoryResponse]
     """Returns a session's history in the OpenAI chat shape."""
     Turn: _grpc.UnaryStreamMultiCallable[_session_service_pb2.TurnRequest, _event_pb2.Event]
@@ -116,6 +122,12 @@ class SessionServiceAsyncStub(SessionServiceStub):
     DeleteSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.DeleteSessionRequest, _session_service_pb2.DeleteSessionResponse]  # type: ignore[assignment]
     """Deletes a session and cancels its running turn. Deleting a session that
     does not exist succeeds (idempotent).
+    """
+    ForkSession: _aio.UnaryUnaryMultiCallable[_session_service_pb2.ForkSessionRequest, _session_service_pb2.ForkSessionResponse]  # type: ignore[assignment]
+    """Makes a new session whose history is this session's up to and including
+    one turn: a branch of the conversation, which goes on on its own. The
+    source is unchanged. NOT_FOUND (reason TURN_NOT_FOUND) if the turn is not
+    in the history (a running, cancelled or failed turn saved nothing).
     """
     GetHistory: _aio.UnaryUnaryMultiCallable[_session_service_pb2.GetHistoryRequest, _session_service_pb2.GetHistoryResponse]  # type: ignore[assignment]
     """Returns a session's history in the OpenAI chat shape."""
@@ -191,6 +203,18 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_session_service_pb2.DeleteSessionResponse, _abc.Awaitable[_session_service_pb2.DeleteSessionResponse]]:
         """Deletes a session and cancels its running turn. Deleting a session that
         does not exist succeeds (idempotent).
+        """
+
+    @_abc_1.abstractmethod
+    def ForkSession(
+        self,
+        request: _session_service_pb2.ForkSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_service_pb2.ForkSessionResponse, _abc.Awaitable[_session_service_pb2.ForkSessionResponse]]:
+        """Makes a new session whose history is this session's up to and including
+        one turn: a branch of the conversation, which goes on on its own. The
+        source is unchanged. NOT_FOUND (reason TURN_NOT_FOUND) if the turn is not
+        in the history (a running, cancelled or failed turn saved nothing).
         """
 
     @_abc_1.abstractmethod
