@@ -15,6 +15,8 @@ but pulls in onnxruntime and pandas, hundreds of megabytes for a worker.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import io
 import warnings
 import zipfile
@@ -32,6 +34,21 @@ MAX_IMAGE_PIXELS = 40_000_000
 MAX_UNZIPPED_BYTES = 256 * 1024 * 1024
 MAX_ZIP_RATIO = 200
 OCR_SECONDS = 25
+
+# What a file reads as depends on this module (its limits, its Markdown) and on
+# the library that reads its type: bump this when the module changes what a
+# file reads as. Texts a worker keeps (worker/extract_cache.py) are keyed by both.
+READER_REVISION = 1
+
+# Each accepted type's reader: a name, and the distributions whose code reads it.
+READERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **dict.fromkeys(TEXT_TYPES, ("text", ())),
+    "application/pdf": ("pdf", ("pypdf",)),
+    DOCX: ("docx", ("python-docx",)),
+    XLSX: ("xlsx", ("openpyxl",)),
+    PPTX: ("pptx", ("python-pptx",)),
+    **dict.fromkeys(IMAGE_TYPES, ("ocr", ("pillow", "pytesseract"))),
+}
 
 
 class FileUnreadable(Exception):
@@ -68,6 +85,24 @@ class _Text:
 
     def result(self) -> Extracted:
         return Extracted("".join(self._parts).strip(), self.truncated)
+
+
+@functools.cache
+def reader_version(mime_type: str) -> str:
+    """Which reader reads ``mime_type``, at which version (``pdf/1/pypdf-7.1.1``):
+    a new revision of this module or a new library is a new version. The
+    versions installed are read once per process, as the fork server imports
+    the readers once. The Tesseract program is not named: a text read by an
+    older one is still the file's text."""
+    name, distributions = READERS.get(mime_type, ("none", ()))
+    return "/".join([name, str(READER_REVISION), *(f"{d}-{_installed(d)}" for d in distributions)])
+
+
+def _installed(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
 
 
 def extract(mime_type: str, content: bytes) -> Extracted:

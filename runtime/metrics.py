@@ -84,6 +84,12 @@ FILE_QUEUE_REFUSED = Counter(
     "Files refused a place in the reader queue, by the bound they hit (turn, principal, worker)",
     ["limit"],
 )
+WORKER_FILE_TEXT_CACHE = Counter(
+    "turnmesh_worker_file_text_cache",
+    "Attached files by where their text came from: the worker's cache of texts it read for"
+    " the same principal (hit), a read of the same file already running (shared), a reader (miss)",
+    ["result"],
+)
 
 # Router.
 ROUTER_MEMBERS = Gauge("turnmesh_router_members", "Live mesh members", ["role"])

@@ -29,6 +29,8 @@ from turnmesh.runtime.serving import (
 from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.v1 import router_service_pb2, worker_service_pb2, worker_service_pb2_grpc
+from turnmesh.worker.extract_cache import DEFAULT_MAX_BYTES as TEXT_CACHE_BYTES
+from turnmesh.worker.extract_cache import DEFAULT_MAX_ENTRIES, ExtractCache
 from turnmesh.worker.history_cache import DEFAULT_MAX_BYTES
 from turnmesh.worker.service import WorkerServicer
 
@@ -90,6 +92,18 @@ class WorkerConfig(MemberConfig):
         ),
     )
 
+    # Texts of files already read, per principal (worker/extract_cache.py).
+    file_text_cache_entries: int = Field(
+        default=DEFAULT_MAX_ENTRIES,
+        ge=0,
+        description="texts of attached files kept, so a file sent again is not read again",
+    )
+    file_text_cache_mb: int = Field(
+        default=TEXT_CACHE_BYTES // 2**20,
+        ge=0,
+        description="memory the texts of attached files already read may take (0: none kept)",
+    )
+
 
 async def serve(config: WorkerConfig) -> None:
     """Run a worker until SIGINT or SIGTERM; refuse to start with an unusable agent."""
@@ -116,6 +130,10 @@ async def serve(config: WorkerConfig) -> None:
         worker_id=member_id,
         sandbox=sandbox,
         history_cache_bytes=config.history_cache_mb * 2**20,
+        file_texts=ExtractCache(
+            max_entries=config.file_text_cache_entries,
+            max_bytes=config.file_text_cache_mb * 2**20,
+        ),
     )
 
     def register(server: grpc.aio.Server) -> None:

@@ -1,6 +1,7 @@
 """A turn's files as the agent gets them: each file's text, read in a sandbox
-process, with its checksum, and a CUSTOM ``file_read`` event per file so the
-caller sees what the agent could read."""
+process (or taken from the worker's cache of texts it read for the same
+principal), with its checksum, and a CUSTOM ``file_read`` event per file so
+the caller sees what the agent could read."""
 
 from __future__ import annotations
 
@@ -11,25 +12,41 @@ from google.protobuf import struct_pb2
 
 from turnmesh.agent import AgentFile
 from turnmesh.files import Outcome, Sandbox
+from turnmesh.files.extract import reader_version
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.worker.emitter import ET, make_event
+from turnmesh.worker.extract_cache import ExtractCache
+
+
+def _fingerprint(file: message_pb2.File) -> tuple[str, str]:
+    return hashlib.sha256(file.content).hexdigest(), reader_version(file.mime_type)
 
 
 async def _read_one(
-    sandbox: Sandbox, file: message_pb2.File, principal: str, turn: str
+    sandbox: Sandbox, cache: ExtractCache, file: message_pb2.File, principal: str, turn: str
 ) -> tuple[str, Outcome]:
-    # hashlib releases the GIL on large inputs: the loop keeps serving.
-    digest = asyncio.to_thread(lambda: hashlib.sha256(file.content).hexdigest())
-    outcome = sandbox.extract(file.mime_type, file.content, principal=principal, turn=turn)
-    return await asyncio.gather(digest, outcome)
+    # hashlib releases the GIL on large inputs: the loop keeps serving. The
+    # digest is part of the cache's key, so it comes before the read.
+    sha256, version = await asyncio.to_thread(_fingerprint, file)
+    outcome = await cache.read(
+        (principal, sha256, version),
+        lambda: sandbox.extract(file.mime_type, file.content, principal=principal, turn=turn),
+    )
+    return sha256, outcome
 
 
 async def read_files(
-    sandbox: Sandbox, files: list[message_pb2.File], *, principal: str, turn: str
+    sandbox: Sandbox,
+    cache: ExtractCache,
+    files: list[message_pb2.File],
+    *,
+    principal: str,
+    turn: str,
 ) -> tuple[list[AgentFile], list[message_pb2.FileRef]]:
     """What the agent gets, and what the history records (no bytes). The
-    files wait for reader slots shared fairly among principals and turns."""
-    results = await asyncio.gather(*(_read_one(sandbox, f, principal, turn) for f in files))
+    files wait for reader slots shared fairly among principals and turns,
+    unless ``cache`` has their text."""
+    results = await asyncio.gather(*(_read_one(sandbox, cache, f, principal, turn) for f in files))
     agent_files, refs = [], []
     for file, (sha256, outcome) in zip(files, results, strict=True):
         agent_files.append(

@@ -23,6 +23,7 @@ from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker._convert import history_message, to_agent_request
 from turnmesh.worker.attachments import file_events, read_files
 from turnmesh.worker.emitter import ET, QueueEmitter, make_event
+from turnmesh.worker.extract_cache import ExtractCache
 from turnmesh.worker.history_cache import DEFAULT_MAX_BYTES, HistoryCache
 from turnmesh.worker.relay import Relay, RelayClosed, Relays
 
@@ -48,9 +49,11 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         worker_id: str,
         sandbox: Sandbox | None = None,
         history_cache_bytes: int = DEFAULT_MAX_BYTES,
+        file_texts: ExtractCache | None = None,
     ) -> None:
         self.agent = agent
         self.sandbox = sandbox or Sandbox()
+        self.file_texts = ExtractCache() if file_texts is None else file_texts
         self.agent_name = agent_name
         self.worker_id = worker_id
         self.ready = True  # the agent is loaded before the servicer exists
@@ -133,6 +136,7 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             if request.files:
                 files, refs = await read_files(
                     self.sandbox,
+                    self.file_texts,
                     list(request.files),
                     principal=agent_request.principal,
                     # Scoped session ids are unique mesh-wide; ids hold no space.

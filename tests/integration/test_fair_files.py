@@ -76,7 +76,8 @@ async def test_a_small_turn_is_read_while_a_big_turn_of_another_principal_waits(
         turn_id="t1",
         messages=["Read them all"],
         files=[
-            message_pb2.File(content=slow, mime_type=PDF, filename=f"{n}.pdf")
+            # Each its own bytes: the worker reads one file's copies once.
+            message_pb2.File(content=slow + b"%% copy %d\n" % n, mime_type=PDF, filename=f"{n}.pdf")
             for n in range(BIG_FILES)
         ],
     )
