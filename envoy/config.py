@@ -211,6 +211,28 @@ def _openai_unserved_routes() -> list[dict[str, Any]]:
     ]
 
 
+# The REST paths whose answer is a stream of Events (Turn, SubscribeTurn,
+# ChatStream). With every zero field printed an event would carry `role: ""`
+# and the like, which the real AG-UI client rejects (AGUI-NOTES.md).
+STREAMED_PATHS = r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?$|^/v1/chat:stream$"
+
+
+def _streamed_routes(route: dict[str, Any], transcoder: dict[str, Any]) -> list[dict[str, Any]]:
+    """The streamed routes, with the transcoder printing only set fields
+    (its print options are filter-wide: overridden per route)."""
+    streamed = {
+        **transcoder,
+        "print_options": {**transcoder["print_options"], "always_print_primitive_fields": False},
+    }
+    return [
+        {
+            "match": {"safe_regex": {"regex": STREAMED_PATHS}},
+            "route": route,
+            "typed_per_filter_config": {"envoy.filters.http.grpc_json_transcoder": streamed},
+        }
+    ]
+
+
 def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
     if config.playground is None:
         return []
@@ -423,7 +445,10 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         "services": [SESSION_SERVICE, COMPAT_SERVICE],
         "print_options": {
             "add_whitespace": False,
-            "always_print_primitive_fields": False,
+            # Unary answers print zero and empty fields (`activeSessions: 0`,
+            # `deleted: false`, `tool_calls: []`): clients typed on the shapes
+            # need them. Streamed events keep AG-UI's shapes: `_streamed_routes`.
+            "always_print_primitive_fields": True,
             "always_print_enums_as_ints": False,
             "preserve_proto_field_names": False,
             # One `data: <json>` frame per event, flushed as it is produced.
@@ -509,6 +534,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                             for path in ("/health", "/ready")
                         ),
                         *_openai_unserved_routes(),
+                        *_streamed_routes(route, transcoder),
                         {"match": {"prefix": "/"}, "route": route},
                     ],
                 },

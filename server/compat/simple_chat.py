@@ -1,13 +1,25 @@
-"""The simple chat API: ``POST /v1/chat`` and ``POST /v1/chat:stream``."""
+"""The simple chat API: ``POST /v1/chat`` and ``POST /v1/chat:stream``.
+
+``/v1/chat`` answers HoloDeck's ``ChatResponse`` field for field: tool calls
+with their arguments as an object and a status of success, error or pending,
+``tool_calls`` always present, and ``execution_time_ms`` the request's latency.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import AsyncIterator
+
+from google.protobuf import json_format
 
 from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import Mesh, turn_error
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
+
+# turnmesh's tool runner reports a failed tool as a result starting with this.
+TOOL_ERROR_PREFIX = "error:"
 
 
 async def _session_for(mesh: Mesh, request: cpb.ChatRequest) -> str:
@@ -24,29 +36,64 @@ async def stream(mesh: Mesh, request: cpb.ChatRequest) -> AsyncIterator[event_pb
             yield event
 
 
+class _Calls:
+    """A turn's tool calls as ``ChatToolCall``s. Events naming a call never
+    started (an agent's mistake) add one rather than fail the answer."""
+
+    def __init__(self, response: cpb.ChatResponse) -> None:
+        self._response = response
+        self._calls: dict[str, cpb.ChatToolCall] = {}
+        self._args: dict[str, list[str]] = {}
+
+    def _call(self, call_id: str, name: str) -> cpb.ChatToolCall:
+        call = self._calls.get(call_id)
+        if call is None:
+            call = self._calls[call_id] = self._response.tool_calls.add(name=name, status="pending")
+            self._args[call_id] = []
+        return call
+
+    def feed(self, event: event_pb2.Event) -> None:
+        if event.type == event_pb2.TOOL_CALL_START:
+            self._call(event.tool_call_id, event.tool_call_name)
+        elif event.type == event_pb2.TOOL_CALL_ARGS:
+            self._call(event.tool_call_id, event.tool_call_name)
+            self._args[event.tool_call_id].append(event.delta)
+        elif event.type == event_pb2.TOOL_CALL_RESULT:
+            failed = event.content.lstrip().lower().startswith(TOOL_ERROR_PREFIX)
+            self._call(event.tool_call_id, event.tool_call_name).status = (
+                "error" if failed else "success"
+            )
+
+    def finish(self) -> None:
+        for call_id, call in self._calls.items():
+            call.arguments_json = "".join(self._args[call_id])
+            try:
+                value = json.loads(call.arguments_json or "{}")
+            except ValueError:  # not JSON (a model's slip): the text stays, the object is {}
+                value = {}
+            json_format.ParseDict(value if isinstance(value, dict) else {}, call.arguments)
+
+
 async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
+    started = time.monotonic()
     response = cpb.ChatResponse()
-    calls: dict[str, cpb.ChatToolCall] = {}
+    response.tokens_used.SetInParent()  # present, zero or not
+    calls = _Calls(response)
     answer = Answer()
     async for event in stream(mesh, request):
         answer.feed(event)
+        calls.feed(event)
         response.session_id = event.thread_id
-        if event.type == event_pb2.TEXT_MESSAGE_START:
+        if event.type == event_pb2.RUN_STARTED:
+            response.message_id = event.run_id  # until the answer's own message starts
+        elif event.type == event_pb2.TEXT_MESSAGE_START:
             response.message_id = event.message_id
-        elif event.type == event_pb2.TOOL_CALL_START:
-            calls[event.tool_call_id] = response.tool_calls.add(
-                name=event.tool_call_name, status="pending"
-            )
-        elif event.type == event_pb2.TOOL_CALL_ARGS:
-            calls[event.tool_call_id].arguments += event.delta
-        elif event.type == event_pb2.TOOL_CALL_RESULT:
-            calls[event.tool_call_id].status = "completed"
-        elif event.type == event_pb2.RUN_FINISHED:
-            response.execution_time_ms = event.execution_time_ms
         elif event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
+    calls.finish()
     response.content = answer.text
     response.tokens_used.prompt_tokens = answer.usage.input_tokens
     response.tokens_used.completion_tokens = answer.usage.output_tokens
     response.tokens_used.total_tokens = answer.usage.total_tokens
+    response.execution_time_ms = round((time.monotonic() - started) * 1000)
     return response

@@ -14,9 +14,25 @@ async def test_chat_starts_a_session_and_continues_it(rest: httpx.AsyncClient) -
     assert first.status_code == 200, first.text
     body = first.json()
     assert body["content"] == "12*(3+4) = 84."
+    # HoloDeck's ChatResponse, every field present; a tool call's arguments
+    # are an object, its status success (the raw JSON text rides along).
+    assert set(body) == {
+        "message_id",
+        "content",
+        "session_id",
+        "tool_calls",
+        "tokens_used",
+        "execution_time_ms",
+    }
     assert body["tool_calls"] == [
-        {"name": "calculator", "arguments": '{"expression":"12*(3+4)"}', "status": "completed"}
+        {
+            "name": "calculator",
+            "arguments": {"expression": "12*(3+4)"},
+            "arguments_json": '{"expression":"12*(3+4)"}',
+            "status": "success",
+        }
     ]
+    assert isinstance(body["execution_time_ms"], int)
     assert body["tokens_used"]["total_tokens"] == (
         body["tokens_used"]["prompt_tokens"] + body["tokens_used"]["completion_tokens"]
     )
@@ -86,5 +102,20 @@ async def test_text_files_reach_the_agent(rest: httpx.AsyncClient) -> None:
             "size_bytes": "5",
             "sha256": hashlib.sha256(b"hello").hexdigest(),
             "text": "hello",
+            "error": "",
+            "truncated": False,
         }
     ]
+
+
+async def test_zero_and_empty_fields_are_present(rest: httpx.AsyncClient) -> None:
+    body = (await rest.post("/v1/chat", json={"message": "hi", "agent_name": "echo"})).json()
+    assert body["tool_calls"] == []
+    assert set(body["tokens_used"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+
+
+async def test_a_failed_tool_is_an_error_status(rest: httpx.AsyncClient) -> None:
+    body = (await rest.post("/v1/chat", json={"message": "What is 1/0?"})).json()
+    (call,) = body["tool_calls"]
+    assert call["name"] == "calculator"
+    assert call["status"] == "error", body

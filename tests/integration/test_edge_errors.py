@@ -38,7 +38,9 @@ async def test_blank_message_is_400_with_the_field_violation(rest: httpx.AsyncCl
     body = _problem(await rest.post(f"/v1/sessions/{sid}/turns", json={"message": "   "}), 400)
     assert body["violations"] == [{"field": "message", "description": "must not be blank"}]
     assert body["type"] == "https://turnmesh.dev/problems/invalid-argument"
-    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {}  # nothing changed
+    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {
+        "messages": []
+    }  # nothing changed
 
 
 async def test_several_violations_are_all_listed(rest: httpx.AsyncClient) -> None:
@@ -140,7 +142,7 @@ async def test_oversize_body_is_413_before_it_is_sent(
     problem = json.loads(body)
     assert problem["status"] == 413
     assert str(size) in problem["detail"]
-    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {}
+    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {"messages": []}
 
 
 @pytest.fixture

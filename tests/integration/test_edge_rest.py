@@ -68,7 +68,7 @@ async def test_rest_conversation_over_sse(rest: httpx.AsyncClient) -> None:
     assert deleted.json() == {"deleted": True}
     again = await rest.delete(f"/v1/sessions/{sid}")
     assert again.status_code == 200
-    assert again.json() == {}  # deleted: false is the default, not printed
+    assert again.json() == {"deleted": False}  # unary answers print zero fields
     assert (await rest.get(f"/v1/sessions/{sid}")).status_code == 404
 
 
@@ -122,7 +122,7 @@ async def test_cancel_a_slow_turn_over_rest(rest: httpx.AsyncClient) -> None:
     assert seen[-1]["type"] == "RUN_ERROR"
     assert seen[-1]["code"] == "cancelled"
     assert seen[-1]["problem"]["status"] == 499
-    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {}
+    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {"messages": []}
 
 
 async def test_health_and_readiness_over_rest(rest: httpx.AsyncClient) -> None:
@@ -177,3 +177,36 @@ async def test_an_idempotency_key_reused_with_another_body_is_409(
     assert problem["reason"] == "IDEMPOTENCY_KEY_REUSED"
     history = (await rest.get(f"/v1/sessions/{sid}/history")).json()["messages"]
     assert [m["content"] for m in history] == ["once", "once"]
+
+
+def _empty_values(value: Any) -> list[Any]:
+    """Every empty string, false, zero, empty list or object inside ``value``."""
+    if isinstance(value, dict):
+        return [v for item in value.values() for v in _empty_values(item)]
+    if isinstance(value, list):
+        return [value] if not value else [v for item in value for v in _empty_values(item)]
+    return [value] if value in ("", False, 0) and value is not True else []
+
+
+async def test_unary_answers_print_zero_fields_and_streams_keep_aguis_shapes(
+    rest: httpx.AsyncClient,
+) -> None:
+    sid = await _create(rest, agent_name="echo")
+    session = (await rest.get(f"/v1/sessions/{sid}")).json()["session"]
+    assert session["messageCount"] == 0
+    assert session["turnRunning"] is False
+    assert session["runningTurnId"] == ""
+    assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {"messages": []}
+    health = (await rest.get("/health")).json()
+    assert {"activeSessions", "runningTurns", "agentReady", "routerConnected"} <= set(health)
+    listing = (await rest.get("/v1/sessions", params={"agent_name": "no-such"})).json()
+    assert listing == {"sessions": [], "nextPageToken": ""}
+    events = await _turn(rest, sid, "hello")
+    # A streamed event holds only what it sets: the AG-UI client rejects an
+    # empty `role` and other empty defined fields.
+    for event in events:
+        assert _empty_values(event) == [], event
+    turn = events[0]["runId"]
+    cancelled = await rest.post(f"/v1/sessions/{sid}/turns/{turn}:cancel", json={})
+    assert cancelled.json() == {"state": "TURN_STATE_FINISHED"}
+    assert (await rest.delete(f"/v1/sessions/{sid}-none")).json() == {"deleted": False}

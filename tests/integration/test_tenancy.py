@@ -138,7 +138,7 @@ async def test_another_principals_session_is_exactly_a_missing_one_on_every_rest
         assert answers[0].content == answers[1].content, path
         assert "secret" not in answers[0].text
         if method == "DELETE":
-            assert answers[0].json() == {}  # deleted: false, as for any missing id
+            assert answers[0].json() == {"deleted": False}  # as for any missing id
         else:
             assert answers[0].status_code == 404, (path, answers[0].text)
 

@@ -7,9 +7,12 @@ import json
 
 import pytest
 from google.api import httpbody_pb2
+from google.protobuf import json_format
 
 from turnmesh.runtime.errors import InvalidArgument
 from turnmesh.server.compat import _files, agui, openai_chat, openai_responses
+from turnmesh.server.compat.simple_chat import _Calls
+from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
 
 ET = event_pb2
@@ -161,3 +164,30 @@ async def test_a_data_urls_payload_is_decoded_in_place() -> None:
     assert inline.data is url  # the payload is not copied out of the URL
     (file,) = await _files.decode([inline])
     assert (file.content, file.mime_type, file.filename) == (b"hello", "text/plain", "a.txt")
+
+
+def test_simple_chat_survives_events_naming_unknown_calls() -> None:
+    response = cpb.ChatResponse()
+    calls = _Calls(response)
+    for event in (
+        event_pb2.Event(type=event_pb2.TOOL_CALL_START, tool_call_id="a", tool_call_name="f"),
+        event_pb2.Event(type=event_pb2.TOOL_CALL_ARGS, tool_call_id="a", delta='{"x": [1, '),
+        event_pb2.Event(type=event_pb2.TOOL_CALL_ARGS, tool_call_id="a", delta="2]}"),
+        event_pb2.Event(type=event_pb2.TOOL_CALL_RESULT, tool_call_id="a", content="ok"),
+        # Never started: a result and arguments naming calls nobody opened.
+        event_pb2.Event(type=event_pb2.TOOL_CALL_RESULT, tool_call_id="ghost", content="error: x"),
+        event_pb2.Event(type=event_pb2.TOOL_CALL_ARGS, tool_call_id="b", delta="not json"),
+    ):
+        calls.feed(event)
+    calls.finish()
+    shaped = [json_format.MessageToDict(c) for c in response.tool_calls]
+    assert shaped == [
+        {
+            "name": "f",
+            "arguments": {"x": [1.0, 2.0]},
+            "arguments_json": '{"x": [1, 2]}',
+            "status": "success",
+        },
+        {"status": "error", "arguments": {}},
+        {"status": "pending", "arguments": {}, "arguments_json": "not json"},
+    ]

@@ -75,14 +75,21 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     routes = host["routes"]
     assert "direct_response" in routes[0]  # the playground page
     forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
-    # Native gRPC, /health and /ready (no key check), and the REST API.
-    assert len(forwarded) == 4
+    # Native gRPC, /health and /ready (no key check), the streamed REST routes
+    # (which print only set fields), and the rest of the REST API.
+    assert len(forwarded) == 5
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
         f for f in manager["http_filters"] if f["name"].endswith("grpc_json_transcoder")
     )["typed_config"]
     assert transcoder["print_options"]["stream_sse_style_delimited"] is True
+    # Unary answers print zero fields; streamed events only what they set.
+    assert transcoder["print_options"]["always_print_primitive_fields"] is True
+    (streamed,) = [r for r in forwarded if "safe_regex" in r["match"]]
+    options = streamed["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
+    assert options["print_options"]["always_print_primitive_fields"] is False
+    assert options["print_options"]["stream_sse_style_delimited"] is True
     assert transcoder["request_validation_options"] == {
         "reject_unknown_method": True,
         "reject_unknown_query_parameters": True,

@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from turnmesh.v1 import message_pb2 as _message_pb2
 import builtins as _builtins
@@ -109,26 +110,39 @@ Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
 
 @_typing.final
 class ChatToolCall(_message.Message):
+    """A tool call of the turn, as HoloDeck's ToolCallInfo (plus the raw text)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
-    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
-    arguments: _builtins.str
-    """The arguments as JSON text."""
+    arguments_json: _builtins.str
+    """The arguments as the agent sent them: JSON text. (Field 2 was named
+    `arguments` until issue 20 gave that name to the object below.)
+    """
     status: _builtins.str
-    """"completed" when the tool returned a result, else "pending"."""
+    """"success" when the tool returned a result, "error" when that result is
+    an error (turnmesh's tools start one with "error:"), "pending" while the
+    tool has not returned (the client must act).
+    """
+    @_builtins.property
+    def arguments(self) -> _struct_pb2.Struct:
+        """The arguments as an object; {} when the JSON text is not an object."""
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
-        arguments: _builtins.str = ...,
+        arguments_json: _builtins.str = ...,
         status: _builtins.str = ...,
+        arguments: _struct_pb2.Struct | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "name", b"name", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "arguments_json", b"arguments_json", "name", b"name", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -161,6 +175,10 @@ Global___ChatTokensUsed: _TypeAlias = ChatTokensUsed  # noqa: Y015
 
 @_typing.final
 class ChatResponse(_message.Message):
+    """HoloDeck's ChatResponse, field for field; every field is printed, empty
+    or zero included.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
@@ -173,6 +191,7 @@ class ChatResponse(_message.Message):
     content: _builtins.str
     session_id: _builtins.str
     execution_time_ms: _builtins.int
+    """The request's latency as this server saw it: queue time included."""
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatToolCall]: ...
     @_builtins.property
