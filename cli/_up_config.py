@@ -1,4 +1,10 @@
-"""`turnmesh up` settings: defaults < environment < config file < flags."""
+"""`turnmesh up` settings: defaults < environment < config file < flags.
+
+The servers' settings among them (``SERVER_FLAGS`` marked ``up``) have no
+default here: unset, `up` passes nothing and the servers' own apply
+(``ServerConfig``); given, they are checked as ``ServerConfig`` checks them
+before anything starts, and passed as the same flag.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from turnmesh.cli._restart import DEFAULT_BUDGET, RestartPolicy
+from turnmesh.cli.main import SERVER_FLAGS, ServerFlag
 from turnmesh.envoy import guards
 from turnmesh.envoy.config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
 from turnmesh.runtime.tls import TlsFiles
+from turnmesh.server.config import ServerConfig
 
 ENV_PREFIX = "TURNMESH_"
 # Envoy's limits with one number each: flags of `up` and `edge` alike.
@@ -24,6 +41,26 @@ EDGE_LIMITS = (
     "max_heap_mb",
     "trusted_proxy_hops",
 )
+# The server flags `up` takes, by their key in the config file.
+UP_SERVER_FLAGS: dict[str, ServerFlag] = {f.key: f for f in SERVER_FLAGS if f.up}
+_BY_FIELD = {f.field: f for f in UP_SERVER_FLAGS.values()}
+
+
+def _checked(given: dict[str, Any]) -> dict[str, Any]:
+    """Server settings by key -> typed values by ServerConfig field, checked
+    by ServerConfig itself (the one place their types and bounds live)."""
+    fields = {UP_SERVER_FLAGS[key].field: value for key, value in given.items()}
+    try:
+        # router_address is required and `up` sets it: a stand-in.
+        config = ServerConfig.model_validate({"router_address": "-", **fields})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        f = _BY_FIELD[str(error["loc"][0])]
+        where = f"{f.key} ({f.flag}, {ENV_PREFIX}{f.env_name.upper()})"
+        raise ValueError(
+            f"invalid setting {where}: {error['msg']} (got {error['input']!r})"
+        ) from None
+    return {name: getattr(config, name) for name in fields}
 
 
 class UpConfig(BaseModel):
@@ -31,16 +68,12 @@ class UpConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    agent: str = "demo"
+    agent: str = ServerConfig.model_fields["default_agent"].default
     servers: int = Field(default=1, ge=1, le=32)
     workers: int = Field(default=1, ge=1, le=64)
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     admin_port: int = Field(default=0, ge=0, le=65535)
-    # Unset: the servers' own default (ServerConfig.session_ttl_seconds).
-    session_ttl: float | None = Field(default=None, gt=0)
-    store: str = "memory"
-    api_keys_file: str | None = None
     # Unset: a random key for this run. Children get it in their environment.
     mesh_key: str | None = None
     # Mutual TLS between the members (and from Envoy to the servers): the mesh
@@ -95,10 +128,26 @@ class UpConfig(BaseModel):
     restart: RestartPolicy = RestartPolicy.ON_FAILURE
     restart_budget: int = Field(default=DEFAULT_BUDGET, ge=0, le=1000)
     run_dir: Path | None = None
-    log_level: str = "INFO"
+    # Unset: the members' own default.
+    log_level: str | None = None
     # Servers get this long to finish running turns on Ctrl-C; with the other
     # steps, everything is gone within 5 seconds.
     drain_seconds: float = Field(default=2.5, ge=0, le=30)
+    # The server settings given, by ServerConfig field (see _server_settings).
+    _server: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _server_settings(cls, data: Any, handler: ModelWrapValidatorHandler[UpConfig]) -> UpConfig:
+        # The servers' keys (session_ttl, store, ...) are no fields of this
+        # model: none has a default here, so an unset one stays unset.
+        if not isinstance(data, dict):
+            return handler(data)
+        rest = {k: v for k, v in data.items() if k not in UP_SERVER_FLAGS}
+        server = _checked({k: v for k, v in data.items() if k in UP_SERVER_FLAGS})
+        config = handler(rest)
+        config._server = server
+        return config
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod
@@ -116,6 +165,29 @@ class UpConfig(BaseModel):
         if bool(self.edge_tls_cert) != bool(self.edge_tls_key):
             raise ValueError("HTTPS at the edge needs both edge_tls_cert and edge_tls_key")
         return self
+
+    def server_setting(self, field: str) -> Any:
+        """A ServerConfig field as the servers will have it: given, or their default."""
+        if field in self._server:
+            return self._server[field]
+        return ServerConfig.model_fields[field].get_default(call_default_factory=True)
+
+    @property
+    def store(self) -> str:
+        return str(self.server_setting("store"))
+
+    @property
+    def api_keys_file(self) -> str | None:
+        value = self.server_setting("api_keys_file")
+        return None if value is None else str(value)
+
+    def server_args(self) -> list[str]:
+        """The flags that give each server the settings given to `up`, and no other."""
+        args: list[str] = []
+        for field, f in _BY_FIELD.items():  # in the flags' order, whatever set them
+            if field in self._server:
+                args += [f.flag, str(self._server[field])]
+        return args
 
     @property
     def mesh_tls(self) -> TlsFiles | None:
@@ -147,11 +219,15 @@ class UpConfig(BaseModel):
 
 
 def load(config_file: Path | None, flags: dict[str, Any]) -> UpConfig:
+    # A server setting's variable is the one `turnmesh server` reads.
+    variables = {name: name for name in UpConfig.model_fields}
+    variables |= {key: f.env_name for key, f in UP_SERVER_FLAGS.items()}
     values: dict[str, Any] = {}
-    for name in UpConfig.model_fields:
-        env = os.environ.get(ENV_PREFIX + name.upper())
-        if env is not None:
-            values[name] = env
+    for key, variable in variables.items():
+        env = os.environ.get(ENV_PREFIX + variable.upper())
+        # Empty is unset for a server's variable, as `turnmesh server` reads it.
+        if env is not None and (env or key not in UP_SERVER_FLAGS):
+            values[key] = env
     if config_file is not None:
         with config_file.open("rb") as f:
             data = tomllib.load(f)

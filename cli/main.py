@@ -1,5 +1,8 @@
 """``turnmesh router|server|worker|edge|up|status``: flags, with ``TURNMESH_*`` environment
-variables as defaults (a flag wins over the environment)."""
+variables as defaults (a flag wins over the environment).
+
+A variable is a string default: argparse converts it only for the command that
+runs, so a bad one is that command's usage error, never every command's traceback."""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def _edge_timeouts(parser: argparse.ArgumentParser) -> None:
             f"--{flag}-timeout",
             dest=f"{item.name}_timeout",
             type=float,
-            default=float(raw) if raw else item.default,
+            default=raw or item.default,
             help=f"seconds (default {item.default:g}; README: Running in production)",
         )
 
@@ -55,16 +58,21 @@ def _setting(
     *,
     env: str | None = None,
     help: str | None = None,
+    dest: str | None = None,
+    read_env: bool = True,
 ) -> None:
     """A flag for one config field: its type, help and default come from the
     model (the one source of defaults); ``TURNMESH_<ENV>`` sets it too, and a
-    flag wins over the environment. Unset, the model's default applies."""
+    flag wins over the environment. Unset, the model's default applies.
+    ``read_env=False``: the caller reads the environment itself (`up` ranks
+    its config file above it)."""
     info = model.model_fields[field]
-    raw = _env(env or field)
+    raw = _env(env or field) if read_env else None
+    dest = dest or field
     if info.annotation is bool:  # a switch: on with the flag or TURNMESH_X=1|true|yes
         parser.add_argument(
             flag,
-            dest=field,
+            dest=dest,
             action="store_const",
             const=True,
             default=True if (raw or "").lower() in ("1", "true", "yes") else None,
@@ -76,12 +84,63 @@ def _setting(
     shown = "unset" if default is None else default
     parser.add_argument(
         flag,
-        dest=field,
+        dest=dest,
         metavar=flag.removeprefix("--").upper().replace("-", "_"),
         type=parse,
-        default=parse(raw) if raw else None,
+        default=raw or None,
         help=f"{help or info.description} (default: {shown})",
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerFlag:
+    """A ``turnmesh server`` flag for one ``ServerConfig`` field."""
+
+    flag: str
+    field: str
+    env: str | None = None  # TURNMESH_<ENV>, when not TURNMESH_<FIELD>
+    # `turnmesh up` takes it too and passes it to its servers when given.
+    up: bool = False
+
+    @property
+    def key(self) -> str:
+        """Its name in `up`'s TOML file: the flag's (session_ttl for --session-ttl)."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def env_name(self) -> str:
+        return self.env or self.field
+
+
+# Every ServerConfig field the server has a flag for, defined once for
+# `server` and `up`. Not on `up`: what `up` sets itself (--agent and
+# --grace-seconds from its own --agent and drain_seconds, the members' common
+# flags), --advertise-host (its children bind loopback), --report-page-size
+# (a message size towards a restarted router, nothing a user sees) and
+# --metrics-principal-label (`up` serves no metrics port).
+SERVER_FLAGS = (
+    ServerFlag("--agent", "default_agent", env="agent"),
+    ServerFlag("--session-ttl", "session_ttl_seconds", env="session_ttl", up=True),
+    ServerFlag("--event-log-ttl", "event_log_ttl_seconds", up=True),
+    ServerFlag("--max-event-log-bytes", "event_log_max_bytes", up=True),
+    ServerFlag("--advertise-host", "advertise_host"),
+    ServerFlag("--max-turns", "max_turns_in_flight", env="max_turns", up=True),
+    ServerFlag("--max-sessions", "max_sessions", up=True),
+    ServerFlag("--max-sessions-per-principal", "max_sessions_per_principal", up=True),
+    ServerFlag("--max-turns-per-principal", "max_turns_per_principal", up=True),
+    ServerFlag("--max-pending-bytes", "max_pending_bytes_per_session", up=True),
+    ServerFlag("--max-pending-bytes-per-principal", "max_pending_bytes_per_principal", up=True),
+    ServerFlag("--rate-limit", "rate_limit", up=True),
+    ServerFlag("--rate-burst", "rate_burst", up=True),
+    ServerFlag("--max-receiving-per-principal", "max_receiving_per_principal", up=True),
+    ServerFlag("--api-keys-file", "api_keys_file", up=True),
+    ServerFlag("--store", "store", up=True),
+    ServerFlag("--lease-seconds", "lease_seconds", up=True),
+    ServerFlag("--report-page-size", "report_page_size"),
+    ServerFlag("--keepalive", "keepalive_seconds", env="keepalive", up=True),
+    ServerFlag("--metrics-principal-label", "metrics_principal_label"),
+    ServerFlag("--grace-seconds", "grace_seconds"),
+)
 
 
 def _given(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
@@ -99,7 +158,7 @@ def _common(p: argparse.ArgumentParser, model: type[BaseModel], default_port: in
     p.add_argument(
         "--port",
         type=int,
-        default=int(_env("port", str(default_port)) or 0),
+        default=_env("port", str(default_port)) or "0",
         help=f"port to bind, 0: any free (default: {default_port})",
     )
     _setting(p, "--host", model, "host")
@@ -141,11 +200,12 @@ def _router_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _edge_limits(p: argparse.ArgumentParser, *, env: bool) -> None:
-    """Envoy's limits (envoy/guards.py) as flags; help and defaults from UpConfig."""
+    """Envoy's limits (envoy/guards.py) as flags; help and defaults from UpConfig.
+    ``env=False`` for `up`, which reads the environment below its config file."""
     from turnmesh.cli._up_config import EDGE_LIMITS, UpConfig
 
     for name in EDGE_LIMITS:
-        _setting(p, "--" + name.replace("_", "-"), UpConfig, name)
+        _setting(p, "--" + name.replace("_", "-"), UpConfig, name, read_env=env)
     hosts = _env("allowed_hosts") if env else None
     p.add_argument(
         "--allowed-host",
@@ -178,32 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     server = sub.add_parser("server", help="run a session server (the public SessionService)")
     _common(server, ServerConfig, 7100)
     _router_flag(server)
-    _setting(server, "--agent", ServerConfig, "default_agent", env="agent")
-    _setting(server, "--session-ttl", ServerConfig, "session_ttl_seconds", env="session_ttl")
-    _setting(server, "--event-log-ttl", ServerConfig, "event_log_ttl_seconds")
-    _setting(server, "--max-event-log-bytes", ServerConfig, "event_log_max_bytes")
-    _setting(server, "--advertise-host", ServerConfig, "advertise_host")
-    _setting(server, "--max-turns", ServerConfig, "max_turns_in_flight", env="max_turns")
-    _setting(server, "--max-sessions", ServerConfig, "max_sessions")
-    _setting(server, "--max-sessions-per-principal", ServerConfig, "max_sessions_per_principal")
-    _setting(server, "--max-turns-per-principal", ServerConfig, "max_turns_per_principal")
-    _setting(server, "--max-pending-bytes", ServerConfig, "max_pending_bytes_per_session")
-    _setting(
-        server,
-        "--max-pending-bytes-per-principal",
-        ServerConfig,
-        "max_pending_bytes_per_principal",
-    )
-    _setting(server, "--rate-limit", ServerConfig, "rate_limit")
-    _setting(server, "--rate-burst", ServerConfig, "rate_burst")
-    _setting(server, "--max-receiving-per-principal", ServerConfig, "max_receiving_per_principal")
-    _setting(server, "--api-keys-file", ServerConfig, "api_keys_file")
-    _setting(server, "--store", ServerConfig, "store")
-    _setting(server, "--lease-seconds", ServerConfig, "lease_seconds")
-    _setting(server, "--report-page-size", ServerConfig, "report_page_size")
-    _setting(server, "--keepalive", ServerConfig, "keepalive_seconds", env="keepalive")
-    _setting(server, "--metrics-principal-label", ServerConfig, "metrics_principal_label")
-    _setting(server, "--grace-seconds", ServerConfig, "grace_seconds")
+    for f in SERVER_FLAGS:
+        _setting(server, f.flag, ServerConfig, f.field, env=f.env)
 
     worker = sub.add_parser("worker", help="run a worker that hosts one agent")
     _common(worker, WorkerConfig, 7200)
@@ -228,9 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a session server host:port (repeat; a DNS name gives every address it has)",
     )
     edge.add_argument("--host", default=_env("host", "127.0.0.1"), help="public address")
-    edge.add_argument("--port", type=int, default=int(_env("port") or DEFAULT_PORT))
+    edge.add_argument("--port", type=int, default=_env("port") or str(DEFAULT_PORT))
     edge.add_argument(
-        "--admin-port", type=int, default=int(_env("admin_port") or DEFAULT_ADMIN_PORT)
+        "--admin-port", type=int, default=_env("admin_port") or str(DEFAULT_ADMIN_PORT)
     )
     edge.add_argument("--tls-ca", default=_env("tls_ca"), help="mesh CA: mTLS to the servers")
     edge.add_argument("--tls-cert", default=_env("tls_cert"), help="Envoy's mesh certificate")
@@ -277,25 +313,31 @@ def build_parser() -> argparse.ArgumentParser:
     edge.add_argument(
         "--concurrency",
         type=int,
-        default=int(concurrency) if concurrency else None,
+        default=concurrency or None,
         help="Envoy worker threads (default: one per CPU of the machine; set it to the pod's)",
     )
 
     up = sub.add_parser(
         "up", help="run router, servers, workers and Envoy together (foreground; Ctrl-C stops)"
     )
-    up.add_argument(
+    _setting(
+        up,
         "--agent",
-        default=None,
-        help="demo (default), echo, openai, pkg.module:Class, or an agent file (.yaml)",
+        ServerConfig,
+        "default_agent",
+        dest="agent",
+        read_env=False,
+        help="the agent the workers run: demo, echo, openai, pkg.module:Class, or an agent file",
     )
     up.add_argument("--servers", type=int, default=None, help="session servers (default 1)")
     up.add_argument("--workers", type=int, default=None, help="workers (default 1)")
     up.add_argument("--host", default=None, help="public address (default 127.0.0.1)")
     up.add_argument("--port", type=int, default=None, help=f"public port (default {DEFAULT_PORT})")
     up.add_argument("--admin-port", type=int, default=None, help="Envoy admin (default: any)")
-    up.add_argument("--store", default=None, help="memory (default), sqlite:PATH, redis://...")
-    up.add_argument("--api-keys-file", default=None, help="public API keys for the servers")
+    # The servers' settings: unset, the servers' own defaults apply.
+    for f in SERVER_FLAGS:
+        if f.up:
+            _setting(up, f.flag, ServerConfig, f.field, dest=f.key, read_env=False)
     up.add_argument(
         "--allow-open",
         action="store_true",
@@ -331,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     _edge_limits(up, env=False)
     up.add_argument("--config", type=Path, default=None, help="a TOML file with these settings")
     up.add_argument("--run-dir", type=Path, default=None, help="where logs go")
-    up.add_argument("--log-level", default=None)
+    _setting(up, "--log-level", ServerConfig, "log_level", read_env=False)
 
     status = sub.add_parser("status", help="the status table of a running `turnmesh up`")
     status.add_argument(

@@ -33,6 +33,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -41,7 +42,7 @@ from turnmesh.cli._ports import free_ports
 from turnmesh.cli._restart import BUDGET_WINDOW, RestartBudget
 from turnmesh.cli._status import STATUS_FILE, table, write_status
 from turnmesh.cli._supervisor import Component, Launch, Ready, Supervisor
-from turnmesh.cli._up_config import EDGE_LIMITS, UpConfig, load
+from turnmesh.cli._up_config import EDGE_LIMITS, UP_SERVER_FLAGS, UpConfig, load
 from turnmesh.runtime.exposure import check_up_exposure
 
 READY_TIMEOUT = 60.0
@@ -145,13 +146,25 @@ class Ports:
 def _component_args(config: UpConfig) -> list[str]:
     # Loopback only: Envoy is the one public door. No mesh key here: a
     # command line is world-readable (/proc/PID/cmdline).
-    args = ["--host", "127.0.0.1", "--log-level", config.log_level]
+    args = ["--host", "127.0.0.1"]
+    if config.log_level:
+        args += ["--log-level", config.log_level]
     if (tls := config.mesh_tls) is not None:
         args += ["--tls-ca", str(tls.ca_file), "--tls-cert", str(tls.cert_file)]
         args += ["--tls-key", str(tls.key_file)]
     if config.otlp_endpoint:
         args += ["--otlp-endpoint", config.otlp_endpoint]
     return args
+
+
+def _server_args(config: UpConfig, router: str, agent: str) -> list[str]:
+    # Only the settings given to `up`: the servers' own defaults do the rest.
+    return [
+        "--router", router, "--agent", agent,
+        "--grace-seconds", str(config.drain_seconds),
+        *config.server_args(),
+        *_component_args(config),
+    ]  # fmt: skip
 
 
 def _child_env(mesh_key: str | None) -> dict[str, str]:
@@ -244,14 +257,7 @@ class Mesh:
             self._member(f"worker-{i + 1}", "worker", port, *worker_args)
             for i, port in enumerate(ports.workers)
         ]
-        agent = _agent_name(c.agent)
-        server_args = [
-            "--router", router.address, "--agent", agent,
-            *(["--session-ttl", str(c.session_ttl)] if c.session_ttl else []),
-            "--grace-seconds", str(c.drain_seconds), "--store", c.store,
-            *(["--api-keys-file", c.api_keys_file] if c.api_keys_file else []),
-            *common,
-        ]  # fmt: skip
+        server_args = _server_args(c, router.address, _agent_name(c.agent))
         servers = [
             self._member(f"server-{i + 1}", "server", port, *server_args)
             for i, port in enumerate(ports.servers)
@@ -349,16 +355,9 @@ class Mesh:
         )
 
 
-def run_up(args: argparse.Namespace) -> int:
-    status_requested = stop_requested = False
-
-    def request_status(signum: int, frame: object) -> None:
-        nonlocal status_requested
-        status_requested = True
-
-    # First: SIGUSR1's default action would kill `up`.
-    signal.signal(signal.SIGUSR1, request_status)
-    flags = {
+def up_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line gave (None: not given)."""
+    return {
         "agent": args.agent,
         "servers": args.servers,
         "workers": args.workers,
@@ -366,8 +365,6 @@ def run_up(args: argparse.Namespace) -> int:
         "port": args.port,
         "admin_port": args.admin_port,
         "run_dir": args.run_dir,
-        "store": args.store,
-        "api_keys_file": args.api_keys_file,
         "allow_open": args.allow_open,
         "log_level": args.log_level,
         "tls_ca": args.tls_ca,
@@ -380,9 +377,21 @@ def run_up(args: argparse.Namespace) -> int:
         "restart": args.restart,
         "restart_budget": args.restart_budget,
         **{name: getattr(args, name) for name in (*EDGE_LIMITS, "allowed_hosts")},
+        **{key: getattr(args, key) for key in UP_SERVER_FLAGS},
     }
+
+
+def run_up(args: argparse.Namespace) -> int:
+    status_requested = stop_requested = False
+
+    def request_status(signum: int, frame: object) -> None:
+        nonlocal status_requested
+        status_requested = True
+
+    # First: SIGUSR1's default action would kill `up`.
+    signal.signal(signal.SIGUSR1, request_status)
     try:
-        config = load(args.config, flags)
+        config = load(args.config, up_flags(args))
         _preflight(config)
         ports = Ports.choose(config)
     except (UpError, ValidationError, OSError, ValueError) as exc:
@@ -436,6 +445,8 @@ def _local_command(name: str) -> str:
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
+        if not first["loc"]:  # the model's own check: its message says it all
+            return str(first["msg"]).removeprefix("Value error, ")
         where = ".".join(str(p) for p in first["loc"])
         return f"invalid setting {where}: {first['msg']}"
     return " ".join(str(exc).split())

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.certs import TestCA
@@ -156,6 +157,32 @@ def test_config_file_and_flags(tmp_path: Path) -> None:
     path.write_text('[up]\nagent = "echo"\nservers = 3\nport = 9000\n')
     config = load(path, {"port": 9100, "workers": None})
     assert (config.agent, config.servers, config.port, config.workers) == ("echo", 3, 9100, 1)
+
+
+def _seconds(timestamp: str) -> float:
+    parsed = Timestamp()
+    parsed.FromJsonString(timestamp)
+    return parsed.ToNanoseconds() / 1e9
+
+
+def test_up_gives_its_servers_the_settings_of_its_flags_and_file(tmp_path: Path) -> None:
+    """--session-ttl reaches the server (a session's expiry says so), over the
+    file's; a key only in the file reaches it too."""
+    config = tmp_path / "turnmesh.toml"
+    config.write_text("[up]\nsession_ttl = 60\nmax_sessions = 1\n")
+    run_dir = tmp_path / "run"
+    with (
+        UpProcess(run_dir, "--port", "0", "--config", str(config), "--session-ttl", "4321") as up,
+        httpx.Client(base_url=f"http://{up.edge()}", timeout=30) as rest,
+    ):
+        created = rest.post("/v1/sessions", json={})
+        assert created.status_code == 200, created.text
+        session = created.json()["session"]
+        ttl = _seconds(session["expireTime"]) - _seconds(session["lastActivity"])
+        assert ttl == pytest.approx(4321, abs=0.01)
+        refused = rest.post("/v1/sessions", json={})
+        assert refused.status_code == 429, refused.text
+        assert "maximum of 1 sessions" in refused.json()["detail"]
 
 
 def _read_banner(proc: subprocess.Popen[str]) -> str:

@@ -1,12 +1,17 @@
-"""Command-line flags: names, aliases and the TLS file rules."""
+"""Command-line flags: names, aliases, the TLS file rules, and the servers' settings
+that `turnmesh up` passes on (from its flags, config file and environment)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from turnmesh.cli.main import _component, build_parser
+from turnmesh.cli._up_config import UP_SERVER_FLAGS, UpConfig, load
+from turnmesh.cli.main import _component, _scalar, build_parser, main
+from turnmesh.cli.up import _server_args, up_flags
 from turnmesh.runtime.tls import PLAINTEXT, TlsConfigError, TlsFiles, Transport, tls_files
 
 
@@ -99,7 +104,6 @@ def test_help_shows_the_defaults_of_the_config(capsys: pytest.CaptureFixture[str
 def test_every_config_refuses_unknown_keys() -> None:
     from pydantic import BaseModel, ValidationError
 
-    from turnmesh.cli._up_config import UpConfig
     from turnmesh.router import RouterConfig
     from turnmesh.server import ServerConfig, SessionLimits
     from turnmesh.worker import WorkerConfig
@@ -116,3 +120,157 @@ def test_every_config_refuses_unknown_keys() -> None:
         model(**required)
         with pytest.raises(ValidationError, match="session_tll"):
             model(**required, session_tll=5)
+
+
+# `turnmesh up` and the servers' settings it passes on (SERVER_FLAGS marked `up`).
+
+
+def _up(argv: list[str], config_file: Path | None = None) -> UpConfig:
+    """What `up` makes of a command line and a config file, as run_up does."""
+    return load(config_file, up_flags(build_parser().parse_args(["up", *argv])))
+
+
+@pytest.fixture
+def no_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No TURNMESH_* variable from the shell running the tests."""
+    for name in [n for n in os.environ if n.startswith("TURNMESH_")]:
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_up_restates_no_server_default_and_passes_only_what_is_given(
+    no_env: pytest.MonkeyPatch,
+) -> None:
+    from turnmesh.server import ServerConfig
+
+    assert not set(UP_SERVER_FLAGS) & set(UpConfig.model_fields)
+    config = _up([])
+    assert config.server_args() == []
+    argv = _server_args(config, "127.0.0.1:7000", "demo")
+    assert not {f.flag for f in UP_SERVER_FLAGS.values()} & set(argv)
+    assert "--log-level" not in argv  # the members' own default too
+    assert config.store == ServerConfig.model_fields["store"].default
+    assert config.api_keys_file is None
+    config = _up(["--store", "sqlite:/tmp/s.db", "--max-turns", "8", "--session-ttl", "5"])
+    assert config.server_args() == [
+        "--session-ttl", "5.0", "--max-turns", "8", "--store", "sqlite:/tmp/s.db",
+    ]  # fmt: skip
+    assert config.store == "sqlite:/tmp/s.db"
+    argv = _server_args(config, "127.0.0.1:7000", "demo")
+    assert argv.count("--session-ttl") == 1 and argv.count("--store") == 1
+
+
+def test_every_server_flag_of_up_reaches_a_servers_config(no_env: pytest.MonkeyPatch) -> None:
+    """Each flag, given to `up`, is what the server's own flag parses to."""
+    from turnmesh.server import ServerConfig
+
+    samples: dict[object, str] = {int: "7", float: "2.5", str: "text"}
+    argv: list[str] = []
+    for f in UP_SERVER_FLAGS.values():
+        argv += [f.flag, samples[_scalar(ServerConfig.model_fields[f.field].annotation)]]
+    config = _up(argv)
+    _, server, _ = _component(build_parser().parse_args(["server", *config.server_args()]))
+    assert isinstance(server, ServerConfig)
+    for f in UP_SERVER_FLAGS.values():
+        parse = _scalar(ServerConfig.model_fields[f.field].annotation)
+        assert getattr(server, f.field) == parse(samples[parse]), f.flag
+        assert getattr(server, f.field) == config.server_setting(f.field), f.flag
+
+
+def test_up_ranks_flag_over_file_over_environment(
+    no_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A server setting's variable is the server's own: TURNMESH_EVENT_LOG_TTL_SECONDS
+    # for --event-log-ttl (`turnmesh server` reads the same).
+    no_env.setenv("TURNMESH_SESSION_TTL", "60")
+    no_env.setenv("TURNMESH_EVENT_LOG_TTL_SECONDS", "70")
+    no_env.setenv("TURNMESH_MAX_TURNS", "")  # empty: unset, as the server reads it
+    config = _up([])
+    assert config.server_args() == ["--session-ttl", "60.0", "--event-log-ttl", "70.0"]
+    toml = tmp_path / "turnmesh.toml"
+    toml.write_text("[up]\nsession_ttl = 61\nevent_log_ttl = 71\nstore = 'sqlite:a.db'\n")
+    config = _up([], toml)
+    assert (config.server_setting("session_ttl_seconds"), config.store) == (61.0, "sqlite:a.db")
+    assert config.server_setting("event_log_ttl_seconds") == 71.0
+    config = _up(["--session-ttl", "62", "--store", "memory"], toml)
+    assert config.server_args() == [
+        "--session-ttl", "62.0", "--event-log-ttl", "71.0", "--store", "memory",
+    ]  # fmt: skip
+
+
+def test_up_ranks_its_file_over_the_environment_for_edge_limits_too(
+    no_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    no_env.setenv("TURNMESH_RATE_LIMIT_PER_IP", "5")
+    assert _up([]).rate_limit_per_ip == 5
+    toml = tmp_path / "turnmesh.toml"
+    toml.write_text("rate_limit_per_ip = 7\n")
+    assert _up([], toml).rate_limit_per_ip == 7
+    assert _up(["--rate-limit-per-ip", "9"], toml).rate_limit_per_ip == 9
+
+
+def test_up_help_shows_the_servers_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    from turnmesh.server import ServerConfig
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, field in (
+        ("--session-ttl", "session_ttl_seconds"),
+        ("--max-turns", "max_turns_in_flight"),
+    ):
+        default = ServerConfig.model_fields[field].default
+        assert f"{flag} {flag.removeprefix('--').upper().replace('-', '_')} " in text
+        assert f"(default: {default})" in text
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], run_dir: Path) -> str:
+    """`up`'s one line when it refuses to start (exit 2, nothing started)."""
+    usr1 = signal.getsignal(signal.SIGUSR1)  # run_up installs its own
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main(["up", "--run-dir", str(run_dir), "--port", "0", *argv])
+    finally:
+        signal.signal(signal.SIGUSR1, usr1)
+    assert exited.value.code == 2
+    assert not run_dir.exists()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_up_refuses_bad_server_settings_before_anything_starts(
+    no_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    assert _refused(["--session-ttl", "0"], capsys, run_dir) == (
+        "turnmesh up: invalid setting session_ttl (--session-ttl, TURNMESH_SESSION_TTL): "
+        "Input should be greater than 0 (got 0.0)"
+    )
+    assert "invalid float value: 'soon'" in _refused(["--session-ttl", "soon"], capsys, run_dir)
+    toml = tmp_path / "turnmesh.toml"
+    toml.write_text("[up]\nmax_turns = 'many'\n")
+    line = _refused(["--config", str(toml)], capsys, run_dir)
+    assert line.startswith("turnmesh up: invalid setting max_turns (--max-turns, ")
+    assert line.endswith("(got 'many')")
+    toml.write_text("[up]\nsession_tll = 5\n")
+    line = _refused(["--config", str(toml)], capsys, run_dir)
+    assert line == "turnmesh up: invalid setting session_tll: Extra inputs are not permitted"
+    no_env.setenv("TURNMESH_EVENT_LOG_TTL_SECONDS", "-1")
+    line = _refused([], capsys, run_dir)
+    assert "invalid setting event_log_ttl (--event-log-ttl, TURNMESH_EVENT_LOG_TTL_SECONDS)" in line
+
+
+def test_a_bad_variable_of_one_command_is_no_other_commands_traceback(
+    no_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every command's flags are built each time; a variable is converted only
+    # for the command that runs.
+    no_env.setenv("TURNMESH_HEARTBEAT_INTERVAL", "soon")
+    no_env.setenv("TURNMESH_CONCURRENCY", "many")
+    assert build_parser().parse_args(["up"]).session_ttl is None
+    for command, flag in (("router", "--heartbeat-interval"), ("edge", "--concurrency")):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args([command])
+        assert exited.value.code == 2
+        assert f"argument {flag}: invalid" in capsys.readouterr().err
