@@ -253,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     _setting(worker, "--file-queue", WorkerConfig, "file_queue")
     _setting(worker, "--file-queue-mb", WorkerConfig, "file_queue_mb")
     _setting(worker, "--history-cache-mb", WorkerConfig, "history_cache_mb")
+    _setting(worker, "--file-text-cache-entries", WorkerConfig, "file_text_cache_entries")
+    _setting(worker, "--file-text-cache-mb", WorkerConfig, "file_text_cache_mb")
 
     edge = sub.add_parser(
         "edge", help="run Envoy in front of session servers (what a container runs)"
