@@ -66,11 +66,14 @@ OPENAI_UNSERVED = (
 )
 OPENAI_SERVED = ("/v1/chat/completions", "/v1/responses", "/v1/models")
 
+# Envoy's id of a request from outside: in the access log, a problem's
+# `instance`, the X-Request-Id response header and the turn's log line.
+REQUEST_ID = "%REQ(X-REQUEST-ID)%"
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(X-TURNMESH-ORIGINAL-METHOD?:METHOD)% '
     '%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
     "%RESPONSE_CODE% grpc=%GRPC_STATUS% %DURATION%ms up=%UPSTREAM_HOST% "
-    f"flags=%RESPONSE_FLAGS% principal={ext_authz.PRINCIPAL}\n"
+    f"flags=%RESPONSE_FLAGS% principal={ext_authz.PRINCIPAL} rid=%REQ(X-REQUEST-ID)%\n"
 )
 
 
@@ -347,6 +350,7 @@ def _problem_mappers() -> list[dict[str, Any]]:
                     "title": title,
                     "status": "%RESPONSE_CODE%",
                     "detail": "%LOCAL_REPLY_BODY%",
+                    "instance": REQUEST_ID,
                 },
                 "content_type": "application/problem+json",
             },
@@ -487,6 +491,8 @@ def render(config: EdgeConfig) -> dict[str, Any]:
         ".v3.HttpConnectionManager",
         "stat_prefix": "public",
         "codec_type": "AUTO",
+        # Clients get the id to quote: the same as the problem's `instance`.
+        "always_set_request_id_in_response": True,
         **manager_timeouts(config.timeouts),
         "access_log": [
             {
@@ -531,7 +537,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                                 "route": route,
                                 "typed_per_filter_config": ext_authz.bodiless(),
                             }
-                            for path in ("/health", "/ready")
+                            for path in ("/health", "/ready", "/v1/chat/health")
                         ),
                         *_openai_unserved_routes(),
                         *_streamed_routes(route, transcoder),

@@ -161,6 +161,7 @@ def reply_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
             "detail": detail,
             "grpc_code": r.code.value[0],
             "reason": r.reason,
+            "instance": "%REQ(X-REQUEST-ID)%",
         }
 
     def openai(r: errors.Row, message: str) -> dict[str, Any]:

@@ -78,11 +78,25 @@ function envoy_on_request(handle)
     return
   end
   headers:replace("x-turnmesh-original-method", headers:get(":method") or "")
+  -- The request's id (Envoy makes one for every request from outside): a
+  -- problem's `instance`, as in the access log and the turn's log line.
+  local request_id = headers:get("x-request-id") or ""
+  if #request_id <= 128 and request_id:find("^[%w%-]+$") then
+    handle:streamInfo():dynamicMetadata():set("turnmesh", "request_id", request_id)
+  end
   local path = headers:get(":path") or ""
   if path:find("^/v1/chat/completions") or path:find("^/v1/responses")
       or path:find("^/v1/models") then
     handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "openai")
   end
+end
+
+-- `,"instance":"<request id>"`, or nothing for a request without one.
+local function instance(handle)
+  local ours = handle:streamInfo():dynamicMetadata():get("turnmesh")
+  local request_id = ours ~= nil and ours["request_id"] or nil
+  if request_id == nil then return "" end
+  return ',"instance":"' .. request_id .. '"'
 end
 
 -- OpenAI's clients expect OpenAI's error shape on OpenAI's paths.
@@ -115,7 +129,8 @@ local function typed_value_problem(handle, text)
   local row = BY_CODE[3]
   local body = '{"type":"' .. BASE .. row[1] .. '","title":"' .. row[2] .. '","status":400,'
     .. '"detail":"' .. field .. ' ' .. description .. '","grpc_code":3,'
-    .. '"violations":[{"field":"' .. field .. '","description":"' .. description .. '"}]}'
+    .. '"violations":[{"field":"' .. field .. '","description":"' .. description .. '"}]'
+    .. instance(handle) .. "}"
   handle:body():setBytes(body)
 end
 
@@ -157,6 +172,6 @@ function envoy_on_response(handle)
   if quoted ~= nil then
     parts[#parts + 1] = '"reason":' .. quoted
   end
-  handle:body():setBytes(table.concat(parts, ",") .. "}")
+  handle:body():setBytes(table.concat(parts, ",") .. instance(handle) .. "}")
   handle:headers():replace("content-type", "application/problem+json")
 end

@@ -11,7 +11,7 @@ from typing import Any, NoReturn, cast
 
 import grpc
 
-from turnmesh.runtime import principals, wire
+from turnmesh.runtime import principals, requests, wire
 from turnmesh.runtime.auth import ApiKeys, authenticate, bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
@@ -251,6 +251,7 @@ class ApiKeyInterceptor(ServerInterceptor):
         # Set on every call (each runs in a task of its own), so no call can
         # see another's principal.
         principals.set_current(ANONYMOUS_PRINCIPAL)
+        requests.set_from(handler_call_details.invocation_metadata or ())
         method = handler_call_details.method
         if method in self._open or method.startswith(OPEN_PREFIXES):
             return await continuation(handler_call_details)

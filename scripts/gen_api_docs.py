@@ -149,8 +149,9 @@ def _errors() -> list[str]:
         "Every error has a gRPC status with `google.rpc` details (`ErrorInfo` with the reason "
         "below, `BadRequest` for invalid arguments). Over REST it is "
         "`application/problem+json` with `type` = "
-        f"`{errors.PROBLEM_BASE}<slug>`, `title`, `status`, `detail`, `grpc_code`, `reason` and "
-        "`violations`; on OpenAI's paths it is OpenAI's "
+        f"`{errors.PROBLEM_BASE}<slug>`, `title`, `status`, `detail`, `grpc_code`, `reason`, "
+        "`violations` and `instance` (the request's id, also its `X-Request-Id` response "
+        "header, in the edge's access log and in the log line of the turn it started); on OpenAI's paths it is OpenAI's "
         '`{"error": {message, type, param, code}}` with `code` the reason in lower case. '
         "Rows with `Retry-After` send it as trailing metadata and as the HTTP header. "
         "Generated from `runtime/errors.py`.",

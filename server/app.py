@@ -186,7 +186,7 @@ class SessionServer:
 
         open_methods = frozenset(
             f"/{SERVICE_NAME}/{name}" for name in ("GetHealth", "GetReadiness")
-        ) | {CHECK_METHOD}
+        ) | {CHECK_METHOD, f"/{COMPAT_SERVICE_NAME}/GetChatHealth"}
         receipts = ReceiptSlots(c.max_receiving_per_principal)
         REQUESTS_WAITING_TO_BE_READ.set_function(lambda: receipts.waiting)
         self._process = GrpcProcess(

@@ -245,6 +245,8 @@ class TurnRunner:
             "policy": turn.policy,
             "latency_ms": round(elapsed * 1000, 2),
         }
+        if turn.request_id:
+            fields["request_id"] = turn.request_id  # the edge's access log and problem `instance`
         if (trace_id := tracing.trace_id(turn.trace_context)) is not None:
             fields["trace_id"] = trace_id  # finds the turn's trace from its log line
         log.info("turn ended", extra=fields)

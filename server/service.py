@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import grpc
 
-from turnmesh.runtime import principals, tracing, wire
+from turnmesh.runtime import principals, requests, tracing, wire
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, PermissionDenied, Unavailable
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_METADATA, PRINCIPAL_PATTERN
+from turnmesh.runtime.requests import REQUEST_ID_METADATA
 from turnmesh.server import listing, validation
 from turnmesh.server.core import SessionCore
 from turnmesh.server.forwarding import (
@@ -129,7 +130,15 @@ class SessionServicer:
         # The principal the call acts for: the receiver believes it only
         # beside the mesh key (with mTLS alone it reads the caller's key).
         principal = ((PRINCIPAL_METADATA, principals.current().header()),)
-        return ((FORWARDED_METADATA, member), *mesh, *principal, *passed, *tracing.inject())
+        request = ((REQUEST_ID_METADATA, rid),) if (rid := requests.current()) else ()
+        return (
+            (FORWARDED_METADATA, member),
+            *mesh,
+            *principal,
+            *request,
+            *passed,
+            *tracing.inject(),
+        )
 
     # Whose sessions --------------------------------------------------------
 

@@ -28,7 +28,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from turnmesh.files import MAX_FILES, MAX_TOTAL_FILE_BYTES
-from turnmesh.runtime import metrics
+from turnmesh.runtime import metrics, requests
 from turnmesh.runtime.errors import NotFound, SessionBusy, TurnError
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
@@ -81,6 +81,8 @@ class PendingTurn:
     size: int = 0
     # The trace of the call that created the turn; the worker call joins it.
     trace_context: otel_context.Context = field(default_factory=otel_context.get_current)
+    # The edge's id of the request that created the turn, for its log line.
+    request_id: str = field(default_factory=requests.current)
     # Called once the turn no longer counts as running or waiting (its
     # place in a quota the whole mesh shares: ``mesh_limits.TurnLease``).
     on_end: Callable[[], None] | None = None

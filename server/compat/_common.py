@@ -92,6 +92,10 @@ class SessionCalls(Protocol):
         self, request: spb.ForkSessionRequest, context: Context
     ) -> spb.ForkSessionResponse: ...
 
+    async def GetHealth(
+        self, request: spb.GetHealthRequest, context: Context
+    ) -> spb.GetHealthResponse: ...
+
     def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncGenerator[event_pb2.Event, None]: ...
@@ -171,6 +175,9 @@ class Mesh:
     async def delete_session(self, session_id: str) -> None:
         request = spb.DeleteSessionRequest(session_id=session_id)
         await self._unary(self._svc.DeleteSession(request, self._call))
+
+    async def health(self) -> spb.GetHealthResponse:
+        return await self._svc.GetHealth(spb.GetHealthRequest(), self._call)
 
     async def fork_session(self, session_id: str, at_turn_id: str) -> str:
         """A new session with this one's history up to a turn; its id."""

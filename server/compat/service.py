@@ -107,6 +107,11 @@ class CompatServicer(CompatServiceServicer):
         await _validate_chat(request)
         return await simple_chat.chat(mesh, request)
 
+    async def GetChatHealth(
+        self, request: cpb.GetChatHealthRequest, context: ServicerContext
+    ) -> cpb.ChatHealth:
+        return simple_chat.health(await self._mesh.health())
+
     async def ChatStream(
         self, request: cpb.ChatRequest, context: ServicerContext
     ) -> AsyncIterator[event_pb2.Event]:

@@ -17,9 +17,22 @@ from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import Mesh, turn_error
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
+from turnmesh.v1 import session_service_pb2 as spb
 
 # turnmesh's tool runner reports a failed tool as a result starting with this.
 TOOL_ERROR_PREFIX = "error:"
+
+
+def health(native: spb.GetHealthResponse) -> cpb.ChatHealth:
+    """HoloDeck's health: healthy while this server takes turns."""
+    serving = native.status in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING)
+    return cpb.ChatHealth(
+        status="healthy" if serving else "unhealthy",
+        agent_name=native.agent_name,
+        agent_ready=native.agent_ready,
+        active_sessions=native.active_sessions,
+        uptime_seconds=native.uptime_seconds,
+    )
 
 
 async def _session_for(mesh: Mesh, request: cpb.ChatRequest) -> str:

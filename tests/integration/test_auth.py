@@ -60,9 +60,10 @@ async def test_rest_and_grpc_need_a_key(keyed_mesh: tuple[Mesh, str, Path]) -> N
             assert response.headers["content-type"] == "application/problem+json"
             assert response.headers["www-authenticate"].startswith("Bearer")
             assert "wrong-key" not in response.text
-        # Health and readiness stay open.
+        # Health and readiness stay open, HoloDeck's health shape too.
         assert (await rest.get("/health")).status_code == 200
         assert (await rest.get("/ready")).status_code == 200
+        assert (await rest.get("/v1/chat/health")).json()["status"] == "healthy"
         ok = await rest.post("/v1/sessions", json={}, headers={"Authorization": f"Bearer {KEY}"})
         assert ok.status_code == 200
         sid = ok.json()["session"]["sessionId"]

@@ -119,3 +119,21 @@ async def test_a_failed_tool_is_an_error_status(rest: httpx.AsyncClient) -> None
     (call,) = body["tool_calls"]
     assert call["name"] == "calculator"
     assert call["status"] == "error", body
+
+
+async def test_holodecks_health_shape_on_its_own_path(rest: httpx.AsyncClient) -> None:
+    health = (await rest.get("/v1/chat/health")).json()
+    assert set(health) == {
+        "status",
+        "agent_name",
+        "agent_ready",
+        "active_sessions",
+        "uptime_seconds",
+    }
+    assert health["status"] == "healthy"
+    assert health["agent_ready"] is True
+    assert health["agent_name"] == "demo"
+    assert health["uptime_seconds"] > 0
+    # The native /health keeps its own shape (`status` a LifecycleState).
+    native = (await rest.get("/health")).json()
+    assert native["status"] in ("LIFECYCLE_STATE_READY", "LIFECYCLE_STATE_RUNNING")

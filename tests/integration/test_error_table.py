@@ -74,6 +74,9 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
     async def ForkSession(self, *args: object) -> spb.ForkSessionResponse:
         return self._raise()  # type: ignore[no-any-return]
 
+    async def GetHealth(self, *args: object) -> spb.GetHealthResponse:
+        return self._raise()  # type: ignore[no-any-return]
+
     async def Turn(self, *args: object) -> AsyncGenerator[Any, None]:
         self._raise()
         yield  # pragma: no cover

@@ -62,3 +62,46 @@ async def test_debug_logs_show_the_bodies(mesh_factory: Mesh) -> None:
         if record["level"] == "DEBUG" and words in record["message"]
     ]
     assert debug, "the DEBUG log should carry the turn's messages"
+
+
+async def test_one_request_id_in_the_access_log_the_problem_and_the_turns_log_line(
+    mesh_factory: Mesh,
+) -> None:
+    import httpx
+
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("worker", "echo")
+    first = mesh.spawn_server("server-1", "--log-format", "json")
+    second = mesh.spawn_server("server-2", "--log-format", "json")
+    mesh.wait_ready(worker, first, second)
+    envoy = mesh.start_envoy([first, second])
+    async with httpx.AsyncClient(base_url=f"http://{envoy.listener_address}", timeout=60) as rest:
+        created = await rest.post("/v1/sessions", json={"agentName": "echo"})
+        sid = created.json()["session"]["sessionId"]
+        turn = await rest.post(f"/v1/sessions/{sid}/turns", json={"message": "hi"})
+        turn_request = turn.headers["x-request-id"]
+        blank = await rest.post(f"/v1/sessions/{sid}/turns", json={"message": "  "})
+        problem = blank.json()
+        assert problem["instance"] == blank.headers["x-request-id"]
+        refused = await rest.post("/v1/sessions", content=b"{oops")  # Envoy's own reply
+        assert refused.status_code == 400
+        assert refused.json()["instance"] == refused.headers["x-request-id"]
+    # A turn sent through either server (one of them forwards it to the
+    # session's owner) logs the id of the call that started it.
+    ids = []
+    for n, server in enumerate((first, second)):
+        ids.append(f"forwarded-or-not-{n}")
+        async with AsyncClient(server.address, metadata=[("x-request-id", ids[-1])]) as client:
+            await client.send(sid, "again")
+    mesh.stop()
+    turns = [
+        json.loads(line)
+        for server in (first, second)
+        for line in server.log().splitlines()
+        if '"turn ended"' in line
+    ]
+    assert sorted(t["request_id"] for t in turns) == sorted([turn_request, *ids])
+    access_log = (mesh.workdir / "envoy.log").read_text()
+    for request_id in (turn_request, problem["instance"]):
+        assert f"rid={request_id}" in access_log

@@ -75,9 +75,9 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     routes = host["routes"]
     assert "direct_response" in routes[0]  # the playground page
     forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
-    # Native gRPC, /health and /ready (no key check), the streamed REST routes
-    # (which print only set fields), and the rest of the REST API.
-    assert len(forwarded) == 5
+    # Native gRPC, /health, /ready and /v1/chat/health (no key check), the
+    # streamed REST routes (which print only set fields), and the rest.
+    assert len(forwarded) == 6
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
@@ -171,6 +171,7 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
         {"prefix": "/", "headers": grpc},
         {"path": "/health", "headers": get},
         {"path": "/ready", "headers": get},
+        {"path": "/v1/chat/health", "headers": get},
     ]
     # Envoy's gRPC is application/grpc or application/grpc+NAME: grpc-web
     # is transcoded (and buffered) as REST, so it is checked as REST.

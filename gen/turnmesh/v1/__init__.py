@@ -16,6 +16,8 @@ from turnmesh.v1 import worker_service_pb2_grpc
 from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
 from turnmesh.v1.compat_service_pb2 import ListModelsRequest as ListModelsRequest
 from turnmesh.v1.compat_service_pb2 import GetModelRequest as GetModelRequest
+from turnmesh.v1.compat_service_pb2 import GetChatHealthRequest as GetChatHealthRequest
+from turnmesh.v1.compat_service_pb2 import ChatHealth as ChatHealth
 from turnmesh.v1.compat_service_pb2 import ChatRequest as ChatRequest
 from turnmesh.v1.compat_service_pb2 import ChatToolCall as ChatToolCall
 from turnmesh.v1.compat_service_pb2 import ChatTokensUsed as ChatTokensUsed
@@ -97,6 +99,7 @@ from turnmesh.v1.worker_service_pb2_grpc import WorkerService as WorkerService
 __all__ = [
     "CancelTurnRequest",
     "CancelTurnResponse",
+    "ChatHealth",
     "ChatRequest",
     "ChatResponse",
     "ChatTokensUsed",
@@ -116,6 +119,7 @@ __all__ = [
     "ForkSessionRequest",
     "ForkSessionResponse",
     "FunctionCall",
+    "GetChatHealthRequest",
     "GetHealthRequest",
     "GetHealthResponse",
     "GetHistoryRequest",

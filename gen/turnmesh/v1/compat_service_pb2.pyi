@@ -75,6 +75,59 @@ class GetModelRequest(_message.Message):
 Global___GetModelRequest: _TypeAlias = GetModelRequest  # noqa: Y015
 
 @_typing.final
+class GetChatHealthRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetChatHealthRequest: _TypeAlias = GetChatHealthRequest  # noqa: Y015
+
+@_typing.final
+class ChatHealth(_message.Message):
+    """HoloDeck's HealthResponse, field for field."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    AGENT_NAME_FIELD_NUMBER: _builtins.int
+    AGENT_READY_FIELD_NUMBER: _builtins.int
+    ACTIVE_SESSIONS_FIELD_NUMBER: _builtins.int
+    UPTIME_SECONDS_FIELD_NUMBER: _builtins.int
+    status: _builtins.str
+    """"healthy" while this server takes turns (READY or RUNNING), else
+    "unhealthy" (starting, draining, stopped).
+    """
+    agent_name: _builtins.str
+    """The mesh's default agent."""
+    agent_ready: _builtins.bool
+    """Whether a live worker serves the default agent."""
+    active_sessions: _builtins.int
+    uptime_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        status: _builtins.str = ...,
+        agent_name: _builtins.str = ...,
+        agent_ready: _builtins.bool = ...,
+        active_sessions: _builtins.int = ...,
+        uptime_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_sessions", b"active_sessions", "agent_name", b"agent_name", "agent_ready", b"agent_ready", "status", b"status", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatHealth: _TypeAlias = ChatHealth  # noqa: Y015
+
+@_typing.final
 class ChatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -79,6 +79,11 @@ class CompatServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatRequest.SerializeToString,
                 response_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatResponse.FromString,
                 _registered_method=True)
+        self.GetChatHealth = channel.unary_unary(
+                '/turnmesh.v1.CompatService/GetChatHealth',
+                request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.GetChatHealthRequest.SerializeToString,
+                response_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatHealth.FromString,
+                _registered_method=True)
         self.ChatStream = channel.unary_stream(
                 '/turnmesh.v1.CompatService/ChatStream',
                 request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatRequest.SerializeToString,
@@ -159,6 +164,14 @@ class CompatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetChatHealth(self, request, context):
+        """HoloDeck's health shape, on a path of its own: the native /health's
+        `status` is a LifecycleState. Needs no key, as /health does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ChatStream(self, request, context):
         """Simple chat, streamed as turnmesh events.
         """
@@ -203,6 +216,11 @@ def add_CompatServiceServicer_to_server(servicer, server):
                     servicer.Chat,
                     request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatRequest.FromString,
                     response_serializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatResponse.SerializeToString,
+            ),
+            'GetChatHealth': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetChatHealth,
+                    request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.GetChatHealthRequest.FromString,
+                    response_serializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatHealth.SerializeToString,
             ),
             'ChatStream': grpc.unary_stream_rpc_method_handler(
                     servicer.ChatStream,
@@ -407,6 +425,33 @@ class CompatService:
             '/turnmesh.v1.CompatService/Chat',
             turnmesh_dot_v1_dot_compat__service__pb2.ChatRequest.SerializeToString,
             turnmesh_dot_v1_dot_compat__service__pb2.ChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetChatHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.CompatService/GetChatHealth',
+            turnmesh_dot_v1_dot_compat__service__pb2.GetChatHealthRequest.SerializeToString,
+            turnmesh_dot_v1_dot_compat__service__pb2.ChatHealth.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,6 +76,10 @@ class CompatServiceStub:
     """Simple chat: one message in, the whole answer out. An absent, unknown or
     expired session id starts a new session.
     """
+    GetChatHealth: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.GetChatHealthRequest, _compat_service_pb2.ChatHealth]
+    """HoloDeck's health shape, on a path of its own: the native /health's
+    `status` is a LifecycleState. Needs no key, as /health does.
+    """
     ChatStream: _grpc.UnaryStreamMultiCallable[_compat_service_pb2.ChatRequest, _event_pb2.Event]
     """Simple chat, streamed as turnmesh events."""
 
@@ -124,6 +128,10 @@ class CompatServiceAsyncStub(CompatServiceStub):
     Chat: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.ChatRequest, _compat_service_pb2.ChatResponse]  # type: ignore[assignment]
     """Simple chat: one message in, the whole answer out. An absent, unknown or
     expired session id starts a new session.
+    """
+    GetChatHealth: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.GetChatHealthRequest, _compat_service_pb2.ChatHealth]  # type: ignore[assignment]
+    """HoloDeck's health shape, on a path of its own: the native /health's
+    `status` is a LifecycleState. Needs no key, as /health does.
     """
     ChatStream: _aio.UnaryStreamMultiCallable[_compat_service_pb2.ChatRequest, _event_pb2.Event]  # type: ignore[assignment]
     """Simple chat, streamed as turnmesh events."""
@@ -212,6 +220,16 @@ class CompatServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_compat_service_pb2.ChatResponse, _abc.Awaitable[_compat_service_pb2.ChatResponse]]:
         """Simple chat: one message in, the whole answer out. An absent, unknown or
         expired session id starts a new session.
+        """
+
+    @_abc_1.abstractmethod
+    def GetChatHealth(
+        self,
+        request: _compat_service_pb2.GetChatHealthRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_compat_service_pb2.ChatHealth, _abc.Awaitable[_compat_service_pb2.ChatHealth]]:
+        """HoloDeck's health shape, on a path of its own: the native /health's
+        `status` is a LifecycleState. Needs no key, as /health does.
         """
 
     @_abc_1.abstractmethod
