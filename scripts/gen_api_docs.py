@@ -110,8 +110,130 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
                 out.append(f"| `{f.name}` | `{f.json_name}` | {label}`{ftype}` | {desc} |")
             out.append("")
     out += _errors()
+    out += ["", *_differences()]
     return "\n".join(out).rstrip() + "\n"
 
+
+# What turnmesh does differently from the APIs it speaks and from the seeds'
+# contracts, on purpose: (where, the difference, why). Rendered into
+# docs/api.md; a difference fixed is a row removed.
+DIFFERENCES = [
+    (
+        "OpenAI chat completions",
+        "Without `X-Session-Id` a request runs on a throw-away session, created with the "
+        "request's messages as its history and deleted after the answer; with it, the "
+        "session keeps the history and the request sends only the new message.",
+        "Every turn runs on a session: that is what the mesh routes, limits and fails over.",
+    ),
+    (
+        "OpenAI chat completions",
+        "Sampling options (`temperature`, `top_p`, `max_tokens`, `n`, `logprobs`...) are "
+        "accepted and not passed to the agent; `n` is always 1, `logprobs` and "
+        "`system_fingerprint` are null. `metadata` reaches the agent as the turn's metadata.",
+        "The agent owns its model and its settings; the model name picks the agent.",
+    ),
+    (
+        "OpenAI chat completions and Responses",
+        "`tools`, `tool_choice` and tool messages in a request are not yet served "
+        "(issue 21); `finish_reason` is always `stop`.",
+        "Client tools need the durable pause of issue 21.",
+    ),
+    (
+        "OpenAI chat completions and Responses",
+        "Files are inline only (`file_data`, data: URLs); `file_id` and URLs are refused with 400.",
+        "The mesh fetches no URL and has no file store.",
+    ),
+    (
+        "OpenAI chat completions and Responses",
+        "A client's disconnect cancels the turn (as OpenAI's does); "
+        "`X-Turnmesh-On-Disconnect: continue` lets it finish and be saved.",
+        "The opt-out is the native API's resume-after-disconnect.",
+    ),
+    (
+        "OpenAI chat completions and Responses",
+        "A turn cancelled or failed on the server is 409 `turn_cancelled` or 400 `turn_failed` "
+        "with `x-should-retry: false`, where OpenAI would answer 500.",
+        "Sending it again would run it again; the SDKs retry a 500 by default.",
+    ),
+    (
+        "OpenAI Responses",
+        "Input items are `message` and `item_reference` only (`function_call` and the like "
+        "are 400 until issue 21). With `previous_response_id` the turn's message is the last "
+        "input item; earlier items of that request are not added to the conversation.",
+        "A turn takes one user message; a new conversation is seeded with all of them.",
+    ),
+    (
+        "OpenAI Responses",
+        "Response ids are `resp_<turn>.<base64url(session)>` and message ids "
+        "`msg_<turn>.<base64url(session)>`; `store: false` is ignored (the session is the "
+        "store), and `background` is not yet served (issue 21).",
+        "Any server can continue or read a response from its id alone, with no shared index.",
+    ),
+    (
+        "OpenAI Responses",
+        "`previous_response_id` naming an older response forks the session there; one naming "
+        "a response that saved nothing (cancelled, failed, still running) continues the "
+        "session as it is.",
+        "A response that saved nothing has no state of its own to branch from.",
+    ),
+    (
+        "OpenAI Responses",
+        "`usage` details (`cached_tokens`, `reasoning_tokens`) are 0; `tools` is [] and "
+        "`temperature`/`top_p` null.",
+        "Agents report input and output tokens only.",
+    ),
+    (
+        "OpenAI models",
+        "`GET /v1/models` lists the agents a live worker serves; `created` is when this server "
+        "first saw the agent, `owned_by` is `turnmesh`.",
+        "An agent has no creation date of its own.",
+    ),
+    (
+        "OpenAI paths not served",
+        "`/v1/completions`, `/v1/embeddings`, `/v1/files`, `/v1/images/*`, `/v1/audio/*`, "
+        "`/v1/moderations`, `/v1/assistants`, `/v1/threads`, `/v1/batches` answer 404 in "
+        "OpenAI's error shape.",
+        "turnmesh serves agents' turns, not models' other APIs.",
+    ),
+    (
+        "Seed AgentRunnable (`kind: areal`)",
+        "`queue_mode` is always `COLLECT`; `history` messages may carry `tool_calls` and "
+        "`tool_call_id`; `message` has attached files' text after it; text streamed after the "
+        "last tool result is the answer even when `summary` differs; an exception is a generic "
+        "`agent_error` (the text stays in the worker's log); no token usage is reported.",
+        "A worker is not told the session's policy; history is OpenAI-shaped everywhere; "
+        "the caller sees what streamed; exception texts can hold secrets.",
+    ),
+    (
+        "Seed simple chat (HoloDeck)",
+        "`tool_calls[].arguments_json` rides beside `arguments` (the object); a tool's status "
+        "is `error` when its result starts with `error:` (turnmesh's tools report failures "
+        "so); session ids are any valid id, not only ULIDs.",
+        "The raw text keeps arguments that are not a JSON object; an event has no error flag.",
+    ),
+    (
+        "Seed simple chat (HoloDeck)",
+        "Health in HoloDeck's shape is `GET /v1/chat/health`; `/health` stays the native one.",
+        "The native `status` is a lifecycle state, not healthy|unhealthy.",
+    ),
+    (
+        "Seed ProblemDetail",
+        "`type` is a `https://turnmesh.dev/problems/...` URL, never `about:blank`; problems "
+        "add `grpc_code`, `reason` and `violations`.",
+        "One error table names every problem, for REST and gRPC alike.",
+    ),
+]
+
+
+def _differences() -> list[str]:
+    out = [
+        "## Deliberate differences from OpenAI and the seeds",
+        "",
+        "| where | difference | why |",
+        "|---|---|---|",
+    ]
+    out += [f"| {where} | {what} | {why} |" for where, what, why in DIFFERENCES]
+    return out
 
 # Problem types and titles that changed when the error table became the one
 # source (issue 15): (what a caller got before, what it gets now).
@@ -151,7 +273,8 @@ def _errors() -> list[str]:
         "`application/problem+json` with `type` = "
         f"`{errors.PROBLEM_BASE}<slug>`, `title`, `status`, `detail`, `grpc_code`, `reason`, "
         "`violations` and `instance` (the request's id, also its `X-Request-Id` response "
-        "header, in the edge's access log and in the log line of the turn it started); on OpenAI's paths it is OpenAI's "
+        "header, in the edge's access log and in the log line of the turn it started); "
+        "on OpenAI's paths it is OpenAI's "
         '`{"error": {message, type, param, code}}` with `code` the reason in lower case. '
         "Rows with `Retry-After` send it as trailing metadata and as the HTTP header. "
         "Generated from `runtime/errors.py`.",
