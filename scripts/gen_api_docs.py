@@ -235,6 +235,7 @@ def _differences() -> list[str]:
     out += [f"| {where} | {what} | {why} |" for where, what, why in DIFFERENCES]
     return out
 
+
 # Problem types and titles that changed when the error table became the one
 # source (issue 15): (what a caller got before, what it gets now).
 CHANGED_TYPES = [
