@@ -312,3 +312,41 @@ def test_other_unknown_paths_keep_problem_json(shared_mesh: SharedMesh) -> None:
             answer = http.post(path, json={})
             assert answer.status_code == 404, path
             assert answer.headers["content-type"] == "application/problem+json", path
+
+
+def test_a_seeded_conversation_keeps_the_assistants_tool_calls(
+    sdk: openai.OpenAI, shared_mesh: SharedMesh
+) -> None:
+    import httpx
+
+    messages: Any = [
+        {"role": "user", "content": "What is 6*7?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression":"6*7"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "assistant", "content": "6*7 = 42."},
+        {"role": "user", "content": "what did I ask first?"},
+    ]
+    answer = sdk.chat.completions.create(
+        model="demo", messages=messages, extra_headers={"X-Session-Id": "seeded-with-tools"}
+    )
+    assert "What is 6*7?" in (answer.choices[0].message.content or "")
+    with httpx.Client(base_url=f"http://{shared_mesh.edge}", timeout=60) as http:
+        history = http.get("/v1/sessions/seeded-with-tools/history").json()["messages"]
+    assert history[1]["tool_calls"] == [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "calculator", "arguments": '{"expression":"6*7"}'},
+        }
+    ]
+    assert history[2]["tool_call_id"] == "call_1"
