@@ -40,8 +40,13 @@ DEFAULT_ADMIN_PORT = 9901
 DEFAULT_CORS_ORIGINS = ("http://localhost:3000",)
 # What a browser client may send and read (X-Session-Id: the OpenAI surfaces'
 # session header; Retry-After on 409/429; traceparent to join a trace).
-CORS_ALLOW_HEADERS = "authorization, content-type, x-session-id, last-event-id, traceparent"
-CORS_EXPOSE_HEADERS = "x-session-id, retry-after, www-authenticate, content-type"
+CORS_ALLOW_HEADERS = (
+    "authorization, content-type, x-session-id, last-event-id, traceparent, "
+    "x-turnmesh-on-disconnect"
+)
+CORS_EXPOSE_HEADERS = (
+    "x-session-id, retry-after, www-authenticate, content-type, x-request-id, x-should-retry"
+)
 PLAYGROUND = PLAYGROUND_PAGE
 
 INTERNAL_HEADERS = (
@@ -217,7 +222,7 @@ def _openai_unserved_routes() -> list[dict[str, Any]]:
 # The REST paths whose answer is a stream of Events (Turn, SubscribeTurn,
 # ChatStream). With every zero field printed an event would carry `role: ""`
 # and the like, which the real AG-UI client rejects (AGUI-NOTES.md).
-STREAMED_PATHS = r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?$|^/v1/chat:stream$"
+STREAMED_PATHS = r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?/?$|^/v1/chat:stream/?$"
 
 
 def _streamed_routes(route: dict[str, Any], transcoder: dict[str, Any]) -> list[dict[str, Any]]:
@@ -537,7 +542,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
                                 "route": route,
                                 "typed_per_filter_config": ext_authz.bodiless(),
                             }
-                            for path in ("/health", "/ready", "/v1/chat/health")
+                            for path in guards.REST_HEALTH_PATHS
                         ),
                         *_openai_unserved_routes(),
                         *_streamed_routes(route, transcoder),

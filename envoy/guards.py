@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from turnmesh.envoy import ext_authz
-from turnmesh.v1 import session_service_pb2
+from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
 if TYPE_CHECKING:
     from turnmesh.envoy.config import EdgeConfig
@@ -61,8 +61,14 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 # Open to any Host: load balancers and Kubernetes probe by address. The
 # transcoder turns GET /health into the RPC's path and routes again.
 _SESSIONS = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
-REST_HEALTH_PATHS = ("/health", "/ready")
-HEALTH_PATHS = (*REST_HEALTH_PATHS, f"/{_SESSIONS}/GetHealth", f"/{_SESSIONS}/GetReadiness")
+_COMPAT = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
+REST_HEALTH_PATHS = ("/health", "/ready", "/v1/chat/health")
+HEALTH_PATHS = (
+    *REST_HEALTH_PATHS,
+    f"/{_SESSIONS}/GetHealth",
+    f"/{_SESSIONS}/GetReadiness",
+    f"/{_COMPAT}/GetChatHealth",
+)
 GRPC_HEALTH_PREFIX = "/grpc.health.v1.Health/"
 # Bodies a browser sends cross-origin only after a CORS preflight: JSON, and
 # gRPC (also what the transcoder turns JSON into before routing again).

@@ -171,10 +171,17 @@ DIFFERENCES = [
     ),
     (
         "OpenAI Responses",
-        "`previous_response_id` naming an older response forks the session there; one naming "
-        "a response that saved nothing (cancelled, failed, still running) continues the "
-        "session as it is.",
-        "A response that saved nothing has no state of its own to branch from.",
+        "`previous_response_id` naming an older response, or one another continuation is "
+        "running after, forks the session there (the fork is seeded through CreateSession: "
+        "a message over 100,000 characters cannot be branched past, 400 on "
+        "`previous_response_id`); two continuations of the same response arriving at the same "
+        "instant may chain instead. One naming a response that saved nothing (cancelled, "
+        "failed, still running) continues the session as it is. Each response is its own turn "
+        "(ENQUEUE), never coalesced. Item references read at most 8 conversations and "
+        "8,000,000 characters a request.",
+        "A response that saved nothing has no state of its own to branch from; a fence for "
+        "the simultaneous case would need the session's newest turn checked as the turn is "
+        "placed.",
     ),
     (
         "OpenAI Responses",

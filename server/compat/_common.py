@@ -297,13 +297,13 @@ def sse_body(payload: Any, event: str | None = None) -> httpbody_pb2.HttpBody:
     )
 
 
-def from_pydantic(exc: ValidationError, prefix: str = "") -> InvalidArgument:
-    """A request body that does not fit the schema, one violation per field,
-    named as the caller wrote it (``messages[0].content``: no union branch
-    names such as ``str`` or ``list[ChatMessage]``)."""
+def from_pydantic(exc: ValidationError, data: Any, prefix: str = "") -> InvalidArgument:
+    """A request body (``data``) that does not fit the schema, one violation
+    per field, named as the caller wrote it (``messages[0].content``: no union
+    branch names such as ``str`` or ``list[ChatMessage]``)."""
     found: dict[str, list[str]] = {}
     for error in exc.errors()[:40]:
-        parts = [p for p in error["loc"] if not _is_branch_tag(p)]
+        parts = _caller_path(error["loc"], data)
         field = prefix + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
         field = field.removeprefix(".") or "body"
         messages = found.setdefault(field, [])
@@ -315,6 +315,24 @@ def from_pydantic(exc: ValidationError, prefix: str = "") -> InvalidArgument:
 
 
 _SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "none"})
+
+
+def _caller_path(loc: tuple[str | int, ...], data: Any) -> list[str | int]:
+    """``loc`` without pydantic's union branch names: a part the caller's
+    body has at that level is theirs (a metadata key may be ``str``), else a
+    part that looks like a branch name is dropped."""
+    parts: list[str | int] = []
+    current = data
+    for part in loc:
+        in_dict = isinstance(current, dict) and part in current
+        in_list = isinstance(part, int) and isinstance(current, list) and part < len(current)
+        if in_dict or in_list:
+            parts.append(part)
+            current = current[part]
+        elif not _is_branch_tag(part):
+            parts.append(part)
+            current = None
+    return parts
 
 
 def _is_branch_tag(part: str | int) -> bool:

@@ -102,7 +102,7 @@ async def parse(body: httpbody_pb2.HttpBody) -> RunAgentInput:
     try:
         run = RunAgentInput.model_validate(data)
     except ValidationError as exc:
-        raise from_pydantic(exc) from exc
+        raise from_pydantic(exc, data) from exc
     if run.messages[-1].role != "user":
         raise invalid(
             f"messages[{len(run.messages) - 1}].role", "the last message must be the user's"

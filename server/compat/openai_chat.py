@@ -198,11 +198,12 @@ async def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
-        raise from_pydantic(exc) from exc
+        raise from_pydantic(exc, data) from exc
 
 
 async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb2.Event]:
     """The turn's events, each folded into ``turn.answer`` first."""
+    started = ended = False
     try:
         async with mesh.turn(
             turn.session_id,
@@ -215,9 +216,14 @@ async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb
                 if not turn.id:
                     turn.id = f"chatcmpl-{event.run_id}"
                 turn.answer.feed(event)
+                started = True
+                ended = event.type in (event_pb2.RUN_FINISHED, event_pb2.RUN_ERROR)
                 yield event
     finally:
-        if turn.throwaway:
+        # A client that left asking to continue may come back for the turn
+        # (SubscribeTurn, GetHistory): its session stays until the TTL.
+        left_to_run = started and not ended and turn.on_disconnect == spb.DISCONNECT_POLICY_CONTINUE
+        if turn.throwaway and not left_to_run:
             with contextlib.suppress(TurnmeshError):  # it would expire anyway
                 await mesh.delete_session(turn.session_id)
 

@@ -10,12 +10,12 @@ import base64
 import binascii
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from google.api import httpbody_pb2
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from turnmesh.runtime.errors import InvalidArgument, NotFound
+from turnmesh.runtime.errors import FieldViolation, InvalidArgument, NotFound
 from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
     ContentPart,
@@ -83,12 +83,15 @@ class ItemReference(BaseModel):
 InputItem = InputMessage | ItemReference
 # The sessions one request's item references may read (each a history read).
 MAX_REFERENCED_SESSIONS = 8
+# And at most this much of their text (a seeded history may hold 64 MiB; a
+# conversation's earlier answers are far less).
+MAX_REFERENCED_CHARS = 8_000_000
 
 
 class ResponseRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, max_length=128)
-    input: str | list[dict[str, Any]] = Field(max_length=1000)
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=1000)]
     instructions: str | None = None
     stream: bool = False
     previous_response_id: str | None = None
@@ -124,7 +127,7 @@ def _input_items(value: str | list[dict[str, Any]]) -> list[InputItem]:
         try:
             items.append(model.model_validate(raw))
         except ValidationError as exc:
-            raise from_pydantic(exc, prefix=f"input[{index}]") from exc
+            raise from_pydantic(exc, raw, prefix=f"input[{index}]") from exc
     return items
 
 
@@ -169,7 +172,7 @@ async def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
     try:
         request = ResponseRequest.model_validate(data)
     except ValidationError as exc:
-        raise from_pydantic(exc) from exc
+        raise from_pydantic(exc, data) from exc
     request._items = _input_items(request.input)
     items = request.items()
     last = items[-1] if items else None
@@ -290,7 +293,10 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response,
             for file in item.files(request.field(index))
         ]
     )
-    session_id = await mesh.create_session(None, request.model, history, param="model")
+    try:
+        session_id = await mesh.create_session(None, request.model, history, param="model")
+    except InvalidArgument as exc:
+        raise _as_input(exc, offset=1 if request.instructions else 0) from None
     response = Response(request, session_id)
     response.files = files
     return response, last.text()
@@ -303,6 +309,7 @@ async def _continued(mesh: Mesh, previous: str) -> str:
     they were)."""
     session_id, turn_id = parse_response_id(previous, "previous_response_id")
     try:
+        session = await mesh.get_session(session_id)
         history = await mesh.history(session_id)
     except (NotFound, InvalidArgument):
         raise NotFound(
@@ -311,17 +318,57 @@ async def _continued(mesh: Mesh, previous: str) -> str:
             metadata={"param": "previous_response_id"},
         ) from None
     last = max((i for i, m in enumerate(history) if m.turn_id == turn_id), default=None)
-    if last is None or last == len(history) - 1:
-        # The newest response, or one that saved nothing (still running,
-        # cancelled, failed): the conversation goes on from where it is.
+    if last is None:
+        # A response that saved nothing (still running: this turn queues
+        # behind it; cancelled, failed): the conversation goes on as it is.
         return session_id
-    return await mesh.fork_session(session_id, turn_id)
+    if last == len(history) - 1 and not session.turn_running:
+        return session_id  # the newest response: continue it in place
+    # Later turns followed it, or one is running now (another continuation
+    # of the same response, racing this one): a branch.
+    try:
+        return await mesh.fork_session(session_id, turn_id)
+    except InvalidArgument as exc:
+        raise invalid(
+            "previous_response_id",
+            f"the conversation up to that response cannot start a branch: {exc.detail}",
+        ) from None
+
+
+def _as_input(exc: InvalidArgument, offset: int) -> InvalidArgument:
+    """A seeded history's violations (``messages[k]...``) under the input
+    item they came from (``input[k - offset]...``)."""
+    renamed = []
+    for violation in exc.violations:
+        field = violation.field
+        if field.startswith("messages["):
+            index, _, rest = field.removeprefix("messages[").partition("]")
+            if index.isdigit() and int(index) >= offset:
+                field = f"input[{int(index) - offset}]{rest}"
+            else:
+                field = "instructions"
+        elif field == "messages":
+            field = "input"
+        renamed.append(FieldViolation(field, violation.description))
+    return InvalidArgument(renamed)
+
+
+def _answers(history: list[message_pb2.Message]) -> dict[str, str]:
+    """Each turn's output text: its assistant messages' content in order
+    (the text before and after its tool calls), as its output item showed."""
+    parts: dict[str, list[str]] = {}
+    for message in history:
+        if message.role == "assistant" and message.turn_id:
+            parts.setdefault(message.turn_id, []).append(message.content)
+    return {turn: "".join(texts) for turn, texts in parts.items()}
 
 
 async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputMessage]:
     """The input with each item reference replaced by the assistant message
     it names (read from its session's history: the caller's own only)."""
-    histories: dict[str, list[message_pb2.Message]] = {}
+    # Per conversation read: each turn's assistant text, in order.
+    answers: dict[str, dict[str, str]] = {}
+    resolved_chars = 0
     messages = []
     for index, item in enumerate(request.items()):
         if isinstance(item, InputMessage):
@@ -337,25 +384,25 @@ async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputMessage]:
             session_id, turn_id = _decoded(item.id.removeprefix("msg_"))
         except ValueError:
             raise not_found from None
-        if session_id not in histories:
-            if len(histories) == MAX_REFERENCED_SESSIONS:
+        if session_id not in answers:
+            if len(answers) == MAX_REFERENCED_SESSIONS:
                 raise invalid(
                     where, f"items of at most {MAX_REFERENCED_SESSIONS} conversations per request"
                 )
             try:
-                histories[session_id] = await mesh.history(session_id)
+                answers[session_id] = _answers(await mesh.history(session_id))
             except (NotFound, InvalidArgument):
                 raise not_found from None
-        # The output item's text is all the turn's text, before and after
-        # its tool calls: in history, its assistant messages in order.
-        said = [
-            m.content
-            for m in histories[session_id]
-            if m.turn_id == turn_id and m.role == "assistant"
-        ]
-        if not said:
+        said = answers[session_id].get(turn_id)
+        if said is None:
             raise not_found
-        messages.append(InputMessage(role="assistant", content="".join(said)))
+        # Bounded: a small body must not reference its way to a huge history.
+        resolved_chars += len(said)
+        if resolved_chars > MAX_REFERENCED_CHARS:
+            raise invalid(
+                where, f"the items referenced hold more than {MAX_REFERENCED_CHARS:,} characters"
+            )
+        messages.append(InputMessage(role="assistant", content=said))
     return messages
 
 
@@ -369,6 +416,8 @@ async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator
         metadata=metadata,
         files=response.files,
         on_disconnect=response.on_disconnect,
+        # One response per request: never coalesced with another's turn.
+        policy=spb.TURN_POLICY_ENQUEUE,
     ) as stream:
         async for event in stream:
             response.feed(event)

@@ -8,6 +8,7 @@ with their arguments as an object and a status of success, error or pending,
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -49,6 +50,17 @@ async def stream(mesh: Mesh, request: cpb.ChatRequest) -> AsyncIterator[event_pb
             yield event
 
 
+def _refuse(constant: str) -> float:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 class _Calls:
     """A turn's tool calls as ``ChatToolCall``s. Events naming a call never
     started (an agent's mistake) add one rather than fail the answer."""
@@ -81,10 +93,16 @@ class _Calls:
         for call_id, call in self._calls.items():
             call.arguments_json = "".join(self._args[call_id])
             try:
-                value = json.loads(call.arguments_json or "{}")
-            except ValueError:  # not JSON (a model's slip): the text stays, the object is {}
-                value = {}
-            json_format.ParseDict(value if isinstance(value, dict) else {}, call.arguments)
+                # NaN and Infinity parse, but no JSON answer can print them.
+                value = json.loads(
+                    call.arguments_json or "{}", parse_constant=_refuse, parse_float=_finite
+                )
+                if isinstance(value, dict):
+                    json_format.ParseDict(value, call.arguments)
+            except (ValueError, RecursionError, json_format.ParseError):
+                # Not JSON (a model's slip), or deeper than a Struct holds:
+                # the text stays, the object is {}.
+                call.arguments.Clear()
 
 
 async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:

@@ -194,3 +194,55 @@ def test_the_vercel_ai_sdk_holds_a_conversation_with_its_defaults(
         if item.get("type") == "item_reference"
     ]
     assert len(references) == 3  # one in the second request, two in the third
+
+
+def test_a_continuation_racing_a_running_one_branches(
+    sdk: openai.OpenAI, shared_mesh: SharedMesh
+) -> None:
+    first = sdk.responses.create(model="demo", input="alpha")
+    # The first continuation is still streaming when the second arrives.
+    with sdk.responses.stream(
+        model="demo",
+        input="what did I ask before? (one)",
+        previous_response_id=first.id,
+        metadata={"delay_ms": "50"},
+    ) as running:
+        for event in running:
+            if event.type == "response.output_text.delta":
+                break
+        second = sdk.responses.create(
+            model="demo", input="what did I ask before? (two)", previous_response_id=first.id
+        )
+        one = running.get_final_response()
+    for answer in (one, second):
+        assert "alpha" in answer.output_text, answer.output_text
+    assert one.id != second.id
+    assert "(one)" not in second.output_text
+
+
+def test_references_are_bounded_and_named_as_the_callers_fields(http: httpx.Client) -> None:
+    first = http.post("/v1/responses", json={"model": "echo", "input": "x" * 9000}).json()
+    item = first["output"][0]["id"]
+    many = [{"type": "item_reference", "id": item}] * 999
+    refused = http.post(
+        "/v1/responses",
+        json={"model": "echo", "input": [*many, {"role": "user", "content": "and?"}]},
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "input[888].id"  # past 8,000,000 characters
+    long = http.post(
+        "/v1/responses",
+        json={
+            "model": "echo",
+            "instructions": "be brief",
+            "input": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "y" * 100_001},
+                {"role": "user", "content": "b"},
+            ],
+        },
+    )
+    assert long.status_code == 400, long.text
+    assert long.json()["error"]["param"] == "input[1].content"
+    # A plain string input is the user's message: its own limit, not the list's.
+    assert http.post("/v1/responses", json={"model": "echo", "input": "z" * 5000}).is_success

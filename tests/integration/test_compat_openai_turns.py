@@ -203,3 +203,25 @@ def test_a_turn_its_agent_fails_is_a_400_the_sdk_does_not_retry(
     assert "fails once, on purpose" in info.value.message
     assert info.value.response.headers["x-should-retry"] == "false"
     assert client.requests == 1
+
+
+def test_continue_keeps_a_throwaway_session_until_its_turn_is_saved(
+    shared_mesh: SharedMesh, http: httpx.Client, counted: Callable[..., Counted]
+) -> None:
+    client = counted(**{"X-Turnmesh-On-Disconnect": "continue"})
+    gate = uuid.uuid4().hex
+    with client.sdk.chat.completions.with_streaming_response.create(
+        model="probe",
+        messages=[{"role": "user", "content": "slow"}],
+        stream=True,
+        metadata={"gate": gate, "deltas": "3", "delay_ms": "1"},
+    ) as raw:
+        sid = raw.headers["x-session-id"]  # no X-Session-Id sent: a throw-away session
+        for line in raw.iter_lines():
+            if '"content":"part0' in line:
+                break
+    (_probe(shared_mesh) / f"gate-{gate}").write_text("open")
+    wait_for(
+        lambda: len(http.get(f"/v1/sessions/{sid}/history").json().get("messages", [])) == 2,
+        what="the turn to be saved on its session",
+    )

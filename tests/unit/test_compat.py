@@ -191,3 +191,40 @@ def test_simple_chat_survives_events_naming_unknown_calls() -> None:
         {"status": "error", "arguments": {}},
         {"status": "pending", "arguments": {}, "arguments_json": "not json"},
     ]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"x": NaN}', '{"x": 1e999}', "[" * 5000 + "]" * 5000, '{"a":' * 200 + "1" + "}" * 200],
+)
+def test_simple_chat_arguments_no_json_answer_can_print_are_an_empty_object(
+    arguments: str,
+) -> None:
+    response = cpb.ChatResponse()
+    calls = _Calls(response)
+    calls.feed(
+        event_pb2.Event(type=event_pb2.TOOL_CALL_START, tool_call_id="a", tool_call_name="f")
+    )
+    calls.feed(event_pb2.Event(type=event_pb2.TOOL_CALL_ARGS, tool_call_id="a", delta=arguments))
+    calls.finish()
+    (call,) = response.tool_calls
+    assert call.arguments_json == arguments
+    assert json_format.MessageToDict(call.arguments) == {}
+    json_format.MessageToJson(response)  # prints: nothing non-finite or too deep in it
+
+
+async def test_param_keeps_the_callers_own_keys_that_look_like_branch_names() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        await openai_chat.parse(
+            body(
+                {
+                    "model": "demo",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "metadata": {"Team": 5, "str": 6},
+                }
+            )
+        )
+    assert sorted(fields(info.value)) == ["metadata.Team", "metadata.str"]
+    with pytest.raises(InvalidArgument) as info:
+        await openai_responses.parse(body({"model": "demo", "input": 5}))
+    assert fields(info.value) == ["input"]

@@ -250,3 +250,20 @@ def test_an_edge_that_does_not_know_about_keys_checks_both_and_health_needs_neit
                 # Health never waits on a key; refusals answer before any check.
                 skip = route["typed_per_filter_config"]["envoy.filters.http.ext_authz"]
                 assert skip["disabled"] is True, route
+
+
+def test_every_streamed_path_keeps_events_to_the_fields_they_set() -> None:
+    from turnmesh.envoy.config import STREAMED_PATHS
+
+    streamed = re.compile(STREAMED_PATHS)
+    for path in (
+        "/v1/sessions/s1/turns",
+        "/v1/sessions/s1/turns/",
+        "/v1/sessions/s1/turns/t1/events",
+        "/v1/sessions/s1/turns/t1/events/",
+        "/v1/chat:stream",
+        "/v1/chat:stream/",
+    ):
+        assert streamed.search(path), path
+    for path in ("/v1/sessions/s1", "/v1/sessions/s1/turns/t1:cancel", "/v1/chat", "/health"):
+        assert not streamed.search(path), path
