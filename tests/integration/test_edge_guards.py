@@ -197,7 +197,7 @@ async def test_other_host_names_are_refused_with_421_health_is_not(
             created = await client.post("/v1/sessions", json={}, headers={"host": host})
             assert created.status_code == 200, (host, created.text)
         # Probes name the pod's address: health answers to any Host.
-        for path in ("/ready", "/health"):
+        for path in ("/ready", "/health", "/v1/chat/health"):
             assert (await client.get(path, headers={"host": "10.1.2.3:8080"})).status_code == 200
     # Where the servers check keys, any Host is answered unless hosts are named.
     async with _client(keyed) as client:
