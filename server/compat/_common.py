@@ -252,6 +252,30 @@ def on_disconnect(header: str | None) -> spb.DisconnectPolicy.ValueType:
     return policy
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    """An assistant message's tool call, as OpenAI and AG-UI both send it."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+    def add_to(self, message: message_pb2.Message) -> None:
+        message.tool_calls.add(
+            id=self.id,
+            type="function",
+            function=message_pb2.FunctionCall(
+                name=self.function.name, arguments=self.function.arguments
+            ),
+        )
+
+
 class ContentPart(BaseModel):
     """A part of an OpenAI message's content: text, or a file or image whose
     fields each surface reads from its extras."""

@@ -18,6 +18,7 @@ from turnmesh.runtime.errors import AlreadyExists
 from turnmesh.server.compat._common import (
     POLICIES,
     Mesh,
+    ToolCall,
     from_pydantic,
     invalid,
     parse_json_body,
@@ -25,19 +26,6 @@ from turnmesh.server.compat._common import (
 )
 from turnmesh.server.compat._files import Inline, decode, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
-
-
-class _FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str
-    arguments: str = ""
-
-
-class _ToolCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str
-    type: str = "function"
-    function: _FunctionCall
 
 
 class _Part(BaseModel):
@@ -55,7 +43,7 @@ class AguiMessage(BaseModel):
     id: str = ""
     role: Literal["developer", "system", "assistant", "user", "tool"]
     content: str | list[_Part] | None = None
-    tool_calls: list[_ToolCall] = Field(default_factory=list, alias="toolCalls")
+    tool_calls: list[ToolCall] = Field(default_factory=list, alias="toolCalls")
     tool_call_id: str | None = Field(default=None, alias="toolCallId")
 
     def text(self) -> str:
@@ -122,13 +110,7 @@ def _history(messages: list[AguiMessage]) -> list[message_pb2.Message]:
             tool_call_id=m.tool_call_id or "",
         )
         for call in m.tool_calls:
-            message.tool_calls.add(
-                id=call.id,
-                type="function",
-                function=message_pb2.FunctionCall(
-                    name=call.function.name, arguments=call.function.arguments
-                ),
-            )
+            call.add_to(message)
         history.append(message)
     return history
 

@@ -16,6 +16,7 @@ from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import (
     ContentPart,
     Mesh,
+    ToolCall,
     check_message,
     from_pydantic,
     invalid,
@@ -29,28 +30,12 @@ from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 
-class _Function(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1, max_length=256)
-    arguments: str = ""
-
-
-class _ToolCall(BaseModel):
-    """An assistant message's tool call, kept when a conversation seeds a
-    session: its ``tool`` reply is kept too, and must not answer nothing."""
-
-    model_config = ConfigDict(extra="allow")
-    id: str = Field(min_length=1, max_length=256)
-    type: Literal["function"] = "function"
-    function: _Function
-
-
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     tool_call_id: str | None = None
-    tool_calls: list[_ToolCall] | None = None
+    tool_calls: list[ToolCall] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -113,13 +98,7 @@ def to_history(messages: list[ChatMessage]) -> list[message_pb2.Message]:
             role=role, content=m.text(), tool_call_id=m.tool_call_id or ""
         )
         for call in m.tool_calls or ():
-            message.tool_calls.add(
-                id=call.id,
-                type="function",
-                function=message_pb2.FunctionCall(
-                    name=call.function.name, arguments=call.function.arguments
-                ),
-            )
+            call.add_to(message)
         history.append(message)
     return history
 
