@@ -24,8 +24,12 @@ from turnmesh.agent._contract import (
     AgentRequest,
     AgentResponse,
     AgentRunnable,
+    ClientTool,
     EventEmitter,
+    Interrupt,
+    Resume,
     TokenUsage,
+    ToolResult,
 )
 from turnmesh.agent._loader import BUILTIN_AGENTS, AgentLoadError, load_agent
 
@@ -37,8 +41,12 @@ __all__ = [
     "AgentRequest",
     "AgentResponse",
     "AgentRunnable",
+    "ClientTool",
     "EventEmitter",
+    "Interrupt",
+    "Resume",
     "TokenUsage",
+    "ToolResult",
     "load_agent",
 ]
 
@@ -50,8 +58,12 @@ for _obj in (
     AgentRequest,
     AgentResponse,
     AgentRunnable,
+    ClientTool,
     EventEmitter,
+    Interrupt,
+    Resume,
     TokenUsage,
+    ToolResult,
     load_agent,
 ):
     _obj.__module__ = __name__

@@ -12,8 +12,12 @@ __all__ = [
     "AgentRequest",
     "AgentResponse",
     "AgentRunnable",
+    "ClientTool",
     "EventEmitter",
+    "Interrupt",
+    "Resume",
     "TokenUsage",
+    "ToolResult",
 ]
 
 # How several queued user messages become one turn's text (COLLECT policy).
@@ -53,6 +57,75 @@ class TokenUsage:
 
 
 @dataclass(frozen=True)
+class ClientTool:
+    """A tool the caller offers for this turn; the client runs it.
+
+    An agent that calls it (``emitter.emit_tool_call(tool.name, args)``) and
+    emits no result for the call ends the turn waiting for the client: the
+    caller runs the tool and answers with the result, which the next turn
+    carries in ``AgentRequest.tool_results``.
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)  # JSON Schema
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of a call the turn before left waiting: the client's
+    result, or an error (``error`` set) when the call failed, was never
+    answered (its pause expired or was cancelled) or was denied."""
+
+    tool_call_id: str
+    content: str = ""
+    error: str | None = None
+    name: str = ""  # the tool's name
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """A request for the client's input, returned in
+    ``AgentResponse.interrupts``: the turn ends waiting for the answer, which
+    the next turn carries in ``AgentRequest.resume``.
+
+    An approval names the call it gates (``tool_call_id``: a call emitted on
+    this turn with no result yet); a question may give a JSON Schema for its
+    answer. ``id`` is minted when empty.
+    """
+
+    reason: str = "question"  # "tool_approval", "question", or your own word
+    message: str = ""
+    tool_call_id: str | None = None
+    response_schema: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The client's answer to one of the interrupts the turn before asked:
+    ``status`` "resolved" with its ``payload``, or "cancelled" (abandoned,
+    or unanswered before the pause expired). ``tool_call`` is the call an
+    approval gates, as in history: ``{"id", "type", "function": {"name",
+    "arguments"}}``."""
+
+    interrupt: Interrupt
+    status: str
+    payload: Any = None
+    tool_call: dict[str, Any] | None = None
+
+    @property
+    def approved(self) -> bool:
+        """An approval granted: resolved with ``true`` or ``{"approved": true}``."""
+        if self.status != "resolved":
+            return False
+        if isinstance(self.payload, dict):
+            return self.payload.get("approved") is True
+        return self.payload is True
+
+
+@dataclass(frozen=True)
 class AgentRequest:
     """One turn of a session, as the agent sees it.
 
@@ -66,6 +139,11 @@ class AgentRequest:
     session's principal is named (two tenants may both call a session
     ``my-thread``), the bare id for the anonymous principal. Key any state
     an agent keeps per session by it. ``principal`` names who owns it.
+
+    ``tools`` are the caller's own tools for this turn (see ``ClientTool``).
+    A turn that answers the one before's pause carries ``tool_results`` and
+    ``resume`` and may have no user message (``messages`` empty, ``message``
+    ""); they are not in ``history``, which ends with the paused turn.
     """
 
     message: str
@@ -76,10 +154,15 @@ class AgentRequest:
     metadata: dict[str, Any] = field(default_factory=dict)
     files: list[AgentFile] = field(default_factory=list)
     principal: str = "anonymous"
+    tools: list[ClientTool] = field(default_factory=list)
+    tool_results: list[ToolResult] = field(default_factory=list)
+    resume: list[Resume] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not self.messages:
-            raise ValueError("an AgentRequest needs at least one user message")
+        if not self.messages and not self.tool_results and not self.resume:
+            raise ValueError(
+                "an AgentRequest needs at least one user message, tool result or resume entry"
+            )
 
     @classmethod
     def from_messages(
@@ -92,6 +175,9 @@ class AgentRequest:
         metadata: dict[str, Any] | None = None,
         files: list[AgentFile] | None = None,
         principal: str = "anonymous",
+        tools: list[ClientTool] | None = None,
+        tool_results: list[ToolResult] | None = None,
+        resume: list[Resume] | None = None,
     ) -> AgentRequest:
         """Build a request whose ``message`` is ``messages`` coalesced."""
         return cls(
@@ -103,6 +189,9 @@ class AgentRequest:
             metadata=metadata if metadata is not None else {},
             files=files if files is not None else [],
             principal=principal,
+            tools=tools if tools is not None else [],
+            tool_results=tool_results if tool_results is not None else [],
+            resume=resume if resume is not None else [],
         )
 
 
@@ -112,11 +201,15 @@ class AgentResponse:
 
     If the agent streamed no text after its last tool result, the worker sends
     ``text`` as the turn's answer; otherwise the streamed text is the answer.
+
+    ``interrupts`` end the turn waiting for the client's answers (see
+    ``Interrupt``), as do calls of the caller's tools left without a result.
     """
 
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     usage: TokenUsage | None = None
+    interrupts: list[Interrupt] = field(default_factory=list)
 
 
 class AgentError(Exception):

@@ -138,6 +138,7 @@ SERVER_FLAGS = (
     ServerFlag("--lease-seconds", "lease_seconds", up=True),
     ServerFlag("--report-page-size", "report_page_size"),
     ServerFlag("--keepalive", "keepalive_seconds", env="keepalive", up=True),
+    ServerFlag("--pause-timeout", "pause_timeout_seconds", up=True),
     ServerFlag("--metrics-principal-label", "metrics_principal_label"),
     ServerFlag("--grace-seconds", "grace_seconds"),
 )

@@ -39,6 +39,13 @@ class TurnOptions(TypedDict, total=False):
     metadata: Mapping[str, Any]
     # A retry with the same key follows the original turn instead of running it again.
     idempotency_key: str
+    # The caller's own tools for this turn; a call of one ends the turn
+    # waiting for its result (``TurnResult.pause``).
+    tools: Sequence[message_pb2.ToolDefinition]
+    # Answers to the session's pause: one result per call it waits for, one
+    # resume entry per interrupt (the message may then be "").
+    tool_results: Sequence[message_pb2.ToolResult]
+    resume: Sequence[message_pb2.ResumeEntry]
 
 
 @dataclass
@@ -55,6 +62,15 @@ class TurnResult:
     def tool_calls(self) -> list[event_pb2.Event]:
         return [e for e in self.events if e.type == event_pb2.TOOL_CALL_START]
 
+    @property
+    def outcome(self) -> event_pb2.RunOutcome | None:
+        """Set when the turn ended waiting for the client: the calls of your
+        tools to run (``pending_tool_call_ids``) or the interrupts to answer."""
+        for event in reversed(self.events):
+            if event.type == event_pb2.RUN_FINISHED:
+                return event.outcome if event.HasField("outcome") else None
+        return None
+
 
 def build_turn_request(session_id: str, message: str, options: TurnOptions) -> spb.TurnRequest:
     policy = options.get("policy", "collect")
@@ -70,6 +86,9 @@ def build_turn_request(session_id: str, message: str, options: TurnOptions) -> s
         ),
         files=options.get("files") or (),
         idempotency_key=options.get("idempotency_key") or "",
+        tools=options.get("tools") or (),
+        tool_results=options.get("tool_results") or (),
+        resume=options.get("resume") or (),
     )
     if metadata:
         json_format.ParseDict(dict(metadata), request.metadata)

@@ -16,7 +16,9 @@ found by the status's ``ErrorInfo.reason`` first, then by its code::
     │   └── TurnQuotaExceededError     TURN_QUOTA_EXCEEDED (turns in flight per principal)
     ├── FailedPreconditionError    FAILED_PRECONDITION
     ├── AbortedError               ABORTED
-    │   └── SessionBusyError       SESSION_BUSY (REJECT policy while a turn runs)
+    │   ├── SessionBusyError       SESSION_BUSY (REJECT policy while a turn runs)
+    │   ├── AwaitingClientError    AWAITING_CLIENT (the session waits for tool results/answers)
+    │   └── NotWaitingError        NOT_WAITING (answers sent to a session that waits for none)
     ├── OutOfRangeError            OUT_OF_RANGE (resuming before the events kept)
     ├── UnimplementedError         UNIMPLEMENTED
     ├── UnavailableError           UNAVAILABLE (retry, on any server)
@@ -107,6 +109,16 @@ class SessionBusyError(AbortedError):
     """A turn runs on the session and the REJECT policy refused this one."""
 
 
+class AwaitingClientError(AbortedError):
+    """The session waits for the client's tool results or answers (its
+    ``Session.pause``); the next turn must carry exactly those."""
+
+
+class NotWaitingError(AbortedError):
+    """Tool results or resume entries sent to a session that waits for none;
+    ``metadata["why"]`` is "expired" or "cancelled" for a pause that ended so."""
+
+
 class OutOfRangeError(TurnmeshClientError):
     """A resume asked for events no longer kept."""
 
@@ -147,6 +159,8 @@ CLIENT_CLASSES: dict[type, type[TurnmeshClientError]] = {
     errors.FailedPrecondition: FailedPreconditionError,
     errors.Aborted: AbortedError,
     errors.SessionBusy: SessionBusyError,
+    errors.AwaitingClient: AwaitingClientError,
+    errors.NotWaiting: NotWaitingError,
     errors.OutOfRange: OutOfRangeError,
     errors.Unimplemented: UnimplementedError,
     errors.Unavailable: UnavailableError,

@@ -337,6 +337,24 @@ class TurnCancelled(Aborted):
     trailers = (("x-should-retry", "false"),)
 
 
+class AwaitingClient(Aborted):
+    """The session waits for the client's answers (its tools' results,
+    approvals, answers to questions): the next turn must carry exactly
+    those. ErrorInfo metadata names what it waits for."""
+
+    slug = "awaiting-client"
+    title = "Session waits for the client"
+
+
+class NotWaiting(Aborted):
+    """Answers (tool results, resume entries) sent to a session that waits
+    for none: never paused, answered already, or its pause expired or was
+    cancelled (metadata ``why``: "expired" or "cancelled")."""
+
+    slug = "not-waiting"
+    title = "Session waits for no answer"
+
+
 class OutOfRange(TurnmeshError):
     code = grpc.StatusCode.OUT_OF_RANGE
     http_status = 400
@@ -548,6 +566,8 @@ class TurnError(enum.Enum):
     WORKER_FAILED = ("worker_failed", "Worker failed", 502)
     WORKER_UNAVAILABLE = ("worker_unavailable", "No worker available", 503)
     OWNER_LOST = ("owner_lost", "Server lost", 503)
+    # A queued turn reached a session that a turn before it left waiting.
+    AWAITING_CLIENT = ("awaiting_client", "Session waits for the client", 409)
     AGENT_ERROR = ("agent_error", "Agent error", 500)
     INTERNAL = ("internal", "Internal error", 500)
 

@@ -39,6 +39,15 @@ class SessionLimits(BaseModel):
             " oldest go first (a resume of them is 404, the history keeps the turn)"
         ),
     )
+    pause_timeout_seconds: float = Field(
+        default=86_400.0,
+        gt=0,
+        description=(
+            "seconds a turn's wait for the client (its tools' results, approvals, answers)"
+            " lasts; after it the next turn tells the agent they went unanswered. A waiting"
+            " session is not deleted as idle before its wait ends"
+        ),
+    )
     keepalive_seconds: float = Field(
         default=15.0, gt=0, description="seconds of silence before a turn stream gets a keepalive"
     )

@@ -27,6 +27,7 @@ from turnmesh.runtime.errors import (
 )
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
+from turnmesh.server import pauses
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
@@ -92,6 +93,7 @@ class SessionCore:
             workers,
             on_lost=self.ownership.release,
             principal_label=limits.metrics_principal_label,
+            pause_timeout_seconds=limits.pause_timeout_seconds,
         )
 
     # Sessions ---------------------------------------------------------------
@@ -203,6 +205,10 @@ class SessionCore:
             # In a shared store, its owner expires it (and forgets it whole).
             if not await self.ownership.may_expire(session_id):
                 continue
+            # A session that waits for the client stays until its wait ends.
+            record = await self.store.get(session_id)
+            if record is not None and pauses.active(record.pause) is not None:
+                continue
             await self.delete_session(session_id)
             expired.append(session_id)
         return expired
@@ -217,6 +223,7 @@ class SessionCore:
         record = await self.get_record(session_id or request.session_id)
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
+        turns.sync_pause(record.pause)
         key = request.idempotency_key
         files = list(request.files)
         # What the request holds until its turn ends, joined or not: its size
@@ -339,6 +346,8 @@ class SessionCore:
             fence,
             digest,
             size,
+            list(request.tools),
+            pauses.Answers(request.tool_results, request.resume),
         )
 
     async def _turn_lease(self, principal: str) -> TurnLease | None:
@@ -395,6 +404,8 @@ class SessionCore:
     async def cancel_turn(
         self, session_id: str, turn_id: str, reason: CancelReason = CancelReason.CANCELLED
     ) -> spb.TurnState.ValueType:
+        if (cancelled := await self._cancel_pause(session_id, turn_id)) is not None:
+            return cancelled
         tlog = await self.logs.find(session_id, turn_id)
         if tlog.done:
             return tlog.state
@@ -402,6 +413,28 @@ class SessionCore:
         if turns is None:
             raise NotFound(f"turn {turn_id!r} of session {public_id(session_id)!r} not found")
         return turns.cancel(turn_id, reason)
+
+    async def _cancel_pause(self, session_id: str, turn_id: str) -> spb.TurnState.ValueType | None:
+        """CancelTurn of a turn that left the session waiting: the wait ends
+        (stored before any later turn runs), and the next turn tells the
+        agent its calls and interrupts went unanswered. None if the turn
+        left no pause that waits."""
+        record = await self.get_record(session_id)
+        pause = pauses.active(record.pause)
+        if pause is None or pause.turn_id != turn_id:
+            return None
+        turns = self._session_turns(record)
+        turns.sync_pause(record.pause)
+        fence = self.ownership.fence(record.session_id, record.owner)
+
+        async def write(cancelled: message_pb2.Pause) -> None:
+            await self.store.set_pause(session_id, cancelled.SerializeToString(), now(), fence)
+
+        written = turns.cancel_pause(turn_id, write)
+        if written is None:
+            return None
+        await written
+        return spb.TURN_STATE_CANCELLED
 
     async def subscribe(
         self, session_id: str, turn_id: str, after_seq: int
@@ -504,6 +537,10 @@ class SessionCore:
         session.expire_time.CopyFrom(_ts(record.last_activity + self.limits.session_ttl_seconds))
         if record.metadata:
             json_format.ParseDict(record.metadata, session.metadata)
+        # Waiting: no turn runs or waits to run here, and the stored pause
+        # has neither expired nor been cancelled.
+        if not (turns is not None and turns.busy) and (pause := pauses.active(record.pause)):
+            session.pause.CopyFrom(pause)
         return session
 
 

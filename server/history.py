@@ -66,6 +66,11 @@ class HistoryBuilder:
                 )
             )
 
+    @property
+    def calls(self) -> dict[str, message_pb2.ToolCall]:
+        """The turn's tool calls by id (complete once ``finish`` ran)."""
+        return self._calls
+
     def _flush_assistant(self) -> None:
         if not self._call_order and not self._text:
             return
@@ -81,11 +86,17 @@ class HistoryBuilder:
         self._call_order.clear()
 
     def finish(
-        self, created_at: timestamp_pb2.Timestamp, metadata: struct_pb2.Struct | None
+        self,
+        created_at: timestamp_pb2.Timestamp,
+        metadata: struct_pb2.Struct | None,
+        *,
+        paused: bool = False,
     ) -> list[message_pb2.Message]:
-        """The turn's assistant and tool messages, ending with the final answer."""
+        """The turn's assistant and tool messages, ending with the final
+        answer; a turn that waits for the client ends where it stopped (its
+        calls' results come next)."""
         self._flush_assistant()
-        if (
+        if not (paused and self._messages) and (
             not self._messages
             or self._messages[-1].role != "assistant"
             or (self._messages[-1].tool_calls)

@@ -25,6 +25,7 @@ from turnmesh.runtime import metrics, tracing, wire
 from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, Unavailable, from_rpc_error
 from turnmesh.runtime.events import sum_usage
 from turnmesh.runtime.principals import principal_of
+from turnmesh.server import pauses
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.history import HistoryBuilder
 from turnmesh.server.relay import RelayedTurn
@@ -62,6 +63,8 @@ class WorkerEnd:
     usage: list[event_pb2.TokenUsage] = field(default_factory=list)
     result: struct_pb2.Struct | None = None
     error: event_pb2.Event | None = None
+    # Set when the turn ends waiting for the client.
+    outcome: event_pb2.RunOutcome | None = None
 
 
 class WorkerFailed(Exception):
@@ -92,8 +95,10 @@ class TurnRunner:
         on_lost: Callable[[str], None] = lambda session_id: None,
         *,
         principal_label: bool = False,
+        pause_timeout_seconds: float = 86_400.0,
     ) -> None:
         self._store = store
+        self.pause_timeout_seconds = pause_timeout_seconds
         self._workers = workers
         self._on_lost = on_lost
         # Count turns per principal too (--metrics-principal-label).
@@ -163,12 +168,28 @@ class TurnRunner:
         tlog = run.turn.log
         created = timestamp_pb2.Timestamp()
         created.GetCurrentTime()
-        messages = self._user_messages(run, created) + run.builder.finish(created, end.result)
+        messages = (
+            pauses.lead_messages(run.turn.turn_id, run.turn.answers, created)
+            + self._user_messages(run, created)
+            + run.builder.finish(created, end.result, paused=end.outcome is not None)
+        )
+        pause = None
+        if end.outcome is not None:
+            pause = pauses.make_pause(
+                run.turn.turn_id, end.outcome, run.builder.calls, self.pause_timeout_seconds
+            )
         if end.usage:
             messages[-1].usage.CopyFrom(sum_usage(end.usage))
         final = tlog.stamp(_finished_event(run.started, end))
         commit = asyncio.ensure_future(
-            self._write(session_id, messages, final, tlog, run.turn.fence)
+            self._write(
+                session_id,
+                messages,
+                final,
+                tlog,
+                run.turn.fence,
+                pause.SerializeToString() if pause is not None else b"",
+            )
         )
         cancelled = False
         try:
@@ -184,6 +205,7 @@ class TurnRunner:
             # a turn that did commit is never reported failed (and re-run).
             if not await self._committed_after_all(session_id, run.turn.turn_id):
                 raise
+        run.turn.pause_after = pause
         tlog.append(final, persisted=True)
         tlog.set_state(spb.TURN_STATE_FINISHED)
         if cancelled:
@@ -203,6 +225,8 @@ class TurnRunner:
             message_pb2.Message(role="user", content=text, turn_id=turn.turn_id, created_at=created)
             for text in turn.messages
         ]
+        if not users:
+            return users  # a turn that only answers a pause
         if len(run.file_refs) == len(turn.files):
             users[-1].files.extend(run.file_refs)
         else:  # a worker that does not read files: what is known here
@@ -221,10 +245,11 @@ class TurnRunner:
         final: event_pb2.Event,
         tlog: TurnLog,
         fence: str,
+        pause: bytes,
     ) -> None:
         await tlog.flush()
         with metrics.STORE_SECONDS.labels("commit_turn").time():
-            await self._store.commit_turn(session_id, messages, final, now(), fence)
+            await self._store.commit_turn(session_id, messages, final, now(), fence, pause)
 
     def _account(self, session_id: str, run: _Run) -> None:
         """Metrics and the one log line a turn gets: ids, status, latency;
@@ -299,7 +324,12 @@ class TurnRunner:
                 messages=turn.messages,
                 history_base=base,
                 metadata=turn.metadata,
+                tools=turn.tools,
+                tool_results=turn.answers.tool_results,
+                resume=turn.answers.resume,
             )
+            if turn.answering is not None:
+                head.answering.CopyFrom(turn.answering)
             feed = _Feed(run)
             link = self._workers.relay(worker)
             relayed = link.register(feed.relayed) if link is not None else None
@@ -406,6 +436,7 @@ class _Feed:
                 ok=True,
                 usage=list(event.usage),
                 result=event.result if event.HasField("result") else None,
+                outcome=event.outcome if event.HasField("outcome") else None,
             )
         if event.type == event_pb2.RUN_ERROR:
             return WorkerEnd(ok=False, error=_copy_error(event))
@@ -449,6 +480,8 @@ def _finished_event(started: float, end: WorkerEnd) -> event_pb2.Event:
     done.usage.extend(end.usage)
     if end.result is not None:
         done.result.CopyFrom(end.result)
+    if end.outcome is not None:
+        done.outcome.CopyFrom(end.outcome)  # its interrupts' expiry stamped by make_pause
     return done
 
 

@@ -39,6 +39,9 @@ class SessionRecord:
     message_count: int = 0
     # The lease token of the server that owns the session (shared stores only).
     owner: str = ""
+    # What the session waits for from the client: a serialized
+    # ``turnmesh.v1.Pause``, empty when it waits for nothing.
+    pause: bytes = b""
 
 
 class SessionStore(Protocol):
@@ -81,12 +84,18 @@ class SessionStore(Protocol):
         final_event: event_pb2.Event,
         now: float,
         fence: str = "",
+        pause: bytes = b"",
     ) -> None:
-        """Append a finished turn's messages and its RUN_FINISHED event in one
+        """Append a finished turn's messages and its RUN_FINISHED event, and
+        set what the session waits for (``pause``; empty: nothing), in one
         atomic step; NotFound if the session is gone; TurnAbandoned (nothing
         written) if another server gave the turn up for lost and re-ran it, or
         if ``fence`` (the owner token the turn started under) is no longer the
         session's owner."""
+
+    async def set_pause(self, session_id: str, pause: bytes, now: float, fence: str = "") -> None:
+        """Set what the session waits for (a cancelled pause, say); NotFound
+        and TurnAbandoned (a fenced-off owner) as ``commit_turn``."""
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         """Make sure the turn never commits (its owner vanished, so a retry
@@ -220,10 +229,15 @@ class MemoryStore:
         final_event: event_pb2.Event,
         now: float,
         fence: str = "",
+        pause: bytes = b"",
     ) -> None:
         # The event log of this process holds the final event; no other
         # server can own the session, so there is nothing to fence.
         await self.append_messages(session_id, messages, now)
+        self._records[session_id].pause = pause
+
+    async def set_pause(self, session_id: str, pause: bytes, now: float, fence: str = "") -> None:
+        await self.commit_turn(session_id, [], event_pb2.Event(), now, fence, pause)
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         # Not shared: a turn seen failed here was ended by its own runner,
@@ -288,7 +302,10 @@ class TurnCommits(abc.ABC):
         final_event: event_pb2.Event | None,
         now: float,
         fence: str = "",
-    ) -> None: ...
+        pause: bytes | None = None,
+    ) -> None:
+        """``pause``: what the session waits for now (empty: nothing), or
+        None to leave it as it is."""
 
     async def append_messages(
         self, session_id: str, messages: list[message_pb2.Message], now: float
@@ -302,8 +319,12 @@ class TurnCommits(abc.ABC):
         final_event: event_pb2.Event,
         now: float,
         fence: str = "",
+        pause: bytes = b"",
     ) -> None:
-        await self._commit(session_id, messages, final_event, now, fence)
+        await self._commit(session_id, messages, final_event, now, fence, pause)
+
+    async def set_pause(self, session_id: str, pause: bytes, now: float, fence: str = "") -> None:
+        await self._commit(session_id, [], None, now, fence, pause)
 
     @abc.abstractmethod
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool: ...

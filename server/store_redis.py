@@ -109,7 +109,8 @@ return 1
 """
 
 # KEYS: record, history, events, turns, turn status.
-# ARGV: activity, ttl, final event or '', turn, fence or '', messages...
+# ARGV: activity, ttl, final event or '', turn, fence or '', pause op ('keep'
+# or 'set'), the pause ('' clears it), messages...
 # 0: no session; 2: void (another server owns the session now, or the turn
 # was given up for lost); 1: committed.
 COMMIT = """
@@ -119,9 +120,13 @@ if ARGV[3] ~= '' then
   if redis.call('GET', KEYS[5]) == 'abandoned' then return 2 end
   redis.call('SET', KEYS[5], 'committed', 'EX', ARGV[2])
 end
-for i = 6, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 5)
+for i = 8, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 7)
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[1])
+if ARGV[6] == 'set' then
+  if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'pause')
+  else redis.call('HSET', KEYS[1], 'pause', ARGV[7]) end
+end
 if ARGV[3] ~= '' then
   redis.call('RPUSH', KEYS[3], ARGV[3])
   redis.call('EXPIRE', KEYS[3], ARGV[2])
@@ -381,6 +386,7 @@ class RedisStore(TurnCommits):
         final_event: event_pb2.Event | None,
         now: float,
         fence: str = "",
+        pause: bytes | None = None,
     ) -> None:
         keys = Keys(session_id)
         turn_id = final_event.run_id if final_event is not None else ""
@@ -398,6 +404,8 @@ class RedisStore(TurnCommits):
                 final_event.SerializeToString() if final_event is not None else "",
                 turn_id,
                 fence,
+                "keep" if pause is None else "set",
+                pause or "",
                 *(m.SerializeToString() for m in messages),
             ],
         )
@@ -589,6 +597,7 @@ def _record(session_id: str, fields: dict[bytes, bytes]) -> SessionRecord | None
         metadata=json.loads(fields[b"metadata"]),
         message_count=int(fields[b"message_count"]),
         owner=fields.get(b"owner", b"").decode(),
+        pause=fields.get(b"pause", b""),
     )
 
 

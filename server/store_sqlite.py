@@ -51,7 +51,7 @@ from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     metadata TEXT NOT NULL,
     message_count INTEGER NOT NULL,
     principal TEXT NOT NULL,
-    created_ns INTEGER NOT NULL
+    created_ns INTEGER NOT NULL,
+    pause BLOB
 );
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_activity);
 CREATE INDEX IF NOT EXISTS sessions_by_principal
@@ -99,6 +100,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 # Every table keyed by session id: a version-0 file's ids are renamed in all.
 SESSION_TABLES = ("sessions", "messages", "events", "turn_status", "idempotency_keys")
 SESSION_COLUMNS = "session_id, agent_name, created_at, last_activity, metadata, message_count"
+# What a record is read from (the pause is written by commits only).
+READ_COLUMNS = f"{SESSION_COLUMNS}, pause"
 
 
 class SqliteStore(TurnCommits):
@@ -154,7 +157,10 @@ class SqliteStore(TurnCommits):
                 )
             if version < SCHEMA_VERSION:
                 if _has_table(db, "sessions"):
-                    _migrate_from_0(db, self._legacy_principal)
+                    if version == 0:
+                        _migrate_from_0(db, self._legacy_principal)
+                    # Layout 2: what a session waits for from the client.
+                    db.execute("ALTER TABLE sessions ADD COLUMN pause BLOB")
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -211,7 +217,7 @@ class SqliteStore(TurnCommits):
     async def get(self, session_id: str) -> SessionRecord | None:
         row = await self._run(
             lambda db: db.execute(
-                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
+                f"SELECT {READ_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
         )
         return None if row is None else _record(row)
@@ -254,6 +260,7 @@ class SqliteStore(TurnCommits):
         final_event: event_pb2.Event | None,
         now: float,
         fence: str = "",
+        pause: bytes | None = None,
     ) -> None:
         # One server per file (the lock): no other owner to fence against.
         def commit(db: sqlite3.Connection) -> bool | None:
@@ -284,6 +291,11 @@ class SqliteStore(TurnCommits):
                     "UPDATE sessions SET message_count = ?, last_activity = ? WHERE session_id = ?",
                     (start + len(messages), now, session_id),
                 )
+                if pause is not None:
+                    db.execute(
+                        "UPDATE sessions SET pause = ? WHERE session_id = ?",
+                        (pause or None, session_id),
+                    )
                 if final_event is not None:
                     _insert_events(db, session_id, final_event.run_id, [final_event])
             return True
@@ -345,12 +357,12 @@ class SqliteStore(TurnCommits):
         limit = max(limit, 0)
         rows = await self._run(
             lambda db: db.execute(
-                f"SELECT {SESSION_COLUMNS}, created_ns FROM sessions WHERE {where}"
+                f"SELECT {READ_COLUMNS}, created_ns FROM sessions WHERE {where}"
                 " ORDER BY created_ns DESC, session_id DESC LIMIT ?",
                 (*args, limit + 1),  # one more: are there others below the page?
             ).fetchall()
         )
-        items = [((row[6], public_id(row[0])), _record(row)) for row in rows[:limit]]
+        items = [((row[7], public_id(row[0])), _record(row)) for row in rows[:limit]]
         return Page(items, items[-1][0] if len(rows) > limit and items else None)
 
     async def count_of(self, principal: str) -> int:
@@ -410,7 +422,9 @@ class SqliteStore(TurnCommits):
 
 
 def _record(row: tuple[Any, ...]) -> SessionRecord:
-    return SessionRecord(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5])
+    return SessionRecord(
+        row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], pause=row[6] or b""
+    )
 
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:

@@ -32,6 +32,7 @@ from turnmesh.runtime import metrics, requests
 from turnmesh.runtime.errors import NotFound, SessionBusy, TurnError
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
+from turnmesh.server import pauses
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -86,6 +87,14 @@ class PendingTurn:
     # Called once the turn no longer counts as running or waiting (its
     # place in a quota the whole mesh shares: ``mesh_limits.TurnLease``).
     on_end: Callable[[], None] | None = None
+    # The caller's tools for this turn.
+    tools: list[message_pb2.ToolDefinition] = field(default_factory=list)
+    # What the turn answers the session's pause with (the client's answers,
+    # or the server's for an expired or cancelled pause), and that pause.
+    answers: pauses.Answers = field(default_factory=pauses.Answers)
+    answering: message_pb2.Pause | None = None
+    # Set by the runner when the turn commits: what the session waits for now.
+    pause_after: message_pb2.Pause | None = None
 
 
 def pending_bytes(message: str, files: list[message_pb2.File]) -> int:
@@ -156,6 +165,12 @@ class SessionTurns:
         # idempotency key -> turn id, the most recent keys only.
         self._by_key: OrderedDict[str, KeyUse] = OrderedDict()
         self._turns: dict[str, PendingTurn] = {}
+        # What the session waits for from the client (``server.pauses``):
+        # the store's, read while no turn runs; this server's own view while
+        # its turns run (it alone commits them).
+        self.pause: message_pb2.Pause | None = None
+        # A cancelled pause being written: the next turn runs after it.
+        self._pause_write: asyncio.Future[None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -173,6 +188,33 @@ class SessionTurns:
         self._held_bytes[self._principal] += size
         metrics.PENDING_BYTES.inc(size)
 
+    def sync_pause(self, stored: bytes) -> None:
+        """The store's record of the pause, taken while no turn runs here."""
+        if not self.busy and self._pause_write is None:
+            self.pause = pauses.parse(stored)
+
+    def cancel_pause(
+        self, turn_id: str, write: Callable[[message_pb2.Pause], Coroutine[Any, Any, None]]
+    ) -> asyncio.Future[None] | None:
+        """Cancel the pause that ``turn_id`` left, if the session still waits
+        for it: the pause is marked cancelled here at once (answers get 409,
+        the next turn tells the agent), and ``write`` stores that before
+        another turn runs. None if the turn left no pause that waits."""
+        pause = self.pause
+        if self.busy or pause is None or pause.turn_id != turn_id or pauses.expired(pause):
+            return None
+        cancelled = message_pb2.Pause()
+        cancelled.CopyFrom(pause)
+        cancelled.cancelled = True
+        self.pause = cancelled
+        self._pause_write = asyncio.ensure_future(write(cancelled))
+        self._pause_write.add_done_callback(self._pause_written)
+        return self._pause_write
+
+    def _pause_written(self, write: asyncio.Future[None]) -> None:
+        if self._pause_write is write:
+            self._pause_write = None
+
     def turn_for_key(self, key: str) -> KeyUse | None:
         """The turn a retried request with this idempotency key belongs to."""
         return self._by_key.get(key) if key else None
@@ -187,14 +229,30 @@ class SessionTurns:
         fence: str = "",
         digest: str = "",
         size: int | None = None,
+        tools: list[message_pb2.ToolDefinition] | None = None,
+        answers: pauses.Answers | None = None,
     ) -> PendingTurn:
         """Place a new message under the policy. Never awaits: decisions are
-        atomic. ``size``: what the request holds, if the caller knows it."""
+        atomic. ``size``: what the request holds, if the caller knows it.
+
+        A turn that answers the session's pause (``answers``) runs only on a
+        session that waits, with no turn running or queued, whatever its
+        policy; a plain turn on a session that waits gets 409 (one queued
+        behind a turn that pauses ends with RUN_ERROR ``awaiting_client``)."""
         if size is None:
             size = pending_bytes(message, files)
+        if answers:
+            if self.busy or self._pause_write is not None:
+                raise SessionBusy(
+                    f"session {public_id(self.session_id)!r} has a turn running; answers are"
+                    " taken once it waits for them"
+                )
+            pauses.check_answers(self.session_id, self.pause, answers)
+        elif not self.busy and self.pause is not None and not pauses.expired(self.pause):
+            raise pauses.refuse_plain_turn(self.session_id, self.pause)
         if policy == spb.TURN_POLICY_REJECT and self.busy:
             raise SessionBusy(f"session {public_id(self.session_id)!r} has a turn running")
-        if policy in COLLECTING:
+        if policy in COLLECTING and not answers:
             # The head of the queue of an idle session is as good as running
             # (the drain task just has not picked it up yet): never join it.
             head_is_next = self.running is None and len(self._queue) == 1
@@ -206,6 +264,7 @@ class SessionTurns:
                 and _fits(batch, len(files), size)
             ):
                 batch.messages.append(message)
+                batch.tools = list(tools or batch.tools)  # the newest request's
                 batch.files.extend(files)
                 batch.metadata.MergeFrom(metadata)
                 batch.waiters += 1
@@ -215,6 +274,13 @@ class SessionTurns:
             # A batch that would outgrow one turn's file limits stays as it
             # is: this message starts the next batch (one more queued turn).
         turn = self._new_turn(message, files, metadata, policy, fence)
+        if not message:  # an answer alone
+            turn.messages = []
+            turn.collecting = False
+        turn.tools = list(tools or ())
+        if answers:
+            turn.answers = answers
+            turn.collecting = False
         self._hold(turn, size)
         turn.waiters = 1
         self._remember_key(turn, idempotency_key, digest)
@@ -303,9 +369,17 @@ class SessionTurns:
     async def _drain(self) -> None:
         try:
             while self._queue:
+                if (write := self._pause_write) is not None:
+                    # A cancelled pause is stored before any turn runs after it.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(write)
+                    self._pause_written(write)
+                    continue  # the queue may have changed meanwhile
                 turn = self._queue.popleft()
                 self.running = turn
                 try:
+                    if not self._answer_pause(turn):
+                        continue
                     turn.task = asyncio.create_task(
                         self._runner.run(self.session_id, self.agent_name, turn),
                         name=f"turn-{turn.turn_id}",
@@ -315,6 +389,8 @@ class SessionTurns:
                         await asyncio.shield(turn.task)
                     if not turn.log.done:
                         self._end_unstarted(turn)  # cancelled before its coroutine ever ran
+                    elif turn.log.state == spb.TURN_STATE_FINISHED:
+                        self.pause = turn.pause_after  # committed with the turn
                 finally:
                     # Whatever happened, the turn no longer counts as in flight.
                     self.running = None
@@ -322,6 +398,27 @@ class SessionTurns:
         finally:
             self.running = None
             self._drain_task = None
+
+    def _answer_pause(self, turn: PendingTurn) -> bool:
+        """Before a turn runs: the pause it answers (the server answers an
+        expired or cancelled one); False (the turn ended) if the session
+        waits for answers the turn does not carry."""
+        pause = self.pause
+        if pause is None:
+            return True
+        if not turn.answers:
+            if not pauses.expired(pause):
+                turn.log.append(
+                    TurnError.AWAITING_CLIENT.event(
+                        "a turn before this one left the session waiting for the client;"
+                        " history is unchanged"
+                    )
+                )
+                turn.log.set_state(spb.TURN_STATE_FAILED)
+                return False
+            turn.answers = pauses.unanswered(pause, pauses.why_unanswered(pause))
+        turn.answering = pause
+        return True
 
     @staticmethod
     def _end_unstarted(turn: PendingTurn) -> None:

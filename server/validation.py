@@ -7,6 +7,8 @@ A request that fails validation raises ``InvalidArgument`` with one
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Sequence
 
 from turnmesh.files import (
     ALLOWED_MIME_TYPES,
@@ -18,6 +20,7 @@ from turnmesh.files import (
 from turnmesh.files.extract import MAX_TEXT_CHARS as MAX_FILE_TEXT_CHARS
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument
 from turnmesh.runtime.ids import SESSION_ID_PATTERN
+from turnmesh.server import pauses
 from turnmesh.v1 import message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -167,7 +170,12 @@ def message_violations(message: str, field: str = "message") -> list[FieldViolat
 
 def validate_turn(request: spb.TurnRequest) -> None:
     violations = session_id_violations(request.session_id)
-    violations += message_violations(request.message)
+    answers = pauses.Answers(request.tool_results, request.resume)
+    # A turn that answers a pause needs no message of its own.
+    if request.message or not answers:
+        violations += message_violations(request.message)
+    violations += pauses.answers_violations(answers)
+    violations += tool_violations(request.tools)
     violations += _file_violations(request)
     if request.policy not in spb.TurnPolicy.values():
         violations.append(FieldViolation("policy", "unknown policy"))
@@ -201,6 +209,42 @@ async def validate_turn_async(request: spb.TurnRequest) -> None:
         await asyncio.to_thread(validate_turn, request)
     else:
         validate_turn(request)
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_TOOL_DESCRIPTION_CHARS = 10_000
+MAX_TOOLS_BYTES = 1 << 20
+
+
+def tool_violations(
+    tools: Sequence[message_pb2.ToolDefinition], field: str = "tools"
+) -> list[FieldViolation]:
+    """The caller's tools: named as OpenAI names functions, each once, in
+    at most 1 MiB together."""
+    out: list[FieldViolation] = []
+    if len(tools) > pauses.MAX_TOOLS:
+        return [FieldViolation(field, f"at most {pauses.MAX_TOOLS} tools")]
+    names: set[str] = set()
+    for n, tool in enumerate(tools):
+        if not TOOL_NAME.fullmatch(tool.name):
+            out.append(
+                FieldViolation(f"{field}[{n}].name", "1-64 characters of A-Z, a-z, 0-9, _ and -")
+            )
+        elif tool.name in names:
+            out.append(
+                FieldViolation(f"{field}[{n}].name", f"tool {tool.name!r} is declared twice")
+            )
+        names.add(tool.name)
+        if len(tool.description) > MAX_TOOL_DESCRIPTION_CHARS:
+            out.append(
+                FieldViolation(
+                    f"{field}[{n}].description",
+                    f"at most {MAX_TOOL_DESCRIPTION_CHARS} characters",
+                )
+            )
+    if sum(t.ByteSize() for t in tools) > MAX_TOOLS_BYTES:
+        out.append(FieldViolation(field, f"at most {MAX_TOOLS_BYTES // 2**20} MiB in all"))
+    return out
 
 
 def _file_violations(request: spb.TurnRequest) -> list[FieldViolation]:

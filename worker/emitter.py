@@ -46,6 +46,13 @@ class QueueEmitter:
         self._text_message_id: str | None = None  # the open text message
         self._assistant_message_id: str | None = None  # parent of the next tool call
         self._text_since_tool_result = False
+        # Calls with no result yet, in order: id -> tool name.
+        self._unanswered: dict[str, str] = {}
+
+    @property
+    def unanswered_calls(self) -> dict[str, str]:
+        """The calls emitted with no result (id -> tool name), in order."""
+        return self._unanswered
 
     @property
     def text_since_tool_result(self) -> bool:
@@ -81,6 +88,7 @@ class QueueEmitter:
             else json.dumps(dict(arguments), separators=(",", ":"), ensure_ascii=False)
         )
         self._close_text()
+        self._unanswered[call_id] = name
         if self._assistant_message_id is None:
             # A call with no text before it still belongs to an assistant message.
             self._assistant_message_id = new_id()
@@ -101,6 +109,7 @@ class QueueEmitter:
 
     async def emit_tool_result(self, call_id: str, content: str) -> None:
         self._close_text()
+        self._unanswered.pop(call_id, None)
         self._put(
             make_event(
                 ET.TOOL_CALL_RESULT,

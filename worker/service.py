@@ -20,6 +20,7 @@ from turnmesh.files import Sandbox
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import TurnError, Unavailable, problem
 from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
+from turnmesh.worker import pause
 from turnmesh.worker._convert import history_message, to_agent_request
 from turnmesh.worker.attachments import file_events, read_files
 from turnmesh.worker.emitter import ET, QueueEmitter, make_event
@@ -185,7 +186,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
                         await task
 
             finished = (
-                _run_finished(response, started, request.turn_id)
+                _run_finished(
+                    response,
+                    started,
+                    request.turn_id,
+                    emitter.unanswered_calls,
+                    {tool.name for tool in request.tools},
+                )
                 if isinstance(response, AgentResponse)
                 else None
             )
@@ -271,14 +278,24 @@ def _outcome(task: asyncio.Task[Any], turn_id: str) -> AgentResponse | AgentErro
     return response
 
 
-def _run_finished(response: AgentResponse, started: float, turn_id: str) -> event_pb2.Event | None:
-    """RUN_FINISHED for the response, or None (logged) if its usage or metadata is unusable."""
+def _run_finished(
+    response: AgentResponse,
+    started: float,
+    turn_id: str,
+    unanswered: dict[str, str],
+    client_tools: set[str],
+) -> event_pb2.Event | None:
+    """RUN_FINISHED for the response (with its outcome when the turn waits
+    for the client), or None (logged) if its usage, metadata or interrupts
+    are unusable."""
     try:
         event = make_event(
             ET.RUN_FINISHED,
             execution_time_ms=int((time.monotonic() - started) * 1000),
             result=_to_struct(response.metadata),
         )
+        if (waits := pause.outcome(response, unanswered, client_tools)) is not None:
+            event.outcome.CopyFrom(waits)
         if response.usage is not None:
             usage = response.usage
             event.usage.append(
@@ -289,7 +306,9 @@ def _run_finished(response: AgentResponse, started: float, turn_id: str) -> even
                 )
             )
     except (AttributeError, TypeError, ValueError):
-        log.exception("the agent's response to turn %s has bad usage or metadata", turn_id)
+        log.exception(
+            "the agent's response to turn %s has bad usage, metadata or interrupts", turn_id
+        )
         return None
     return event
 

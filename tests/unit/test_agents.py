@@ -82,8 +82,12 @@ def test_public_names_are_pinned() -> None:
         "AgentRequest",
         "AgentResponse",
         "AgentRunnable",
+        "ClientTool",
         "EventEmitter",
+        "Interrupt",
+        "Resume",
         "TokenUsage",
+        "ToolResult",
         "load_agent",
     ]
     assert turnmesh.agent.AgentRequest.__module__ == "turnmesh.agent"

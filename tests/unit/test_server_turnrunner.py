@@ -154,6 +154,7 @@ class FakeStore:
         final_event: event_pb2.Event,
         now: float,
         fence: str = "",
+        pause: bytes = b"",
     ) -> None:
         if self.lost_answer is not None and self.lost_answer[0]:
             await self.append_messages(session_id, messages, now)

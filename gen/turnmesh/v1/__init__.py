@@ -30,11 +30,17 @@ from turnmesh.v1.event_pb2 import EventType as EventType
 from turnmesh.v1.event_pb2 import TokenUsage as TokenUsage
 from turnmesh.v1.event_pb2 import Problem as Problem
 from turnmesh.v1.event_pb2 import Event as Event
+from turnmesh.v1.event_pb2 import RunOutcome as RunOutcome
+from turnmesh.v1.event_pb2 import Interrupt as Interrupt
 from turnmesh.v1.message_pb2 import File as File
 from turnmesh.v1.message_pb2 import FileRef as FileRef
 from turnmesh.v1.message_pb2 import FunctionCall as FunctionCall
 from turnmesh.v1.message_pb2 import ToolCall as ToolCall
 from turnmesh.v1.message_pb2 import Message as Message
+from turnmesh.v1.message_pb2 import ToolDefinition as ToolDefinition
+from turnmesh.v1.message_pb2 import ToolResult as ToolResult
+from turnmesh.v1.message_pb2 import ResumeEntry as ResumeEntry
+from turnmesh.v1.message_pb2 import Pause as Pause
 from turnmesh.v1.router_service_pb2 import MemberRole as MemberRole
 from turnmesh.v1.router_service_pb2 import Member as Member
 from turnmesh.v1.router_service_pb2 import RegisterRequest as RegisterRequest
@@ -134,6 +140,7 @@ __all__ = [
     "GetSessionResponse",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "Interrupt",
     "LifecycleState",
     "ListMembersRequest",
     "ListMembersResponse",
@@ -143,6 +150,7 @@ __all__ = [
     "Member",
     "MemberRole",
     "Message",
+    "Pause",
     "Problem",
     "RegisterRequest",
     "RegisterResponse",
@@ -153,11 +161,13 @@ __all__ = [
     "RemoveSessionResponse",
     "ReportSessionsRequest",
     "ReportSessionsResponse",
+    "ResumeEntry",
     "RouteRequest",
     "RouteResponse",
     "RouterService",
     "RouterServiceServicer",
     "RouterServiceStub",
+    "RunOutcome",
     "RunRequest",
     "RunResponse",
     "Session",
@@ -167,6 +177,8 @@ __all__ = [
     "SubscribeTurnRequest",
     "TokenUsage",
     "ToolCall",
+    "ToolDefinition",
+    "ToolResult",
     "TurnPolicy",
     "TurnRequest",
     "TurnState",

@@ -23,21 +23,26 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17turnmesh/v1/event.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\"O\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\"F\n\x07Problem\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xfe\x03\n\x05\x45vent\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.turnmesh.v1.EventType\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\x12\n\nmessage_id\x18\x06 \x01(\t\x12\x0c\n\x04role\x18\x07 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\t\x12\x14\n\x0ctool_call_id\x18\t \x01(\t\x12\x16\n\x0etool_call_name\x18\n \x01(\t\x12\x19\n\x11parent_message_id\x18\x0b \x01(\t\x12\x0f\n\x07\x63ontent\x18\x0c \x01(\t\x12&\n\x05usage\x18\r \x03(\x0b\x32\x17.turnmesh.v1.TokenUsage\x12\x19\n\x11\x65xecution_time_ms\x18\x0e \x01(\x05\x12\'\n\x06result\x18\x0f \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07message\x18\x10 \x01(\t\x12\x0c\n\x04\x63ode\x18\x11 \x01(\t\x12%\n\x07problem\x18\x12 \x01(\x0b\x32\x14.turnmesh.v1.Problem\x12\x0c\n\x04name\x18\x13 \x01(\t\x12%\n\x05value\x18\x14 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x1a\n\x12\x63ollected_messages\x18\x15 \x01(\x05*\xff\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bRUN_STARTED\x10\x01\x12\x10\n\x0cRUN_FINISHED\x10\x02\x12\r\n\tRUN_ERROR\x10\x03\x12\x16\n\x12TEXT_MESSAGE_START\x10\x04\x12\x18\n\x14TEXT_MESSAGE_CONTENT\x10\x05\x12\x14\n\x10TEXT_MESSAGE_END\x10\x06\x12\x13\n\x0fTOOL_CALL_START\x10\x07\x12\x12\n\x0eTOOL_CALL_ARGS\x10\x08\x12\x11\n\rTOOL_CALL_END\x10\t\x12\x14\n\x10TOOL_CALL_RESULT\x10\n\x12\n\n\x06\x43USTOM\x10\x0b\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17turnmesh/v1/event.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n\nTokenUsage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\"F\n\x07Problem\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xa8\x04\n\x05\x45vent\x12$\n\x04type\x18\x01 \x01(\x0e\x32\x16.turnmesh.v1.EventType\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x11\n\tthread_id\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\x12\n\nmessage_id\x18\x06 \x01(\t\x12\x0c\n\x04role\x18\x07 \x01(\t\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\t\x12\x14\n\x0ctool_call_id\x18\t \x01(\t\x12\x16\n\x0etool_call_name\x18\n \x01(\t\x12\x19\n\x11parent_message_id\x18\x0b \x01(\t\x12\x0f\n\x07\x63ontent\x18\x0c \x01(\t\x12&\n\x05usage\x18\r \x03(\x0b\x32\x17.turnmesh.v1.TokenUsage\x12\x19\n\x11\x65xecution_time_ms\x18\x0e \x01(\x05\x12\'\n\x06result\x18\x0f \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0f\n\x07message\x18\x10 \x01(\t\x12\x0c\n\x04\x63ode\x18\x11 \x01(\t\x12%\n\x07problem\x18\x12 \x01(\x0b\x32\x14.turnmesh.v1.Problem\x12\x0c\n\x04name\x18\x13 \x01(\t\x12%\n\x05value\x18\x14 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x1a\n\x12\x63ollected_messages\x18\x15 \x01(\x05\x12(\n\x07outcome\x18\x16 \x01(\x0b\x32\x17.turnmesh.v1.RunOutcome\"e\n\nRunOutcome\x12\x0c\n\x04type\x18\x01 \x01(\t\x12*\n\ninterrupts\x18\x02 \x03(\x0b\x32\x16.turnmesh.v1.Interrupt\x12\x1d\n\x15pending_tool_call_ids\x18\x03 \x03(\t\"\xdb\x01\n\tInterrupt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x30\n\x0fresponse_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x08metadata\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct*\xff\x01\n\tEventType\x12\x1a\n\x16\x45VENT_TYPE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bRUN_STARTED\x10\x01\x12\x10\n\x0cRUN_FINISHED\x10\x02\x12\r\n\tRUN_ERROR\x10\x03\x12\x16\n\x12TEXT_MESSAGE_START\x10\x04\x12\x18\n\x14TEXT_MESSAGE_CONTENT\x10\x05\x12\x14\n\x10TEXT_MESSAGE_END\x10\x06\x12\x13\n\x0fTOOL_CALL_START\x10\x07\x12\x12\n\x0eTOOL_CALL_ARGS\x10\x08\x12\x11\n\rTOOL_CALL_END\x10\t\x12\x14\n\x10TOOL_CALL_RESULT\x10\n\x12\n\n\x06\x43USTOM\x10\x0b\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'turnmesh.v1.event_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_EVENTTYPE']._serialized_start=737
-  _globals['_EVENTTYPE']._serialized_end=992
-  _globals['_TOKENUSAGE']._serialized_start=70
-  _globals['_TOKENUSAGE']._serialized_end=149
-  _globals['_PROBLEM']._serialized_start=151
-  _globals['_PROBLEM']._serialized_end=221
-  _globals['_EVENT']._serialized_start=224
-  _globals['_EVENT']._serialized_end=734
+  _globals['_EVENTTYPE']._serialized_start=1137
+  _globals['_EVENTTYPE']._serialized_end=1392
+  _globals['_TOKENUSAGE']._serialized_start=103
+  _globals['_TOKENUSAGE']._serialized_end=182
+  _globals['_PROBLEM']._serialized_start=184
+  _globals['_PROBLEM']._serialized_end=254
+  _globals['_EVENT']._serialized_start=257
+  _globals['_EVENT']._serialized_end=809
+  _globals['_RUNOUTCOME']._serialized_start=811
+  _globals['_RUNOUTCOME']._serialized_end=912
+  _globals['_INTERRUPT']._serialized_start=915
+  _globals['_INTERRUPT']._serialized_end=1134
 # @@protoc_insertion_point(module_scope)

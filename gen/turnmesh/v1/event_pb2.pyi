@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
@@ -159,6 +160,7 @@ class Event(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     COLLECTED_MESSAGES_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
     type: Global___EventType.ValueType
     seq: _builtins.int
     """Position of the event in its turn: 1, 2, 3 ... Resume after the last seen
@@ -215,6 +217,15 @@ class Event(_message.Message):
 
     @_builtins.property
     def value(self) -> _struct_pb2.Value: ...
+    @_builtins.property
+    def outcome(self) -> Global___RunOutcome:
+        """RUN_FINISHED: how the run ended, in AG-UI's shape. Unset: a plain
+        success. A turn that waits for the client ends with `type` "interrupt"
+        (approvals and questions, answered by TurnRequest.resume) or "success"
+        with `pending_tool_call_ids` (calls of the caller's tools, answered by
+        TurnRequest.tool_results).
+        """
+
     def __init__(
         self,
         *,
@@ -239,11 +250,102 @@ class Event(_message.Message):
         name: _builtins.str = ...,
         value: _struct_pb2.Value | None = ...,
         collected_messages: _builtins.int = ...,
+        outcome: Global___RunOutcome | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["problem", b"problem", "result", b"result", "value", b"value"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "problem", b"problem", "result", b"result", "value", b"value"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "collected_messages", b"collected_messages", "content", b"content", "delta", b"delta", "execution_time_ms", b"execution_time_ms", "message", b"message", "message_id", b"message_id", "name", b"name", "parent_message_id", b"parent_message_id", "problem", b"problem", "result", b"result", "role", b"role", "run_id", b"run_id", "seq", b"seq", "thread_id", b"thread_id", "timestamp", b"timestamp", "tool_call_id", b"tool_call_id", "tool_call_name", b"tool_call_name", "type", b"type", "usage", b"usage", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "collected_messages", b"collected_messages", "content", b"content", "delta", b"delta", "execution_time_ms", b"execution_time_ms", "message", b"message", "message_id", b"message_id", "name", b"name", "outcome", b"outcome", "parent_message_id", b"parent_message_id", "problem", b"problem", "result", b"result", "role", b"role", "run_id", b"run_id", "seq", b"seq", "thread_id", b"thread_id", "timestamp", b"timestamp", "tool_call_id", b"tool_call_id", "tool_call_name", b"tool_call_name", "type", b"type", "usage", b"usage", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Event: _TypeAlias = Event  # noqa: Y015
+
+@_typing.final
+class RunOutcome(_message.Message):
+    """How a run ended (AG-UI's RunFinishedOutcome)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    INTERRUPTS_FIELD_NUMBER: _builtins.int
+    PENDING_TOOL_CALL_IDS_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """"success" or "interrupt": AG-UI's literals, a string and not an enum
+    because an AG-UI client reads any other text as success.
+    """
+    @_builtins.property
+    def interrupts(self) -> _containers.RepeatedCompositeFieldContainer[Global___Interrupt]:
+        """type "interrupt": what the client must answer (at least one)."""
+
+    @_builtins.property
+    def pending_tool_call_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """type "success": calls of the caller's own tools the client must run."""
+
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        interrupts: _abc.Iterable[Global___Interrupt] | None = ...,
+        pending_tool_call_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["interrupts", b"interrupts", "pending_tool_call_ids", b"pending_tool_call_ids", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunOutcome: _TypeAlias = RunOutcome  # noqa: Y015
+
+@_typing.final
+class Interrupt(_message.Message):
+    """A request for the client's input (AG-UI's Interrupt): an approval of a
+    tool call the agent wants to make, or a question.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_SCHEMA_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """Answered by a ResumeEntry with this `interrupt_id`."""
+    reason: _builtins.str
+    """"tool_approval", "question", or the agent's own word."""
+    message: _builtins.str
+    """What to show the person who answers."""
+    tool_call_id: _builtins.str
+    """An approval: the call (in the turn's history) that waits for it."""
+    @_builtins.property
+    def response_schema(self) -> _struct_pb2.Struct:
+        """A question: a JSON Schema the answer's payload should match."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """After this the interrupt can no longer be answered (the server's
+        --pause-timeout after the turn ended).
+        """
+
+    @_builtins.property
+    def metadata(self) -> _struct_pb2.Struct: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        response_schema: _struct_pb2.Struct | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        metadata: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "metadata", b"metadata", "response_schema", b"response_schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "id", b"id", "message", b"message", "metadata", b"metadata", "reason", b"reason", "response_schema", b"response_schema", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Interrupt: _TypeAlias = Interrupt  # noqa: Y015

@@ -171,6 +171,7 @@ class Message(_message.Message):
     CREATED_AT_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """"user", "assistant", "tool" or "system"."""
     content: _builtins.str
@@ -178,6 +179,10 @@ class Message(_message.Message):
     """Set on tool messages: the call this message answers."""
     turn_id: _builtins.str
     """The turn that added this message."""
+    error: _builtins.str
+    """Tool messages: set when the call failed, went unanswered or was denied
+    (what went wrong; `content` is then the tool's output, if any).
+    """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
         """Set on assistant messages that call tools."""
@@ -210,11 +215,164 @@ class Message(_message.Message):
         created_at: _timestamp_pb2.Timestamp | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
         usage: _event_pb2.TokenUsage | None = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "metadata", b"metadata", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "created_at", b"created_at", "files", b"files", "metadata", b"metadata", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "created_at", b"created_at", "error", b"error", "files", b"files", "metadata", b"metadata", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Message: _TypeAlias = Message  # noqa: Y015
+
+@_typing.final
+class ToolDefinition(_message.Message):
+    """A tool the caller offers the agent for one turn. The client runs it: a
+    call of it ends the turn waiting for the result (TurnRequest.tool_results).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1-64 characters of [A-Za-z0-9_-]."""
+    description: _builtins.str
+    @_builtins.property
+    def parameters(self) -> _struct_pb2.Struct:
+        """The arguments' JSON Schema."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parameters", b"parameters"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters", b"parameters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolDefinition: _TypeAlias = ToolDefinition  # noqa: Y015
+
+@_typing.final
+class ToolResult(_message.Message):
+    """The client's result of a call of one of its tools."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """The call it answers (Pause.tool_calls[].id)."""
+    content: _builtins.str
+    """The tool's output."""
+    error: _builtins.str
+    """Set when the tool failed: what went wrong (the agent sees it)."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        content: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "error", b"error", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolResult: _TypeAlias = ToolResult  # noqa: Y015
+
+@_typing.final
+class ResumeEntry(_message.Message):
+    """The client's answer to an interrupt (AG-UI's ResumeEntry)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INTERRUPT_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    interrupt_id: _builtins.str
+    """The Interrupt.id it answers."""
+    status: _builtins.str
+    """"resolved" (answered, with `payload`) or "cancelled" (abandoned; an
+    approval cancelled is a denial).
+    """
+    @_builtins.property
+    def payload(self) -> _struct_pb2.Value:
+        """The answer, any JSON value: `{"approved": true}` for an approval, the
+        answer to a question (matching its response schema).
+        """
+
+    def __init__(
+        self,
+        *,
+        interrupt_id: _builtins.str = ...,
+        status: _builtins.str = ...,
+        payload: _struct_pb2.Value | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["interrupt_id", b"interrupt_id", "payload", b"payload", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeEntry: _TypeAlias = ResumeEntry  # noqa: Y015
+
+@_typing.final
+class Pause(_message.Message):
+    """What a session waits for: set by a turn that ended waiting for the
+    client, cleared by the turn that answers it (or by cancelling it, or once
+    it expires, when the next turn answers it with errors).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    INTERRUPTS_FIELD_NUMBER: _builtins.int
+    EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    turn_id: _builtins.str
+    """The turn that paused."""
+    cancelled: _builtins.bool
+    """Set when the client cancelled the pause (CancelTurn of its turn): it
+    waits no more, and the next turn tells the agent so.
+    """
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """Calls of the caller's tools the client must run, each answered by a
+        ToolResult.
+        """
+
+    @_builtins.property
+    def interrupts(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Interrupt]:
+        """Approvals and questions, each answered by a ResumeEntry."""
+
+    @_builtins.property
+    def expire_time(self) -> _timestamp_pb2.Timestamp:
+        """After this the pause can no longer be answered; the next turn tells the
+        agent its calls and interrupts went unanswered.
+        """
+
+    def __init__(
+        self,
+        *,
+        turn_id: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        interrupts: _abc.Iterable[_event_pb2.Interrupt] | None = ...,
+        expire_time: _timestamp_pb2.Timestamp | None = ...,
+        cancelled: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "expire_time", b"expire_time", "interrupts", b"interrupts", "tool_calls", b"tool_calls", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Pause: _TypeAlias = Pause  # noqa: Y015

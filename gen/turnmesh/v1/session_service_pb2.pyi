@@ -153,6 +153,7 @@ class Session(_message.Message):
     RUNNING_TURN_ID_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    PAUSE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     agent_name: _builtins.str
     """The agent this session's turns run on."""
@@ -171,6 +172,13 @@ class Session(_message.Message):
 
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def pause(self) -> _message_pb2.Pause:
+        """Set while the session waits for the client: the next turn must answer
+        it (TurnRequest.tool_results, TurnRequest.resume) or gets
+        FAILED_PRECONDITION.
+        """
+
     def __init__(
         self,
         *,
@@ -183,10 +191,11 @@ class Session(_message.Message):
         running_turn_id: _builtins.str = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        pause: _message_pb2.Pause | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expire_time", b"expire_time", "last_activity", b"last_activity", "metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expire_time", b"expire_time", "last_activity", b"last_activity", "metadata", b"metadata", "pause", b"pause"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "created_at", b"created_at", "expire_time", b"expire_time", "last_activity", b"last_activity", "message_count", b"message_count", "metadata", b"metadata", "running_turn_id", b"running_turn_id", "session_id", b"session_id", "turn_running", b"turn_running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "created_at", b"created_at", "expire_time", b"expire_time", "last_activity", b"last_activity", "message_count", b"message_count", "metadata", b"metadata", "pause", b"pause", "running_turn_id", b"running_turn_id", "session_id", b"session_id", "turn_running", b"turn_running"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -519,9 +528,14 @@ class TurnRequest(_message.Message):
     ON_DISCONNECT_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_RESULTS_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     message: _builtins.str
-    """The user's message: 1-10,000 characters, not blank."""
+    """The user's message: 1-10,000 characters, not blank. Optional on a turn
+    that answers a pause (with `tool_results` or `resume`).
+    """
     policy: Global___TurnPolicy.ValueType
     on_disconnect: Global___DisconnectPolicy.ValueType
     idempotency_key: _builtins.str
@@ -532,6 +546,22 @@ class TurnRequest(_message.Message):
 
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ToolDefinition]:
+        """The caller's own tools the agent may call on this turn (at most 128). A
+        call of one ends the turn waiting for its result.
+        """
+
+    @_builtins.property
+    def tool_results(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ToolResult]:
+        """Answers to the session's pause: one result per call of the caller's
+        tools it waits for.
+        """
+
+    @_builtins.property
+    def resume(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ResumeEntry]:
+        """Answers to the session's pause: one entry per interrupt it waits for."""
+
     def __init__(
         self,
         *,
@@ -542,10 +572,13 @@ class TurnRequest(_message.Message):
         on_disconnect: Global___DisconnectPolicy.ValueType = ...,
         idempotency_key: _builtins.str = ...,
         metadata: _struct_pb2.Struct | None = ...,
+        tools: _abc.Iterable[_message_pb2.ToolDefinition] | None = ...,
+        tool_results: _abc.Iterable[_message_pb2.ToolResult] | None = ...,
+        resume: _abc.Iterable[_message_pb2.ResumeEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "idempotency_key", b"idempotency_key", "message", b"message", "metadata", b"metadata", "on_disconnect", b"on_disconnect", "policy", b"policy", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "idempotency_key", b"idempotency_key", "message", b"message", "metadata", b"metadata", "on_disconnect", b"on_disconnect", "policy", b"policy", "resume", b"resume", "session_id", b"session_id", "tool_results", b"tool_results", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

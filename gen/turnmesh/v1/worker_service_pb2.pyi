@@ -34,6 +34,10 @@ class RunRequest(_message.Message):
     HISTORY_BASE_FIELD_NUMBER: _builtins.int
     RELAY_ID_FIELD_NUMBER: _builtins.int
     RELAY_KEY_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    ANSWERING_FIELD_NUMBER: _builtins.int
+    TOOL_RESULTS_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session's mesh-wide id: PRINCIPAL/ID, or the bare ID for the
     anonymous principal. The worker takes the turn's principal from it (for
@@ -71,6 +75,20 @@ class RunRequest(_message.Message):
 
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ToolDefinition]:
+        """The caller's tools for this turn (TurnRequest.tools)."""
+
+    @_builtins.property
+    def answering(self) -> _message_pb2.Pause:
+        """A turn that answers a pause: the pause, and the answers (an expired or
+        cancelled pause's are errors and "cancelled" entries the server made).
+        """
+
+    @_builtins.property
+    def tool_results(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ToolResult]: ...
+    @_builtins.property
+    def resume(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ResumeEntry]: ...
     def __init__(
         self,
         *,
@@ -83,10 +101,14 @@ class RunRequest(_message.Message):
         history_base: _builtins.int = ...,
         relay_id: _builtins.str = ...,
         relay_key: _builtins.int = ...,
+        tools: _abc.Iterable[_message_pb2.ToolDefinition] | None = ...,
+        answering: _message_pb2.Pause | None = ...,
+        tool_results: _abc.Iterable[_message_pb2.ToolResult] | None = ...,
+        resume: _abc.Iterable[_message_pb2.ResumeEntry] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["answering", b"answering", "metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "history", b"history", "history_base", b"history_base", "messages", b"messages", "metadata", b"metadata", "relay_id", b"relay_id", "relay_key", b"relay_key", "session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answering", b"answering", "files", b"files", "history", b"history", "history_base", b"history_base", "messages", b"messages", "metadata", b"metadata", "relay_id", b"relay_id", "relay_key", b"relay_key", "resume", b"resume", "session_id", b"session_id", "tool_results", b"tool_results", "tools", b"tools", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,242 @@
+"""Turns that wait for the client: what a session waits for, and the checks
+its next turn passes.
+
+A turn pauses when its agent leaves calls of the caller's tools without a
+result, or asks for approvals and answers (the RUN_FINISHED outcome). Its
+commit records a ``Pause`` on the session (durably, with the history); the
+next turn must answer it: one ``ToolResult`` per call and one
+``ResumeEntry`` per interrupt. A pause past its expiry, or cancelled, is
+answered by the server: each call gets an error result and each interrupt a
+"cancelled" entry, which the next turn (or the cancel) writes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from google.protobuf import timestamp_pb2
+
+from turnmesh.runtime.errors import AwaitingClient, FieldViolation, InvalidArgument, NotWaiting
+from turnmesh.runtime.principals import public_id
+from turnmesh.v1 import event_pb2, message_pb2
+
+__all__ = [
+    "EXPIRED",
+    "MAX_ANSWERS",
+    "MAX_TOOLS",
+    "Answers",
+    "active",
+    "answers_violations",
+    "check_answers",
+    "expired",
+    "lead_messages",
+    "make_pause",
+    "parse",
+    "refuse_plain_turn",
+    "unanswered",
+    "why_unanswered",
+]
+
+MAX_TOOLS = 128
+MAX_ANSWERS = 128
+MAX_RESULT_CHARS = 1_000_000
+RESUME_STATUSES = ("resolved", "cancelled")
+EXPIRED = "the client did not answer before the pause expired"
+CANCELLED = "the client cancelled the pause"
+
+
+class Answers:
+    """What a turn answers a pause with."""
+
+    __slots__ = ("resume", "tool_results")
+
+    def __init__(
+        self,
+        tool_results: Sequence[message_pb2.ToolResult] = (),
+        resume: Sequence[message_pb2.ResumeEntry] = (),
+    ) -> None:
+        self.tool_results = list(tool_results)
+        self.resume = list(resume)
+
+    def __bool__(self) -> bool:
+        return bool(self.tool_results or self.resume)
+
+
+def parse(stored: bytes) -> message_pb2.Pause | None:
+    """A record's pause, or None when it waits for nothing."""
+    if not stored:
+        return None
+    return message_pb2.Pause.FromString(stored)
+
+
+def expired(pause: message_pb2.Pause, now: float | None = None) -> bool:
+    """Whether the pause waits no more: past its expiry, or cancelled."""
+    if pause.cancelled:
+        return True
+    at = pause.expire_time.ToNanoseconds() / 1e9
+    return (time.time() if now is None else now) >= at
+
+
+def why_unanswered(pause: message_pb2.Pause) -> str:
+    return CANCELLED if pause.cancelled else EXPIRED
+
+
+def active(stored: bytes) -> message_pb2.Pause | None:
+    """A record's pause while it still waits (not expired or cancelled)."""
+    pause = parse(stored)
+    return None if pause is None or expired(pause) else pause
+
+
+def make_pause(
+    turn_id: str,
+    outcome: event_pb2.RunOutcome,
+    calls: dict[str, message_pb2.ToolCall],
+    timeout_seconds: float,
+) -> message_pb2.Pause:
+    """The pause a turn leaves (its outcome's interrupts get their expiry)."""
+    expire = timestamp_pb2.Timestamp()
+    expire.FromNanoseconds(int((time.time() + timeout_seconds) * 1e9))
+    pause = message_pb2.Pause(turn_id=turn_id, expire_time=expire)
+    for call_id in outcome.pending_tool_call_ids:
+        if call_id in calls:
+            pause.tool_calls.append(calls[call_id])
+    for interrupt in outcome.interrupts:
+        interrupt.expires_at.CopyFrom(expire)
+        pause.interrupts.append(interrupt)
+    return pause
+
+
+def _waits_for(pause: message_pb2.Pause) -> dict[str, str]:
+    """ErrorInfo metadata: what the session waits for."""
+    return {
+        "turn_id": pause.turn_id,
+        "tool_call_ids": ",".join(c.id for c in pause.tool_calls),
+        "interrupt_ids": ",".join(i.id for i in pause.interrupts),
+    }
+
+
+def _describe(pause: message_pb2.Pause) -> str:
+    parts = []
+    if pause.tool_calls:
+        ids = ", ".join(c.id for c in pause.tool_calls)
+        parts.append(f"tool_results for calls {ids}")
+    if pause.interrupts:
+        ids = ", ".join(i.id for i in pause.interrupts)
+        parts.append(f"resume entries for interrupts {ids}")
+    return " and ".join(parts)
+
+
+def refuse_plain_turn(session_id: str, pause: message_pb2.Pause) -> AwaitingClient:
+    """A turn that does not answer a session that waits."""
+    return AwaitingClient(
+        f"session {public_id(session_id)!r} waits for the client since turn"
+        f" {pause.turn_id!r}: send {_describe(pause)}, or cancel the turn",
+        metadata=_waits_for(pause),
+    )
+
+
+def answers_violations(answers: Answers) -> list[FieldViolation]:
+    """What is wrong with answers on their own (before the pause is known)."""
+    out: list[FieldViolation] = []
+    if len(answers.tool_results) > MAX_ANSWERS:
+        out.append(FieldViolation("tool_results", f"at most {MAX_ANSWERS}"))
+    if len(answers.resume) > MAX_ANSWERS:
+        out.append(FieldViolation("resume", f"at most {MAX_ANSWERS}"))
+    for n, result in enumerate(answers.tool_results[:MAX_ANSWERS]):
+        if not result.tool_call_id:
+            out.append(FieldViolation(f"tool_results[{n}].tool_call_id", "required"))
+        if len(result.content) + len(result.error) > MAX_RESULT_CHARS:
+            out.append(
+                FieldViolation(
+                    f"tool_results[{n}].content", f"at most {MAX_RESULT_CHARS} characters"
+                )
+            )
+    for n, entry in enumerate(answers.resume[:MAX_ANSWERS]):
+        if not entry.interrupt_id:
+            out.append(FieldViolation(f"resume[{n}].interrupt_id", "required"))
+        if entry.status not in RESUME_STATUSES:
+            out.append(FieldViolation(f"resume[{n}].status", "must be resolved or cancelled"))
+    return out
+
+
+def check_answers(session_id: str, pause: message_pb2.Pause | None, answers: Answers) -> None:
+    """Answers must answer the session's pause exactly: each call and each
+    interrupt once, nothing else."""
+    if pause is None:
+        raise NotWaiting(
+            f"session {public_id(session_id)!r} waits for no tool results or resume entries"
+            " (no turn paused, or its pause was answered already)"
+        )
+    if expired(pause):
+        what = "was cancelled" if pause.cancelled else "expired"
+        raise NotWaiting(
+            f"session {public_id(session_id)!r}'s pause of turn {pause.turn_id!r} {what};"
+            " the next turn tells the agent its calls went unanswered: send a message",
+            metadata={"why": "cancelled" if pause.cancelled else "expired"},
+        )
+    violations = _match(
+        "tool_results",
+        "tool_call_id",
+        [r.tool_call_id for r in answers.tool_results],
+        [c.id for c in pause.tool_calls],
+        "call",
+    ) + _match(
+        "resume",
+        "interrupt_id",
+        [e.interrupt_id for e in answers.resume],
+        [i.id for i in pause.interrupts],
+        "interrupt",
+    )
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def _match(
+    field: str, key: str, given: list[str], wanted: list[str], what: str
+) -> list[FieldViolation]:
+    out: list[FieldViolation] = []
+    seen: set[str] = set()
+    expected = ", ".join(wanted) or "none"
+    for n, value in enumerate(given):
+        if value not in wanted:
+            out.append(
+                FieldViolation(
+                    f"{field}[{n}].{key}",
+                    f"not a {what} the session waits for (it waits for: {expected})",
+                )
+            )
+        elif value in seen:
+            out.append(FieldViolation(f"{field}[{n}].{key}", f"answers {what} {value!r} twice"))
+        seen.add(value)
+    missing = [w for w in wanted if w not in seen]
+    if missing:
+        out.append(FieldViolation(field, f"no answer for {what} {', '.join(missing)}"))
+    return out
+
+
+def unanswered(pause: message_pb2.Pause, why: str) -> Answers:
+    """The server's answers to a pause the client did not answer: an error
+    result per call, "cancelled" per interrupt."""
+    return Answers(
+        [message_pb2.ToolResult(tool_call_id=c.id, error=why) for c in pause.tool_calls],
+        [message_pb2.ResumeEntry(interrupt_id=i.id, status="cancelled") for i in pause.interrupts],
+    )
+
+
+def lead_messages(
+    turn_id: str, answers: Answers, created: timestamp_pb2.Timestamp
+) -> list[message_pb2.Message]:
+    """The tool messages a turn's answers add to history, before its user
+    message: the client's results (and the errors of unanswered calls)."""
+    return [
+        message_pb2.Message(
+            role="tool",
+            content=result.content,
+            tool_call_id=result.tool_call_id,
+            error=result.error,
+            turn_id=turn_id,
+            created_at=created,
+        )
+        for result in answers.tool_results
+    ]

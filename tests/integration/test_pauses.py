@@ -1,0 +1,209 @@
+"""Turns that wait for the client, through the native API (typed gRPC client
+and REST through Envoy): a client tool's call and its result, an approval
+granted and one denied, a question, a cancelled pause, and every wrong
+answer refused with nothing changed."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from google.protobuf import struct_pb2
+
+from tests.conftest import SharedMesh
+from turnmesh.client import (
+    AsyncClient,
+    AwaitingClientError,
+    InvalidArgumentError,
+    NotWaitingError,
+    SessionBusyError,
+)
+from turnmesh.v1 import event_pb2, message_pb2
+
+WEATHER = message_pb2.ToolDefinition(name="get_weather", description="the weather in a city")
+
+
+def _value(payload: object) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    if isinstance(payload, dict):
+        value.struct_value.update(payload)
+    elif isinstance(payload, str):
+        value.string_value = payload
+    elif isinstance(payload, bool):
+        value.bool_value = payload
+    return value
+
+
+async def test_a_client_tool_call_waits_for_its_result_then_the_agent_goes_on(
+    client: AsyncClient, client2: AsyncClient
+) -> None:
+    session = await client.create_session(agent="demo")
+    sid = session.session_id
+    first = await client.send(sid, "what does get_weather say for Paris?", tools=[WEATHER])
+    outcome = first.outcome
+    assert outcome is not None and outcome.type == "success"
+    (call_id,) = outcome.pending_tool_call_ids
+    assert [e.tool_call_name for e in first.tool_calls] == ["get_weather"]
+    # The session says what it waits for, on either server.
+    waiting = (await client2.get_session(sid)).pause
+    assert waiting.turn_id == first.turn_id
+    assert [c.id for c in waiting.tool_calls] == [call_id]
+    assert waiting.tool_calls[0].function.name == "get_weather"
+    assert '"input"' in waiting.tool_calls[0].function.arguments
+    # History ends with the call (its result comes next), no empty answer.
+    history = await client.history(sid)
+    assert [m.role for m in history] == ["user", "assistant"]
+    assert history[-1].tool_calls[0].id == call_id
+
+    answer = await client2.send(
+        sid,
+        "",
+        tool_results=[message_pb2.ToolResult(tool_call_id=call_id, content="sunny, 21 C")],
+    )
+    assert answer.outcome is None
+    assert 'Your get_weather returned: "sunny, 21 C"' in answer.text
+    history = await client.history(sid)
+    assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
+    assert (history[2].tool_call_id, history[2].content) == (call_id, "sunny, 21 C")
+    assert not (await client.get_session(sid)).HasField("pause")
+    # Answered once: a second answer is refused.
+    with pytest.raises(NotWaitingError):
+        await client.send(
+            sid, "", tool_results=[message_pb2.ToolResult(tool_call_id=call_id, content="x")]
+        )
+
+
+async def test_wrong_answers_are_refused_and_change_nothing(client: AsyncClient) -> None:
+    sid = (await client.create_session(agent="demo")).session_id
+    # Answers to a session that waits for nothing.
+    with pytest.raises(NotWaitingError):
+        await client.send(sid, "", tool_results=[message_pb2.ToolResult(tool_call_id="c1")])
+    first = await client.send(sid, "call get_weather", tools=[WEATHER])
+    assert first.outcome is not None
+    (call_id,) = first.outcome.pending_tool_call_ids
+    before = await client.history(sid)
+    # A plain message while the session waits: 409, naming what it waits for.
+    with pytest.raises(AwaitingClientError) as awaiting:
+        await client.send(sid, "hello?")
+    assert awaiting.value.metadata["tool_call_ids"] == call_id
+    # A wrong id, the right one twice, none at all, a resume it never asked.
+    bad: list[dict[str, list[message_pb2.ToolResult] | list[message_pb2.ResumeEntry]]] = [
+        {"tool_results": [message_pb2.ToolResult(tool_call_id="call_nope", content="x")]},
+        {
+            "tool_results": [
+                message_pb2.ToolResult(tool_call_id=call_id, content="x"),
+                message_pb2.ToolResult(tool_call_id=call_id, content="y"),
+            ]
+        },
+        {"resume": [message_pb2.ResumeEntry(interrupt_id="int_x", status="resolved")]},
+    ]
+    for answers in bad:
+        with pytest.raises(InvalidArgumentError) as invalid:
+            await client.send(sid, "", **answers)  # type: ignore[arg-type]
+        assert call_id in str(invalid.value) or "twice" in str(invalid.value)
+    with pytest.raises(InvalidArgumentError) as blank:
+        await client.send(
+            sid, "", resume=[message_pb2.ResumeEntry(interrupt_id="i", status="maybe")]
+        )
+    assert "resume[0].status" in blank.value.violations
+    assert await client.history(sid) == before
+    assert (await client.get_session(sid)).pause.turn_id == first.turn_id
+
+
+async def test_an_approval_granted_runs_the_tool_and_one_denied_does_not(
+    client: AsyncClient,
+) -> None:
+    for approved, expected in ((True, "Approved: calculator returned 42"), (False, "did not")):
+        sid = (await client.create_session(agent="demo")).session_id
+        first = await client.send(sid, "What is 6*7, with approval?")
+        outcome = first.outcome
+        assert outcome is not None and outcome.type == "interrupt"
+        (interrupt,) = outcome.interrupts
+        assert interrupt.reason == "tool_approval" and interrupt.tool_call_id
+        assert interrupt.HasField("expires_at")
+        assert [e.tool_call_name for e in first.tool_calls] == ["calculator"]
+        entry = message_pb2.ResumeEntry(
+            interrupt_id=interrupt.id, status="resolved", payload=_value({"approved": approved})
+        )
+        answer = await client.send(sid, "", resume=[entry])
+        assert expected in answer.text
+        results = [e for e in answer.events if e.type == event_pb2.TOOL_CALL_RESULT]
+        assert [r.tool_call_id for r in results] == [interrupt.tool_call_id]
+        history = await client.history(sid)
+        # The gated call is answered right after the message that made it.
+        assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
+        assert history[1].tool_calls[0].id == history[2].tool_call_id
+
+
+async def test_a_question_is_answered_with_a_payload(client: AsyncClient) -> None:
+    sid = (await client.create_session(agent="demo")).session_id
+    first = await client.send(sid, "please ask me something")
+    assert first.outcome is not None
+    (question,) = first.outcome.interrupts
+    assert question.reason == "question"
+    assert question.response_schema["type"] == "object"
+    entry = message_pb2.ResumeEntry(
+        interrupt_id=question.id, status="resolved", payload=_value({"color": "green"})
+    )
+    answer = await client.send(sid, "", resume=[entry])
+    assert 'You answered: "green"' in answer.text
+    # Then the conversation goes on as usual.
+    assert "message 2 of our conversation" in (await client.send(sid, "hi")).text
+
+
+async def test_a_cancelled_pause_tells_the_agent_on_the_next_turn(client: AsyncClient) -> None:
+    sid = (await client.create_session(agent="demo")).session_id
+    first = await client.send(sid, "use get_weather", tools=[WEATHER])
+    assert first.outcome is not None
+    (call_id,) = first.outcome.pending_tool_call_ids
+    state = await client.cancel_turn(sid, first.turn_id)
+    assert state == 5  # TURN_STATE_CANCELLED
+    assert not (await client.get_session(sid)).HasField("pause")
+    with pytest.raises(NotWaitingError) as late:
+        await client.send(sid, "", tool_results=[message_pb2.ToolResult(tool_call_id=call_id)])
+    assert late.value.metadata["why"] == "cancelled"
+    after = await client.send(sid, "hello again")
+    assert "hello again" in after.text
+    history = await client.history(sid)
+    # The unanswered call got an error result before the new message.
+    assert [m.role for m in history] == ["user", "assistant", "tool", "user", "assistant"]
+    assert history[2].tool_call_id == call_id and history[2].error
+
+
+async def test_answers_while_a_turn_runs_are_refused(client: AsyncClient) -> None:
+    sid = (await client.create_session(agent="demo")).session_id
+    first = await client.send(sid, "call get_weather", tools=[WEATHER])
+    assert first.outcome is not None
+    (call_id,) = first.outcome.pending_tool_call_ids
+    result = [message_pb2.ToolResult(tool_call_id=call_id, content="rain")]
+    slow = client.stream_turn(sid, "", tool_results=result, metadata={"delay_ms": 200})
+    started = await anext(aiter(slow))
+    assert started.type == event_pb2.RUN_STARTED
+    with pytest.raises(SessionBusyError):
+        await client.send(sid, "", tool_results=result)
+    async for _ in slow:
+        pass
+    assert not (await client.get_session(sid)).HasField("pause")
+
+
+async def test_rest_shows_the_pause_and_takes_the_answer(
+    shared_mesh: SharedMesh, rest: httpx.AsyncClient
+) -> None:
+    created = (await rest.post("/v1/sessions", json={"agentName": "demo"})).json()
+    sid = created["session"]["sessionId"]
+    tools = [{"name": "lookup", "description": "look it up", "parameters": {"type": "object"}}]
+    body = {"message": "lookup the answer", "tools": tools}
+    events = (await rest.post(f"/v1/sessions/{sid}/turns", json=body)).text
+    assert '"pendingToolCallIds"' in events
+    session = (await rest.get(f"/v1/sessions/{sid}")).json()["session"]
+    call = session["pause"]["toolCalls"][0]
+    assert call["function"]["name"] == "lookup"
+    refused = await rest.post(f"/v1/sessions/{sid}/turns", json={"message": "hi"})
+    assert refused.status_code == 409
+    assert "awaiting-client" in refused.json()["type"]
+    answer = {"toolResults": [{"toolCallId": call["id"], "content": "42"}]}
+    done = await rest.post(f"/v1/sessions/{sid}/turns", json=answer)
+    assert '"RUN_FINISHED"' in done.text and "pendingToolCallIds" not in done.text
+    history = (await rest.get(f"/v1/sessions/{sid}/history")).json()["messages"]
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
+    assert history[-1]["content"].startswith('Your lookup returned: "42"')
+    assert "pause" not in (await rest.get(f"/v1/sessions/{sid}")).json()["session"]

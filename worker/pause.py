@@ -1,0 +1,76 @@
+"""How a turn that waits for the client ends: the RUN_FINISHED outcome.
+
+Calls of the caller's tools left without a result are pending tool calls
+(AG-UI's success outcome with ``pendingToolCallIds``); the agent's
+``interrupts`` are approvals and questions (AG-UI's interrupt outcome). The
+server stamps each interrupt's expiry and records the pause.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from google.protobuf import struct_pb2
+
+from turnmesh.agent import AgentResponse
+from turnmesh.runtime.ids import new_id
+from turnmesh.v1 import event_pb2
+
+__all__ = ["MAX_INTERRUPTS", "BadPause", "outcome"]
+
+# A turn asks at most this many things at once (each a client's answer).
+MAX_INTERRUPTS = 16
+MAX_TEXT = 10_000
+
+
+class BadPause(ValueError):
+    """The agent's interrupts cannot be asked (logged; the turn fails)."""
+
+
+def outcome(
+    response: AgentResponse, unanswered: Mapping[str, str], client_tools: set[str]
+) -> event_pb2.RunOutcome | None:
+    """The turn's outcome, or None for a plain success."""
+    pending = [call_id for call_id, name in unanswered.items() if name in client_tools]
+    interrupts = list(response.interrupts or ())
+    if not interrupts and not pending:
+        return None
+    if len(interrupts) > MAX_INTERRUPTS:
+        raise BadPause(f"{len(interrupts)} interrupts; at most {MAX_INTERRUPTS}")
+    result = event_pb2.RunOutcome(
+        type="interrupt" if interrupts else "success", pending_tool_call_ids=pending
+    )
+    seen: set[str] = set()
+    for asked in interrupts:
+        interrupt = result.interrupts.add(
+            id=asked.id or f"int_{new_id()}",
+            reason=asked.reason or ("tool_approval" if asked.tool_call_id else "question"),
+            message=asked.message,
+        )
+        if interrupt.id in seen or len(interrupt.id) > 128:
+            raise BadPause(f"interrupt id {interrupt.id!r} is repeated or too long")
+        seen.add(interrupt.id)
+        if len(interrupt.reason) > 64 or len(interrupt.message) > MAX_TEXT:
+            raise BadPause("an interrupt's reason or message is too long")
+        if asked.tool_call_id:
+            if asked.tool_call_id not in unanswered or asked.tool_call_id in pending:
+                raise BadPause(
+                    f"interrupt {interrupt.id!r} gates call {asked.tool_call_id!r}, which is"
+                    " not a call of this turn's own tools left without a result"
+                )
+            interrupt.tool_call_id = asked.tool_call_id
+        if asked.response_schema is not None:
+            if not isinstance(asked.response_schema, dict):
+                raise BadPause("an interrupt's response_schema must be a JSON object")
+            interrupt.response_schema.CopyFrom(_struct(asked.response_schema))
+        if asked.metadata:
+            interrupt.metadata.CopyFrom(_struct(dict(asked.metadata)))
+    return result
+
+
+def _struct(value: dict[str, object]) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    # Through JSON: values a Struct cannot hold become strings.
+    struct.update(json.loads(json.dumps(value, default=str)))
+    return struct
