@@ -80,6 +80,9 @@ def test_turn_options_are_typed_keywords() -> None:
         "files",
         "metadata",
         "idempotency_key",
+        "tools",
+        "tool_results",
+        "resume",
     }
     for cls in (Client, AsyncClient):
         for method in ("stream_turn", "send"):
