@@ -198,11 +198,22 @@ class Mesh:
         metadata: Mapping[str, Any] | None = None,
         policy: spb.TurnPolicy.ValueType = spb.TURN_POLICY_COLLECT,
         on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CONTINUE,
+        tools: Sequence[message_pb2.ToolDefinition] = (),
+        tool_results: Sequence[message_pb2.ToolResult] = (),
+        resume: Sequence[message_pb2.ResumeEntry] = (),
     ) -> AsyncIterator[AsyncIterator[event_pb2.Event]]:
         """A turn's events; leaving the block before the end is a disconnect,
-        which cancels the turn or lets it go on as ``on_disconnect`` says."""
+        which cancels the turn or lets it go on as ``on_disconnect`` says.
+        ``tools``, ``tool_results`` and ``resume``: as TurnRequest's (a turn
+        that answers a pause may have no message)."""
         request = spb.TurnRequest(
-            session_id=session_id, message=message, policy=policy, on_disconnect=on_disconnect
+            session_id=session_id,
+            message=message,
+            policy=policy,
+            on_disconnect=on_disconnect,
+            tools=tools,
+            tool_results=tool_results,
+            resume=resume,
         )
         if metadata:
             json_format.ParseDict(dict(metadata), request.metadata)
@@ -238,6 +249,16 @@ _ON_DISCONNECT = {
     "cancel": spb.DISCONNECT_POLICY_CANCEL,
     "continue": spb.DISCONNECT_POLICY_CONTINUE,
 }
+
+
+def tool_definition(
+    name: str, description: str | None, parameters: Mapping[str, Any] | None
+) -> message_pb2.ToolDefinition:
+    """A caller's function tool, from any surface's JSON (the mesh checks its name)."""
+    tool = message_pb2.ToolDefinition(name=name, description=description or "")
+    if parameters:
+        tool.parameters.update(dict(parameters))
+    return tool
 
 
 def on_disconnect(header: str | None) -> spb.DisconnectPolicy.ValueType:
