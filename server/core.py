@@ -160,6 +160,8 @@ class SessionCore:
             metadata=json_format.MessageToDict(metadata),
             owner=self.ownership.new_token(),
         )
+        if messages and (pause := pauses.seeded(messages, self.limits.pause_timeout_seconds)):
+            record.pause = pause.SerializeToString()
         # Checked again as it is written: creates racing at the quota never both pass.
         await self.store.create(record, messages, self.limits.max_sessions_per_principal)
         self.ownership.claim(record.session_id, record.owner)

@@ -34,6 +34,7 @@ __all__ = [
     "make_pause",
     "parse",
     "refuse_plain_turn",
+    "seeded",
     "unanswered",
     "why_unanswered",
 ]
@@ -93,11 +94,12 @@ def make_pause(
     outcome: event_pb2.RunOutcome,
     calls: dict[str, message_pb2.ToolCall],
     timeout_seconds: float,
+    tool_calls: Sequence[message_pb2.ToolCall] = (),
 ) -> message_pb2.Pause:
     """The pause a turn leaves (its outcome's interrupts get their expiry)."""
     expire = timestamp_pb2.Timestamp()
     expire.FromNanoseconds(int((time.time() + timeout_seconds) * 1e9))
-    pause = message_pb2.Pause(turn_id=turn_id, expire_time=expire)
+    pause = message_pb2.Pause(turn_id=turn_id, expire_time=expire, tool_calls=tool_calls)
     for call_id in outcome.pending_tool_call_ids:
         if call_id in calls:
             pause.tool_calls.append(calls[call_id])
@@ -105,6 +107,24 @@ def make_pause(
         interrupt.expires_at.CopyFrom(expire)
         pause.interrupts.append(interrupt)
     return pause
+
+
+def seeded(
+    messages: Sequence[message_pb2.Message], timeout_seconds: float
+) -> message_pb2.Pause | None:
+    """The pause a session created with history starts in: the calls of a
+    last assistant message that no tool message answers yet. This is how a
+    stateless caller (chat completions, Responses, a new AG-UI thread) that
+    resends the whole conversation continues a tool loop: history up to the
+    calls seeds the session, and the trailing tool messages answer them."""
+    if not messages or messages[-1].role != "assistant" or not messages[-1].tool_calls:
+        return None
+    last = messages[-1]
+    return make_pause(last.turn_id, event_pb2.RunOutcome(), {}, timeout_seconds, last.tool_calls)
+
+
+def _since(pause: message_pb2.Pause) -> str:
+    return f"turn {pause.turn_id!r}" if pause.turn_id else "its seeded history"
 
 
 def _waits_for(pause: message_pb2.Pause) -> dict[str, str]:
@@ -130,8 +150,8 @@ def _describe(pause: message_pb2.Pause) -> str:
 def refuse_plain_turn(session_id: str, pause: message_pb2.Pause) -> AwaitingClient:
     """A turn that does not answer a session that waits."""
     return AwaitingClient(
-        f"session {public_id(session_id)!r} waits for the client since turn"
-        f" {pause.turn_id!r}: send {_describe(pause)}, or cancel the turn",
+        f"session {public_id(session_id)!r} waits for the client since"
+        f" {_since(pause)}: send {_describe(pause)}, or cancel the turn",
         metadata=_waits_for(pause),
     )
 
@@ -171,7 +191,7 @@ def check_answers(session_id: str, pause: message_pb2.Pause | None, answers: Ans
     if expired(pause):
         what = "was cancelled" if pause.cancelled else "expired"
         raise NotWaiting(
-            f"session {public_id(session_id)!r}'s pause of turn {pause.turn_id!r} {what};"
+            f"session {public_id(session_id)!r}'s pause since {_since(pause)} {what};"
             " the next turn tells the agent its calls went unanswered: send a message",
             metadata={"why": "cancelled" if pause.cancelled else "expired"},
         )

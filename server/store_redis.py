@@ -98,13 +98,15 @@ T = TypeVar("T")
 Client = redis.Redis | RedisCluster
 log = logging.getLogger(__name__)
 
-# KEYS: record, history. ARGV: agent, created, activity, metadata, n, owner, messages...
+# KEYS: record, history. ARGV: agent, created, activity, metadata, n, owner,
+# the pause ('' for none), messages...
 CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'agent_name', ARGV[1], 'created_at', ARGV[2],
            'last_activity', ARGV[3], 'metadata', ARGV[4], 'message_count', ARGV[5],
            'owner', ARGV[6])
-for i = 7, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'pause', ARGV[7]) end
+for i = 8, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1
 """
 
@@ -330,6 +332,7 @@ class RedisStore(TurnCommits):
                 json.dumps(record.metadata),
                 len(initial),
                 record.owner,
+                record.pause,
                 *(m.SerializeToString() for m in initial),
             ],
         )

@@ -100,7 +100,8 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
 # Every table keyed by session id: a version-0 file's ids are renamed in all.
 SESSION_TABLES = ("sessions", "messages", "events", "turn_status", "idempotency_keys")
 SESSION_COLUMNS = "session_id, agent_name, created_at, last_activity, metadata, message_count"
-# What a record is read from (the pause is written by commits only).
+# What a record is read from (a pause is written by a create that seeds one,
+# and by commits).
 READ_COLUMNS = f"{SESSION_COLUMNS}, pause"
 
 
@@ -189,8 +190,8 @@ class SqliteStore(TurnCommits):
                     raise session_quota_exceeded(quota)
                 try:
                     db.execute(
-                        f"INSERT INTO sessions ({SESSION_COLUMNS}, principal, created_ns)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        f"INSERT INTO sessions ({READ_COLUMNS}, principal, created_ns)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             record.session_id,
                             record.agent_name,
@@ -198,6 +199,7 @@ class SqliteStore(TurnCommits):
                             record.last_activity,
                             json.dumps(record.metadata),
                             len(initial),
+                            record.pause or None,
                             principal,
                             position(record.created_at, record.session_id)[0],
                         ),

@@ -207,3 +207,33 @@ async def test_rest_shows_the_pause_and_takes_the_answer(
     assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant"]
     assert history[-1]["content"].startswith('Your lookup returned: "42"')
     assert "pause" not in (await rest.get(f"/v1/sessions/{sid}")).json()["session"]
+
+
+async def test_history_that_ends_in_calls_seeds_a_session_that_waits_for_them(
+    client: AsyncClient, client2: AsyncClient
+) -> None:
+    """How a stateless caller continues a tool loop: the history up to the
+    calls seeds a session, and the results are its first turn."""
+    call = message_pb2.ToolCall(id="call_seed_1", type="function")
+    call.function.name = "get_weather"
+    call.function.arguments = '{"city": "Oslo"}'
+    seed = [
+        message_pb2.Message(role="user", content="weather in Oslo?"),
+        message_pb2.Message(role="assistant", tool_calls=[call]),
+    ]
+    sid = (await client.create_session(agent="demo", messages=seed)).session_id
+    waiting = (await client2.get_session(sid)).pause
+    assert [c.id for c in waiting.tool_calls] == ["call_seed_1"] and not waiting.turn_id
+    with pytest.raises(AwaitingClientError) as refused:
+        await client.send(sid, "hi")
+    assert "seeded history" in str(refused.value)
+    with pytest.raises(InvalidArgumentError):
+        await client.send(sid, "", tool_results=[message_pb2.ToolResult(tool_call_id="other")])
+    result = [message_pb2.ToolResult(tool_call_id="call_seed_1", content="snow")]
+    answer = await client2.send(sid, "", tool_results=result)
+    assert 'Your get_weather returned: "snow"' in answer.text
+    assert [m.role for m in await client.history(sid)] == ["user", "assistant", "tool", "assistant"]
+    # History whose calls are answered seeds a session that waits for nothing.
+    answered = [*seed, message_pb2.Message(role="tool", tool_call_id="call_seed_1", content="ok")]
+    other = await client.create_session(agent="demo", messages=answered)
+    assert not other.HasField("pause")

@@ -112,6 +112,36 @@ async def test_commit_appends_a_turn_and_its_final_event(store: SessionStore) ->
     assert [m.content for m in await store.history(sid)] == ["hi", "hello", "again"]
 
 
+async def test_a_pause_is_kept_with_the_record_until_a_commit_changes_it(
+    store: SessionStore,
+) -> None:
+    sid = _sid()
+    seeded = message_pb2.Pause(turn_id="", tool_calls=[message_pb2.ToolCall(id="c0")])
+    record = _record(sid)
+    record.pause = seeded.SerializeToString()
+    await store.create(record, [_message("assistant", "")])
+
+    async def stored() -> bytes:
+        got = await store.get(sid)
+        assert got is not None
+        return got.pause
+
+    assert await stored() == seeded.SerializeToString()
+    # Appending messages leaves it; a turn's commit sets or clears it.
+    await store.append_messages(sid, [_message("user", "x")], 1500.0)
+    assert await stored() == seeded.SerializeToString()
+    paused = message_pb2.Pause(turn_id="t1", tool_calls=[message_pb2.ToolCall(id="c1")])
+    final = event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=2, thread_id=sid, run_id="t1")
+    await store.commit_turn(sid, [], final, 2000.0, pause=paused.SerializeToString())
+    assert await stored() == paused.SerializeToString()
+    paused.cancelled = True
+    await store.set_pause(sid, paused.SerializeToString(), 2500.0)
+    assert message_pb2.Pause.FromString(await stored()).cancelled
+    final2 = event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=2, thread_id=sid, run_id="t2")
+    await store.commit_turn(sid, [], final2, 3000.0)
+    assert await stored() == b""
+
+
 async def test_deleted_sessions_are_gone_and_commits_to_them_fail(store: SessionStore) -> None:
     sid = _sid()
     await store.create(_record(sid))
