@@ -12,6 +12,7 @@ Python. ``turnmesh worker --agent agent.yaml`` (or ``turnmesh up --agent``).
     instructions: You are a concise assistant.
     tools:
       - turnmesh.agent.builtin.tools:calculator
+    approval: [calculator]  # these tools' calls wait for the client's approval
 
 ``${VAR}`` and ``${VAR:-default}`` in any string come from the environment.
 The file is checked when the worker starts; a bad field stops it with a
@@ -48,6 +49,8 @@ class AgentFile(BaseModel):
     model: ModelSettings | None = None
     instructions: str = ""
     tools: list[str] = Field(default_factory=list, max_length=128)
+    # Names of `tools` whose calls wait for the client's approval (an interrupt).
+    approval: list[str] = Field(default_factory=list, max_length=128)
     tool_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     max_tool_rounds: int = Field(default=8, ge=1, le=100)
     graph: str | None = Field(default=None, description="langgraph: package.module:compiled_graph")
@@ -78,6 +81,8 @@ class AgentFile(BaseModel):
             raise ValueError("`class` is for areal agents")
         if self.tools and self.kind != "openai":
             raise ValueError("`tools` are for openai agents")
+        if self.approval and self.kind != "openai":
+            raise ValueError("`approval` is for openai agents")
         return self
 
 
@@ -131,9 +136,12 @@ def build_agent(config: AgentFile) -> AgentRunnable:
                 tools=config.tools,
                 tool_timeout_seconds=config.tool_timeout_seconds,
                 max_tool_rounds=config.max_tool_rounds,
+                approval=config.approval,
             )
         except ToolLoadError as exc:
             raise AgentFileError(f"tools: {exc}") from exc
+        except ValueError as exc:
+            raise AgentFileError(f"approval: {exc}") from exc
     if config.kind == "langgraph":
         from turnmesh.agent.langgraph import LangGraphAgent
 

@@ -5,7 +5,13 @@ APIs), through the official ``openai`` SDK.
 Each turn sends the instructions, the session's history and the new message
 (with the text of any attached files), streams the model's tokens out as
 deltas, and runs the tools it calls (each with a time limit), sending their
-results back until the model answers. Errors from the model become an
+results back until the model answers.
+
+The caller's own tools (``AgentRequest.tools``) are offered to the model
+beside the agent's; a call of one ends the turn waiting for the client, as
+does a call of a tool named in ``approval`` (an interrupt asking to run it).
+The turn that answers sends the client's results, or runs the approved calls
+(a denied one gets "error: not approved"), and the loop goes on. Errors from the model become an
 ``AgentError`` with a useful title; the SDK retries what is safe to retry
 (connection errors, 429 and 5xx before any token arrived) a bounded number of
 times.
@@ -27,8 +33,12 @@ from turnmesh.agent._contract import (
     AgentFile,
     AgentRequest,
     AgentResponse,
+    ClientTool,
     EventEmitter,
+    Interrupt,
+    Resume,
     TokenUsage,
+    ToolResult,
 )
 from turnmesh.agent.tools import Tool, load_tool
 
@@ -89,6 +99,30 @@ def _file_context(files: Sequence[AgentFile]) -> str:
     return "\n\n".join(parts)
 
 
+# What an approval's answer may be: true/false, or {"approved": true/false}.
+APPROVAL_SCHEMA: dict[str, Any] = {
+    "oneOf": [
+        {"type": "boolean"},
+        {
+            "type": "object",
+            "properties": {"approved": {"type": "boolean"}},
+            "required": ["approved"],
+        },
+    ]
+}
+
+
+def _client_schema(tool: ClientTool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "description": tool.description}
+    function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def _tool_message(result: ToolResult) -> dict[str, Any]:
+    content = result.content if result.error is None else f"error: {result.error}"
+    return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
+
+
 # (exception type, title, detail, code, HTTP status), first match wins.
 _MODEL_ERRORS: tuple[tuple[type[openai.OpenAIError], str, str, str, int], ...] = (
     (openai.APITimeoutError, "Model timed out", "the model did not answer in time",
@@ -129,6 +163,7 @@ class OpenAIAgent:
         tools: Sequence[str | Tool] = (),
         tool_timeout_seconds: float = 30.0,
         max_tool_rounds: int = 8,
+        approval: Sequence[str] = (),
     ) -> None:
         if model is None:
             # `--agent openai` with no file: the model comes from the environment.
@@ -140,6 +175,11 @@ class OpenAIAgent:
         self.settings = model
         self.instructions = instructions
         self.tools = {t.name: t for t in (load_tool(s) if isinstance(s, str) else s for s in tools)}
+        unknown = sorted(set(approval) - set(self.tools))
+        if unknown:
+            raise ValueError(f"approval names tools the agent does not have: {', '.join(unknown)}")
+        # The agent's tools whose calls wait for the client's approval.
+        self.approval = frozenset(approval)
         self.tool_timeout_seconds = tool_timeout_seconds
         self.max_tool_rounds = max_tool_rounds
         self._client = openai.AsyncOpenAI(
@@ -163,24 +203,55 @@ class OpenAIAgent:
             entry: dict[str, Any] = {
                 k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if k in m
             }
+            if m.get("error"):
+                entry["content"] = f"error: {m['error']}"
             messages.append(entry)
+        return messages
+
+    def _user_message(self, request: AgentRequest) -> dict[str, Any]:
         content = request.message
         if request.files:
             content = f"{content}\n\n{_file_context(request.files)}"
-        messages.append({"role": "user", "content": content})
+        return {"role": "user", "content": content}
+
+    async def _answers(self, request: AgentRequest, emitter: EventEmitter) -> list[dict[str, Any]]:
+        """The tool messages that answer the turn before's pause: the client's
+        results, and the approved calls run now (a denied one is an error)."""
+        messages = [_tool_message(result) for result in request.tool_results]
+        for entry in request.resume:
+            if entry.tool_call is not None:
+                result = await self._approved(entry, emitter)
+                messages.append(
+                    {"role": "tool", "tool_call_id": entry.tool_call["id"], "content": result}
+                )
         return messages
+
+    async def _approved(self, entry: Resume, emitter: EventEmitter) -> str:
+        assert entry.tool_call is not None
+        call_id = entry.tool_call["id"]
+        function = entry.tool_call["function"]
+        tool = self.tools.get(function["name"])
+        if not entry.approved:
+            result = "error: not approved"
+        elif tool is None:  # the agent changed while the session waited
+            result = f"error: there is no tool named {function['name']!r}"
+        else:
+            result = await tool.invoke(function["arguments"], self.tool_timeout_seconds)
+        await emitter.emit_tool_result(call_id, result)
+        return result
 
     async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
         messages = self._messages(request)
+        messages.extend(await self._answers(request, emitter))
+        if request.messages:
+            messages.append(self._user_message(request))
+        # The caller's tools, unless the agent has one of the same name (its own wins).
+        client_tools = {t.name: t for t in request.tools if t.name not in self.tools}
         usage = _Usage()
         for _ in range(self.max_tool_rounds + 1):
-            step = await self._step(messages, emitter, usage)
+            step = await self._step(messages, emitter, usage, client_tools)
             if not step.calls:
-                return AgentResponse(
-                    text=step.text,
-                    metadata={"model": self.settings.name},
-                    usage=TokenUsage(usage.input_tokens, usage.output_tokens),
-                )
+                return self._response(step.text, usage)
             calls = [step.calls[i] for i in sorted(step.calls)]
             messages.append(
                 {
@@ -196,13 +267,43 @@ class OpenAIAgent:
                     ],
                 }
             )
+            interrupts = []
+            waits = False
             for call in calls:
-                result = await self._run_tool(call, emitter)
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+                if call.name in client_tools:  # the client runs it: no result here
+                    await emitter.emit_tool_call(call.name, call.arguments, call_id=call.id or None)
+                    waits = True
+                elif call.name in self.approval:
+                    interrupts.append(await self._ask_approval(call, emitter))
+                else:
+                    result = await self._run_tool(call, emitter)
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            if waits or interrupts:
+                # The turn ends waiting for the client; the next one goes on.
+                return self._response(step.text, usage, interrupts)
         raise AgentError(
             "Too many tool calls",
             f"the model kept calling tools after {self.max_tool_rounds} rounds",
             code="tool_loop",
+        )
+
+    def _response(
+        self, text: str, usage: _Usage, interrupts: list[Interrupt] | None = None
+    ) -> AgentResponse:
+        return AgentResponse(
+            text=text,
+            metadata={"model": self.settings.name},
+            usage=TokenUsage(usage.input_tokens, usage.output_tokens),
+            interrupts=interrupts or [],
+        )
+
+    async def _ask_approval(self, call: _Call, emitter: EventEmitter) -> Interrupt:
+        call.id = await emitter.emit_tool_call(call.name, call.arguments, call_id=call.id or None)
+        return Interrupt(
+            reason="tool_approval",
+            message=f"May I run {call.name} with {call.arguments or '{}'}?",
+            tool_call_id=call.id,
+            response_schema=APPROVAL_SCHEMA,
         )
 
     async def _run_tool(self, call: _Call, emitter: EventEmitter) -> str:
@@ -216,12 +317,18 @@ class OpenAIAgent:
         return result
 
     async def _step(
-        self, messages: list[dict[str, Any]], emitter: EventEmitter, usage: _Usage
+        self,
+        messages: list[dict[str, Any]],
+        emitter: EventEmitter,
+        usage: _Usage,
+        client_tools: dict[str, ClientTool],
     ) -> _Step:
         """One model call, streamed: text out as deltas, tool calls collected."""
         options: dict[str, Any] = {}
-        if self.tools:
-            options["tools"] = [t.schema() for t in self.tools.values()]
+        tools = [t.schema() for t in self.tools.values()]
+        tools += [_client_schema(t) for t in client_tools.values()]
+        if tools:
+            options["tools"] = tools
         if self.settings.temperature is not None:
             options["temperature"] = self.settings.temperature
         if self.settings.max_tokens is not None:

@@ -25,7 +25,7 @@ from tests.conftest import SharedMesh
 from tests.support.mesh import Component, Mesh, until
 from tests.support.scripted_llm import ScriptedLLM
 from turnmesh.client import AsyncClient, Client, TurnFailedError
-from turnmesh.v1 import event_pb2
+from turnmesh.v1 import event_pb2, message_pb2
 
 AGENT_FILE = """\
 name: assistant
@@ -40,6 +40,8 @@ tools:
   - turnmesh.agent.builtin.tools:current_time
   - llm_tools:broken
   - llm_tools:slow
+  - llm_tools:transfer
+approval: [transfer]
 tool_timeout_seconds: 0.5
 """
 
@@ -102,6 +104,69 @@ async def test_a_two_step_tool_loop(llm: LlmMesh) -> None:
     assert requests[0]["stream"] is True
     finished = result.events[-1]
     assert finished.usage[0].input_tokens == 33  # 11 a call, three calls
+
+
+WEATHER = message_pb2.ToolDefinition(name="get_weather", description="the weather in a city")
+WEATHER.parameters.update({"type": "object", "properties": {"city": {"type": "string"}}})
+
+
+async def test_the_model_calls_the_callers_tool_and_the_client_answers(llm: LlmMesh) -> None:
+    async with AsyncClient(llm.server.address) as client:
+        sid = (await client.create_session()).session_id
+        paused = await client.send(sid, "[client-tool] weather in Oslo?", tools=[WEATHER])
+        offered = llm.scripted.requests[-1]["body"]["tools"]
+        assert {"type": "function", "function": {
+            "name": "get_weather",
+            "description": "the weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }} in offered  # fmt: skip
+        assert paused.outcome is not None
+        assert list(paused.outcome.pending_tool_call_ids) == ["call_get_weather"]
+        result = [message_pb2.ToolResult(tool_call_id="call_get_weather", content="cold, -3 C")]
+        answer = await client.send(sid, "", tool_results=result)
+    assert answer.outcome is None and "cold, -3 C" in answer.text
+    # The model saw its call and the client's result, after the paused turn's message.
+    sent = llm.scripted.requests[-1]["body"]["messages"]
+    assert [m["role"] for m in sent[-3:]] == ["user", "assistant", "tool"]
+    assert sent[-2]["tool_calls"][0]["id"] == "call_get_weather"
+    assert sent[-1] == {
+        "role": "tool",
+        "tool_call_id": "call_get_weather",
+        "content": "cold, -3 C",
+    }
+
+
+async def test_a_server_tool_runs_and_a_client_tool_waits_in_one_step(llm: LlmMesh) -> None:
+    async with AsyncClient(llm.server.address) as client:
+        sid = (await client.create_session()).session_id
+        paused = await client.send(sid, "[mixed] go", tools=[WEATHER])
+        results = [e.content for e in paused.events if e.type == event_pb2.TOOL_CALL_RESULT]
+        assert results == ["42"]
+        assert paused.outcome is not None
+        assert list(paused.outcome.pending_tool_call_ids) == ["call_get_weather"]
+        answer = await client.send(
+            sid, "", tool_results=[message_pb2.ToolResult(tool_call_id="call_get_weather")]
+        )
+    assert "42" in answer.text
+
+
+@pytest.mark.parametrize(("approved", "expected"), [(True, "moved 5"), (False, "not approved")])
+async def test_a_tool_that_needs_approval_runs_only_when_approved(
+    llm: LlmMesh, approved: bool, expected: str
+) -> None:
+    async with AsyncClient(llm.server.address) as client:
+        sid = (await client.create_session()).session_id
+        asked = await client.send(sid, "[approve] pay them")
+        assert asked.outcome is not None and asked.outcome.type == "interrupt"
+        (interrupt,) = asked.outcome.interrupts
+        assert (interrupt.reason, interrupt.tool_call_id) == ("tool_approval", "call_transfer")
+        assert "transfer" in interrupt.message
+        assert not [e for e in asked.events if e.type == event_pb2.TOOL_CALL_RESULT]
+        answer = message_pb2.ResumeEntry(interrupt_id=interrupt.id, status="resolved")
+        answer.payload.struct_value.update({"approved": approved})
+        done = await client.send(sid, "", resume=[answer])
+    results = [e.content for e in done.events if e.type == event_pb2.TOOL_CALL_RESULT]
+    assert expected in results[0] and expected in done.text
 
 
 async def test_history_is_sent_as_the_conversation(llm: LlmMesh) -> None:

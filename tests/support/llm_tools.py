@@ -15,3 +15,8 @@ async def slow(seconds: float) -> str:
     """A tool that takes its time."""
     await asyncio.sleep(seconds)
     return "finally done"
+
+
+def transfer(amount: int) -> str:
+    """Move money (the agent file makes its calls wait for approval)."""
+    return f"moved {amount}"

@@ -125,6 +125,18 @@ class ScriptedLLM:
                 name, args = tools[script]
                 self._send(handler, _chunk(_tool_call(0, "call_x", name, args)))
                 self._send(handler, _chunk({}, "tool_calls"))
+            elif script in ("client-tool", "approve", "mixed") and not results:
+                # The caller's tool is offered beside the agent's: call it by name.
+                offered = {t["function"]["name"] for t in body.get("tools", ())}
+                scripts: dict[str, list[tuple[str, dict[str, Any]]]] = {
+                    "client-tool": [("get_weather", {"city": "Oslo"})],
+                    "approve": [("transfer", {"amount": 5})],
+                    "mixed": [("calculator", {"expression": "6*7"}), ("get_weather", {})],
+                }
+                for index, (name, args) in enumerate(scripts[script]):
+                    if name in offered:
+                        self._send(handler, _chunk(_tool_call(index, f"call_{name}", name, args)))
+                self._send(handler, _chunk({}, "tool_calls"))
             elif script == "forever":
                 for n in range(600):
                     self._send(handler, _chunk({"content": f"tok{n} "}))

@@ -33,6 +33,12 @@ def _write(tmp_path: Path, text: str) -> str:
             "name: a\nkind: openai\nmodel: {name: m}\ntool_timeout_seconds: 0\n",
             "tool_timeout_seconds",
         ),
+        ("name: a\nkind: echo\napproval: [x]\n", "`approval` is for openai agents"),
+        (
+            "name: a\nkind: openai\nmodel: {name: m}\n"
+            "tools: ['turnmesh.agent.builtin.tools:calculator']\napproval: [calculator, rm]\n",
+            "approval: approval names tools the agent does not have: rm",
+        ),
         ("- just\n- a list\n", "must be a mapping"),
         ("name: [unclosed\n", "not valid YAML"),
     ],
