@@ -19,6 +19,7 @@ The worker runs one ``run`` per turn; a cancelled turn raises
 """
 
 from turnmesh.agent._contract import (
+    MAX_CHECKPOINT_BYTES,
     AgentError,
     AgentFile,
     AgentRequest,
@@ -35,6 +36,7 @@ from turnmesh.agent._loader import BUILTIN_AGENTS, AgentLoadError, load_agent
 
 __all__ = [
     "BUILTIN_AGENTS",
+    "MAX_CHECKPOINT_BYTES",
     "AgentError",
     "AgentFile",
     "AgentLoadError",

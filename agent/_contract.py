@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "MAX_CHECKPOINT_BYTES",
     "AgentError",
     "AgentFile",
     "AgentRequest",
@@ -94,7 +95,9 @@ class Interrupt:
     answer. ``id`` is minted when empty.
     """
 
-    reason: str = "question"  # "tool_approval", "question", or your own word
+    # "tool_approval", "question", or your own word; empty: "tool_approval" when
+    # it gates a call (tool_call_id), else "question".
+    reason: str = ""
     message: str = ""
     tool_call_id: str | None = None
     response_schema: dict[str, Any] | None = None
@@ -144,6 +147,8 @@ class AgentRequest:
     A turn that answers the one before's pause carries ``tool_results`` and
     ``resume`` and may have no user message (``messages`` empty, ``message``
     ""); they are not in ``history``, which ends with the paused turn.
+    ``checkpoint`` is what the agent saved when that turn paused
+    (``AgentResponse.checkpoint``), b"" otherwise.
     """
 
     message: str
@@ -157,6 +162,7 @@ class AgentRequest:
     tools: list[ClientTool] = field(default_factory=list)
     tool_results: list[ToolResult] = field(default_factory=list)
     resume: list[Resume] = field(default_factory=list)
+    checkpoint: bytes = b""
 
     def __post_init__(self) -> None:
         if not self.messages and not self.tool_results and not self.resume:
@@ -178,6 +184,7 @@ class AgentRequest:
         tools: list[ClientTool] | None = None,
         tool_results: list[ToolResult] | None = None,
         resume: list[Resume] | None = None,
+        checkpoint: bytes = b"",
     ) -> AgentRequest:
         """Build a request whose ``message`` is ``messages`` coalesced."""
         return cls(
@@ -192,7 +199,12 @@ class AgentRequest:
             tools=tools if tools is not None else [],
             tool_results=tool_results if tool_results is not None else [],
             resume=resume if resume is not None else [],
+            checkpoint=checkpoint,
         )
+
+
+# The largest checkpoint an agent may leave with a pause.
+MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -204,12 +216,17 @@ class AgentResponse:
 
     ``interrupts`` end the turn waiting for the client's answers (see
     ``Interrupt``), as do calls of the caller's tools left without a result.
+    ``checkpoint``: opaque bytes the agent needs to resume such a turn (at
+    most ``MAX_CHECKPOINT_BYTES``), kept durably with the pause in the session
+    store and given back in the answering turn's ``AgentRequest.checkpoint``,
+    on whichever worker runs it. Ignored when the turn does not pause.
     """
 
     text: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     usage: TokenUsage | None = None
     interrupts: list[Interrupt] = field(default_factory=list)
+    checkpoint: bytes = b""
 
 
 class AgentError(Exception):

@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from turnmesh.agent._contract import MAX_CHECKPOINT_BYTES
 from turnmesh.runtime.exposure import is_loopback
 from turnmesh.runtime.interceptors import ErrorMappingInterceptor
 from turnmesh.runtime.tls import PLAINTEXT, Transport
@@ -32,9 +33,10 @@ log = logging.getLogger(__name__)
 # 64 KiB of metadata, ten file names and framing, well under 1 MiB more. Public
 # ports receive no more than this, and clients send no more.
 MAX_TURN_REQUEST_BYTES = 101 * 1024 * 1024
-# A worker's Run carries a Turn's files and the history the worker lacks.
+# A worker's Run carries a Turn's files, the history the worker lacks and
+# the checkpoint an agent left with a pause.
 MAX_HISTORY_BYTES = 64 * 1024 * 1024
-MAX_RUN_REQUEST_BYTES = MAX_TURN_REQUEST_BYTES + MAX_HISTORY_BYTES
+MAX_RUN_REQUEST_BYTES = MAX_TURN_REQUEST_BYTES + MAX_HISTORY_BYTES + MAX_CHECKPOINT_BYTES
 # The router's largest message: a server re-registering with every session it
 # owns (100,000 ids of up to 128 characters).
 MAX_ROUTER_REQUEST_BYTES = 32 * 1024 * 1024

@@ -543,6 +543,7 @@ class SessionCore:
         # has neither expired nor been cancelled.
         if not (turns is not None and turns.busy) and (pause := pauses.active(record.pause)):
             session.pause.CopyFrom(pause)
+            session.pause.ClearField("agent_checkpoint")  # the agent's own, never shown
         return session
 
 

@@ -63,8 +63,9 @@ class WorkerEnd:
     usage: list[event_pb2.TokenUsage] = field(default_factory=list)
     result: struct_pb2.Struct | None = None
     error: event_pb2.Event | None = None
-    # Set when the turn ends waiting for the client.
+    # Set when the turn ends waiting for the client, with what the agent saved.
     outcome: event_pb2.RunOutcome | None = None
+    agent_checkpoint: bytes = b""
 
 
 class WorkerFailed(Exception):
@@ -178,6 +179,7 @@ class TurnRunner:
             pause = pauses.make_pause(
                 run.turn.turn_id, end.outcome, run.builder.calls, self.pause_timeout_seconds
             )
+            pause.agent_checkpoint = end.agent_checkpoint
         if end.usage:
             messages[-1].usage.CopyFrom(sum_usage(end.usage))
         final = tlog.stamp(_finished_event(run.started, end))
@@ -397,6 +399,7 @@ class TurnRunner:
                     break  # the relay ended before it brought them all
                 for event in response.events:
                     if (end := feed.event(event)) is not None:
+                        end.agent_checkpoint = response.agent_checkpoint
                         return end
         except grpc.aio.AioRpcError as exc:
             if not feed.streamed and isinstance(from_rpc_error(exc), HistoryMiss):

@@ -43,6 +43,7 @@ def to_agent_request(
         tools=[client_tool(t) for t in request.tools],
         tool_results=tool_results(request),
         resume=resume_entries(request, history),
+        checkpoint=request.answering.agent_checkpoint,
     )
 
 

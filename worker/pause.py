@@ -13,11 +13,11 @@ from collections.abc import Mapping
 
 from google.protobuf import struct_pb2
 
-from turnmesh.agent import AgentResponse
+from turnmesh.agent import MAX_CHECKPOINT_BYTES, AgentResponse
 from turnmesh.runtime.ids import new_id
 from turnmesh.v1 import event_pb2
 
-__all__ = ["MAX_INTERRUPTS", "BadPause", "outcome"]
+__all__ = ["MAX_INTERRUPTS", "BadPause", "check_checkpoint", "outcome"]
 
 # A turn asks at most this many things at once (each a client's answer).
 MAX_INTERRUPTS = 16
@@ -67,6 +67,14 @@ def outcome(
         if asked.metadata:
             interrupt.metadata.CopyFrom(_struct(dict(asked.metadata)))
     return result
+
+
+def check_checkpoint(checkpoint: object) -> None:
+    """What the agent saved with its pause: bytes, within the bound."""
+    if not isinstance(checkpoint, bytes):
+        raise BadPause(f"a checkpoint must be bytes, not {type(checkpoint).__name__}")
+    if len(checkpoint) > MAX_CHECKPOINT_BYTES:
+        raise BadPause(f"a checkpoint of {len(checkpoint)} bytes; at most {MAX_CHECKPOINT_BYTES}")
 
 
 def _struct(value: dict[str, object]) -> struct_pb2.Struct:

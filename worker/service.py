@@ -210,9 +210,13 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             else:
                 pending.extend(emitter.closing_events(response.text))
                 pending.append(finished)
-            yield worker_service_pb2.RunResponse(
+            last = worker_service_pb2.RunResponse(
                 events=pending, relayed_events=len(relayed) + emitter.sunk
             )
+            if finished is not None and finished.HasField("outcome"):
+                assert isinstance(response, AgentResponse)
+                last.agent_checkpoint = response.checkpoint  # checked by _run_finished
+            yield last
             outcome = "finished" if finished is not None else "failed"
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -296,6 +300,7 @@ def _run_finished(
         )
         if (waits := pause.outcome(response, unanswered, client_tools)) is not None:
             event.outcome.CopyFrom(waits)
+            pause.check_checkpoint(response.checkpoint)
         if response.usage is not None:
             usage = response.usage
             event.usage.append(

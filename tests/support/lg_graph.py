@@ -1,7 +1,8 @@
-"""A small LangGraph graph for the adapter's tests: an agent node that asks
-for a tool on the first pass (a message it builds itself, no model) and on
-the second streams its answer from LangChain's fake chat model; a ToolNode in
-between runs a real tool."""
+"""Small LangGraph graphs for the adapter's tests. ``graph``: an agent node
+that asks for a tool on the first pass (a message it builds itself, no
+model) and on the second streams its answer from LangChain's fake chat model;
+a ToolNode in between runs a real tool. ``asking``: a node that says
+something, then one that asks the client a question with ``interrupt()``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import interrupt
 
 
 @tool
@@ -43,3 +45,30 @@ def build() -> Any:
 
 
 graph = build()
+
+
+CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def build_asking() -> Any:
+    def greet(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(content="Let me plan your trip.")]}
+
+    def ask(state: MessagesState) -> dict[str, Any]:
+        # Runs again from the top on resume: the answer comes back from interrupt().
+        answer = interrupt(
+            {"message": "Which city?", "reason": "question"}, response_schema=CITY_SCHEMA
+        )
+        city = answer.get("city") if isinstance(answer, dict) else answer
+        told = sum(1 for m in state["messages"] if m.type == "human")
+        return {"messages": [AIMessage(content=f"Booked {city} ({told} messages from you).")]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("greet", greet)
+    graph.add_node("ask", ask)
+    graph.add_edge(START, "greet")
+    graph.add_edge("greet", "ask")
+    return graph.compile()
+
+
+asking = build_asking()

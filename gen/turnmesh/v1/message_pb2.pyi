@@ -338,11 +338,17 @@ class Pause(_message.Message):
     INTERRUPTS_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     CANCELLED_FIELD_NUMBER: _builtins.int
+    AGENT_CHECKPOINT_FIELD_NUMBER: _builtins.int
     turn_id: _builtins.str
     """The turn that paused."""
     cancelled: _builtins.bool
     """Set when the client cancelled the pause (CancelTurn of its turn): it
     waits no more, and the next turn tells the agent so.
+    """
+    agent_checkpoint: _builtins.bytes
+    """Never returned by the API: what the agent saved to resume the turn from
+    (a LangGraph checkpoint, say), opaque to the mesh. Kept with the pause in
+    the session store and given back to the agent by the turn that answers.
     """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
@@ -368,10 +374,11 @@ class Pause(_message.Message):
         interrupts: _abc.Iterable[_event_pb2.Interrupt] | None = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         cancelled: _builtins.bool = ...,
+        agent_checkpoint: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "expire_time", b"expire_time", "interrupts", b"interrupts", "tool_calls", b"tool_calls", "turn_id", b"turn_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_checkpoint", b"agent_checkpoint", "cancelled", b"cancelled", "expire_time", b"expire_time", "interrupts", b"interrupts", "tool_calls", b"tool_calls", "turn_id", b"turn_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,7 @@ from turnmesh.v1 import event_pb2 as turnmesh_dot_v1_dot_event__pb2
 from turnmesh.v1 import message_pb2 as turnmesh_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/worker_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"\x9e\x03\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x10\n\x08messages\x18\x03 \x03(\t\x12 \n\x05\x66iles\x18\x04 \x03(\x0b\x32\x11.turnmesh.v1.File\x12%\n\x07history\x18\x05 \x03(\x0b\x32\x14.turnmesh.v1.Message\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0chistory_base\x18\x07 \x01(\x05\x12\x10\n\x08relay_id\x18\x08 \x01(\t\x12\x11\n\trelay_key\x18\t \x01(\x04\x12*\n\x05tools\x18\n \x03(\x0b\x32\x1b.turnmesh.v1.ToolDefinition\x12%\n\tanswering\x18\x0b \x01(\x0b\x32\x12.turnmesh.v1.Pause\x12-\n\x0ctool_results\x18\x0c \x03(\x0b\x32\x17.turnmesh.v1.ToolResult\x12(\n\x06resume\x18\r \x03(\x0b\x32\x18.turnmesh.v1.ResumeEntry\"n\n\x0bRunResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.turnmesh.v1.Event\x12#\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x14.turnmesh.v1.FileRef\x12\x16\n\x0erelayed_events\x18\x03 \x01(\x05\" \n\x0cRelayRequest\x12\x10\n\x08relay_id\x18\x01 \x01(\t\":\n\rRelayResponse\x12)\n\x05turns\x18\x01 \x03(\x0b\x32\x1a.turnmesh.v1.RelayedEvents\"k\n\rRelayedEvents\x12\x11\n\trelay_key\x18\x01 \x01(\x04\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.turnmesh.v1.Event\x12#\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x14.turnmesh.v1.FileRef\"\x10\n\x0eGetInfoRequest\"_\n\x0fGetInfoResponse\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x16\n\x0einflight_turns\x18\x04 \x01(\x05\x32\xd3\x01\n\rWorkerService\x12:\n\x03Run\x12\x17.turnmesh.v1.RunRequest\x1a\x18.turnmesh.v1.RunResponse0\x01\x12@\n\x05Relay\x12\x19.turnmesh.v1.RelayRequest\x1a\x1a.turnmesh.v1.RelayResponse0\x01\x12\x44\n\x07GetInfo\x12\x1b.turnmesh.v1.GetInfoRequest\x1a\x1c.turnmesh.v1.GetInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/worker_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"\x9e\x03\n\nRunRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x10\n\x08messages\x18\x03 \x03(\t\x12 \n\x05\x66iles\x18\x04 \x03(\x0b\x32\x11.turnmesh.v1.File\x12%\n\x07history\x18\x05 \x03(\x0b\x32\x14.turnmesh.v1.Message\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0chistory_base\x18\x07 \x01(\x05\x12\x10\n\x08relay_id\x18\x08 \x01(\t\x12\x11\n\trelay_key\x18\t \x01(\x04\x12*\n\x05tools\x18\n \x03(\x0b\x32\x1b.turnmesh.v1.ToolDefinition\x12%\n\tanswering\x18\x0b \x01(\x0b\x32\x12.turnmesh.v1.Pause\x12-\n\x0ctool_results\x18\x0c \x03(\x0b\x32\x17.turnmesh.v1.ToolResult\x12(\n\x06resume\x18\r \x03(\x0b\x32\x18.turnmesh.v1.ResumeEntry\"\x88\x01\n\x0bRunResponse\x12\"\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x12.turnmesh.v1.Event\x12#\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x14.turnmesh.v1.FileRef\x12\x16\n\x0erelayed_events\x18\x03 \x01(\x05\x12\x18\n\x10\x61gent_checkpoint\x18\x04 \x01(\x0c\" \n\x0cRelayRequest\x12\x10\n\x08relay_id\x18\x01 \x01(\t\":\n\rRelayResponse\x12)\n\x05turns\x18\x01 \x03(\x0b\x32\x1a.turnmesh.v1.RelayedEvents\"k\n\rRelayedEvents\x12\x11\n\trelay_key\x18\x01 \x01(\x04\x12\"\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x12.turnmesh.v1.Event\x12#\n\x05\x66iles\x18\x03 \x03(\x0b\x32\x14.turnmesh.v1.FileRef\"\x10\n\x0eGetInfoRequest\"_\n\x0fGetInfoResponse\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x16\n\x0einflight_turns\x18\x04 \x01(\x05\x32\xd3\x01\n\rWorkerService\x12:\n\x03Run\x12\x17.turnmesh.v1.RunRequest\x1a\x18.turnmesh.v1.RunResponse0\x01\x12@\n\x05Relay\x12\x19.turnmesh.v1.RelayRequest\x1a\x1a.turnmesh.v1.RelayResponse0\x01\x12\x44\n\x07GetInfo\x12\x1b.turnmesh.v1.GetInfoRequest\x1a\x1c.turnmesh.v1.GetInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,18 +36,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNREQUEST']._serialized_start=132
   _globals['_RUNREQUEST']._serialized_end=546
-  _globals['_RUNRESPONSE']._serialized_start=548
-  _globals['_RUNRESPONSE']._serialized_end=658
-  _globals['_RELAYREQUEST']._serialized_start=660
-  _globals['_RELAYREQUEST']._serialized_end=692
-  _globals['_RELAYRESPONSE']._serialized_start=694
-  _globals['_RELAYRESPONSE']._serialized_end=752
-  _globals['_RELAYEDEVENTS']._serialized_start=754
-  _globals['_RELAYEDEVENTS']._serialized_end=861
-  _globals['_GETINFOREQUEST']._serialized_start=863
-  _globals['_GETINFOREQUEST']._serialized_end=879
-  _globals['_GETINFORESPONSE']._serialized_start=881
-  _globals['_GETINFORESPONSE']._serialized_end=976
-  _globals['_WORKERSERVICE']._serialized_start=979
-  _globals['_WORKERSERVICE']._serialized_end=1190
+  _globals['_RUNRESPONSE']._serialized_start=549
+  _globals['_RUNRESPONSE']._serialized_end=685
+  _globals['_RELAYREQUEST']._serialized_start=687
+  _globals['_RELAYREQUEST']._serialized_end=719
+  _globals['_RELAYRESPONSE']._serialized_start=721
+  _globals['_RELAYRESPONSE']._serialized_end=779
+  _globals['_RELAYEDEVENTS']._serialized_start=781
+  _globals['_RELAYEDEVENTS']._serialized_end=888
+  _globals['_GETINFOREQUEST']._serialized_start=890
+  _globals['_GETINFOREQUEST']._serialized_end=906
+  _globals['_GETINFORESPONSE']._serialized_start=908
+  _globals['_GETINFORESPONSE']._serialized_end=1003
+  _globals['_WORKERSERVICE']._serialized_start=1006
+  _globals['_WORKERSERVICE']._serialized_end=1217
 # @@protoc_insertion_point(module_scope)

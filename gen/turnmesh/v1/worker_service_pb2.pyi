@@ -121,9 +121,14 @@ class RunResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
     RELAYED_EVENTS_FIELD_NUMBER: _builtins.int
+    AGENT_CHECKPOINT_FIELD_NUMBER: _builtins.int
     relayed_events: _builtins.int
     """On the last response: how many of the turn's events were sent through
     the relay (0 when it was not used).
+    """
+    agent_checkpoint: _builtins.bytes
+    """On the last response of a turn that ends waiting for the client: what
+    the agent saved to resume from (Pause.agent_checkpoint).
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]: ...
@@ -139,10 +144,11 @@ class RunResponse(_message.Message):
         events: _abc.Iterable[_event_pb2.Event] | None = ...,
         files: _abc.Iterable[_message_pb2.FileRef] | None = ...,
         relayed_events: _builtins.int = ...,
+        agent_checkpoint: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "files", b"files", "relayed_events", b"relayed_events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_checkpoint", b"agent_checkpoint", "events", b"events", "files", b"files", "relayed_events", b"relayed_events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
