@@ -2,19 +2,37 @@
 
 The events carry only the fields AG-UI defines for each type (with AG-UI's
 value types), so the real client validates them without a warning.
+
+The thread is the session. A run's ``tools`` are the caller's (frontend)
+tools for that turn; a run that ends waiting for the client says so in
+RUN_FINISHED's ``outcome``: ``{"type": "success", "pendingToolCallIds"}``
+for calls of those tools, ``{"type": "interrupt", "interrupts"}`` for
+approvals and questions. The next run answers: its ``messages`` end with the
+``tool`` messages for the calls (a user message may follow them), its
+``resume`` holds an entry per interrupt. A new thread whose history ends in
+an assistant's calls and their tool messages is seeded up to the calls, and
+the tool messages answer them.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC
 from typing import Any, Literal
 
 from google.api import httpbody_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from turnmesh.runtime.errors import AlreadyExists
+from turnmesh.runtime.errors import (
+    AlreadyExists,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    NotWaiting,
+)
+from turnmesh.server import pauses, validation
 from turnmesh.server.compat._common import (
     POLICIES,
     Mesh,
@@ -23,9 +41,11 @@ from turnmesh.server.compat._common import (
     invalid,
     parse_json_body,
     sse_body,
+    tool_definition,
 )
 from turnmesh.server.compat._files import Inline, decode, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
 
 
 class _Part(BaseModel):
@@ -45,6 +65,7 @@ class AguiMessage(BaseModel):
     content: str | list[_Part] | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list, alias="toolCalls")
     tool_call_id: str | None = Field(default=None, alias="toolCallId")
+    error: str | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -74,15 +95,35 @@ class AguiMessage(BaseModel):
         return files
 
 
+class AguiTool(BaseModel):
+    """A frontend tool (AG-UI's Tool); ``description`` may be left out."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class AguiResume(BaseModel):
+    """An answer to an interrupt (AG-UI's ResumeEntry)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    interrupt_id: str = Field(alias="interruptId", min_length=1)
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+
+
 class RunAgentInput(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     thread_id: str = Field(alias="threadId", min_length=1, max_length=128)
     run_id: str = Field(default="", alias="runId")
-    messages: list[AguiMessage] = Field(min_length=1, max_length=1000)
+    # Empty only in a run that carries resume entries (the thread holds the rest).
+    messages: list[AguiMessage] = Field(max_length=1000)
     state: Any = None
-    tools: list[Any] = Field(default_factory=list)
+    tools: list[AguiTool] = Field(default_factory=list)
     context: list[Any] = Field(default_factory=list)
     forwarded_props: dict[str, Any] = Field(default_factory=dict, alias="forwardedProps")
+    resume: list[AguiResume] = Field(default_factory=list)
 
 
 async def parse(body: httpbody_pb2.HttpBody) -> RunAgentInput:
@@ -91,10 +132,19 @@ async def parse(body: httpbody_pb2.HttpBody) -> RunAgentInput:
         run = RunAgentInput.model_validate(data)
     except ValidationError as exc:
         raise from_pydantic(exc, data) from exc
-    if run.messages[-1].role != "user":
+    last = len(run.messages) - 1
+    if not run.messages and not run.resume:
+        raise invalid("messages", "at least 1 (or the run must carry resume)")
+    # A run that answers a pause ends with tool messages, or carries resume
+    # entries after the assistant's message: only then may the user's be absent.
+    if run.messages and run.messages[last].role not in ("user", "tool") and not run.resume:
         raise invalid(
-            f"messages[{len(run.messages) - 1}].role", "the last message must be the user's"
+            f"messages[{last}].role",
+            "the last message must be the user's or a tool result (or the run must carry resume)",
         )
+    for index in _answer_indices(run.messages):
+        if not run.messages[index].tool_call_id:
+            raise invalid(f"messages[{index}].toolCallId", "required")
     policy = run.forwarded_props.get("policy", "collect")
     if not isinstance(policy, str) or policy not in POLICIES:
         raise invalid("forwardedProps.policy", f"one of {', '.join(sorted(POLICIES))}")
@@ -108,11 +158,104 @@ def _history(messages: list[AguiMessage]) -> list[message_pb2.Message]:
             role="system" if m.role == "developer" else m.role,
             content=m.text(),
             tool_call_id=m.tool_call_id or "",
+            error=m.error or "",
         )
         for call in m.tool_calls:
             call.add_to(message)
         history.append(message)
     return history
+
+
+def _answer_indices(messages: list[AguiMessage]) -> range:
+    """Where the trailing tool messages are: the last ones, or those just
+    before a last user message."""
+    end = len(messages) - 1 if messages and messages[-1].role == "user" else len(messages)
+    start = end
+    while start > 0 and messages[start - 1].role == "tool":
+        start -= 1
+    return range(start, end)
+
+
+def _tool_results(messages: list[AguiMessage], indices: range) -> list[message_pb2.ToolResult]:
+    return [
+        message_pb2.ToolResult(
+            tool_call_id=messages[i].tool_call_id or "",
+            content=messages[i].text(),
+            error=messages[i].error or "",
+        )
+        for i in indices
+    ]
+
+
+def _resume(entries: list[AguiResume]) -> list[message_pb2.ResumeEntry]:
+    out = []
+    for entry in entries:
+        resumed = message_pb2.ResumeEntry(interrupt_id=entry.interrupt_id, status=entry.status)
+        # AG-UI leaves ``payload`` out rather than send null: both are "no
+        # payload". (The body's depth limit keeps it within protobuf's.)
+        if entry.payload is not None:
+            json_format.ParseDict(entry.payload, resumed.payload)
+        out.append(resumed)
+    return out
+
+
+def _as_caller_field(field: str, indices: range, last: int) -> str:
+    """A violation's field named as in the RunAgentInput: a tool result is
+    its tool message, the message is the last user message's content."""
+    head, _, rest = field.partition(".")
+    if head.startswith("tool_results["):
+        n = int(head[len("tool_results[") : -1])
+        name = {"tool_call_id": "toolCallId"}.get(rest, rest)
+        where = f"messages[{indices[n]}]" if n < len(indices) else "messages"
+        return f"{where}.{name}" if name else where
+    if head == "tool_results":
+        return "messages"
+    if head.startswith("resume["):
+        return f"{head}.{'interruptId' if rest == 'interrupt_id' else rest}"
+    if head == "message":
+        return f"messages[{last}].content"
+    return field
+
+
+def _renamed(exc: InvalidArgument, indices: range, last: int) -> InvalidArgument:
+    return InvalidArgument(
+        [
+            FieldViolation(_as_caller_field(v.field, indices, last), v.description)
+            for v in exc.violations
+        ]
+    )
+
+
+def _outcome(outcome: event_pb2.RunOutcome) -> dict[str, Any] | None:
+    """RUN_FINISHED's outcome in AG-UI 1.0's shape, or None for a plain
+    success (AG-UI reads an absent outcome as success). AG-UI's interrupt
+    outcome has no pending calls: any are in the stream's TOOL_CALL events
+    and the next run must answer them too."""
+    if outcome.type == "interrupt" and outcome.interrupts:
+        return {"type": "interrupt", "interrupts": [_interrupt(i) for i in outcome.interrupts]}
+    if outcome.type == "success" and outcome.pending_tool_call_ids:
+        return {"type": "success", "pendingToolCallIds": list(outcome.pending_tool_call_ids)}
+    if outcome.type == "cancelled":
+        return {"type": "cancelled"}
+    return None
+
+
+def _interrupt(interrupt: event_pb2.Interrupt) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": interrupt.id, "reason": interrupt.reason}
+    if interrupt.message:
+        out["message"] = interrupt.message
+    if interrupt.tool_call_id:
+        out["toolCallId"] = interrupt.tool_call_id
+    if interrupt.HasField("response_schema"):
+        out["responseSchema"] = json_format.MessageToDict(interrupt.response_schema)
+    if interrupt.HasField("expires_at"):
+        # ISO 8601 in milliseconds, as JavaScript's Date prints it (the client
+        # compares it with ``new Date(expiresAt)``).
+        at = interrupt.expires_at.ToDatetime(tzinfo=UTC)
+        out["expiresAt"] = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if interrupt.HasField("metadata"):
+        out["metadata"] = json_format.MessageToDict(interrupt.metadata)
+    return out
 
 
 def to_agui(event: event_pb2.Event, thread_id: str, run_id: str) -> dict[str, Any] | None:
@@ -125,6 +268,8 @@ def to_agui(event: event_pb2.Event, thread_id: str, run_id: str) -> dict[str, An
         out.update(threadId=thread_id, runId=run_id)
         if t == event_pb2.RUN_FINISHED and event.HasField("result"):
             out["result"] = json_format.MessageToDict(event.result)
+        if t == event_pb2.RUN_FINISHED and (outcome := _outcome(event.outcome)) is not None:
+            out["outcome"] = outcome
     elif t == event_pb2.RUN_ERROR:
         out.update(message=event.message or "the run failed", code=event.code or "error")
     elif t == event_pb2.TEXT_MESSAGE_START:
@@ -158,23 +303,86 @@ def to_agui(event: event_pb2.Event, thread_id: str, run_id: str) -> dict[str, An
     return out
 
 
+async def _session(mesh: Mesh, thread: str) -> spb.Session | None:
+    try:
+        return await mesh.get_session(thread)
+    except (NotFound, InvalidArgument):
+        return None  # an invalid id cannot exist either
+
+
+def _seed_until(messages: list[AguiMessage], indices: range) -> int | None:
+    """For a new thread whose trailing tool messages answer the assistant
+    message just before them: where the seeded history ends (after that
+    message, so the new session waits for its calls)."""
+    if not indices or indices.start == 0:
+        return None
+    before = messages[indices.start - 1]
+    return indices.start if before.role == "assistant" and before.tool_calls else None
+
+
+def _check_seeded(thread: str, seed: list[message_pb2.Message], answers: pauses.Answers) -> None:
+    """The tool messages must answer the seeded calls exactly, checked
+    before the thread is made (a refused run leaves no session behind)."""
+    # The pause the server seeds; its expiry plays no part here.
+    pauses.check_answers(thread, pauses.seeded(seed, timeout_seconds=3600.0), answers)
+
+
 async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.HttpBody]:
     thread = request.thread_id
-    last = len(request.messages) - 1
-    message = request.messages[last].text()
-    files = await decode(request.messages[last].files(f"messages[{last}]"))
-    if not await mesh.session_exists(thread):
+    messages = request.messages
+    last = len(messages) - 1
+    indices = _answer_indices(messages)
+    user = messages[last] if messages and messages[last].role == "user" else None
+    message = user.text() if user is not None else ""
+    files = await decode(user.files(f"messages[{last}]")) if user is not None else []
+    resume = _resume(request.resume)
+    tools = [tool_definition(t.name, t.description, t.parameters) for t in request.tools]
+    if violations := validation.tool_violations(tools):
+        raise InvalidArgument(violations)  # before a new thread is made
+    session = await _session(mesh, thread)
+    if session is None:
+        seed_end = _seed_until(messages, indices)
+        if resume:
+            raise NotWaiting(f"thread {thread!r} is new: it waits for no resume entries")
+        if seed_end is None and user is None:
+            raise invalid(
+                f"messages[{indices.start}]",
+                "a new thread's tool messages must follow the assistant message with their calls",
+            )
+        if seed_end is None:
+            indices = range(0)
+            seed = _history(messages[:last])
+        else:
+            seed = _history(messages[:seed_end])
+            answers = pauses.Answers(_tool_results(messages, indices))
+            try:
+                _check_seeded(thread, seed, answers)
+            except InvalidArgument as exc:
+                raise _renamed(exc, indices, last) from None
         agent = request.forwarded_props.get("agent")
         # A concurrent first run on the same thread may have created it.
         with contextlib.suppress(AlreadyExists):
-            await mesh.create_session(
-                thread, agent if isinstance(agent, str) else None, _history(request.messages[:-1])
-            )
+            await mesh.create_session(thread, agent if isinstance(agent, str) else None, seed)
+    elif user is not None and not session.pause.tool_calls:
+        # Tool messages before a user message answered an earlier pause (or
+        # one that expired, which the server answers): a plain message.
+        indices = range(0)
     run_id = request.run_id
     policy = POLICIES[request.forwarded_props.get("policy", "collect")]
-    async with mesh.turn(thread, message, policy=policy, files=files) as stream:
-        async for event in stream:
-            run_id = run_id or event.run_id
-            payload = to_agui(event, thread, run_id)
-            if payload is not None:
-                yield sse_body(payload)
+    try:
+        async with mesh.turn(
+            thread,
+            message,
+            policy=policy,
+            files=files,
+            tools=tools,
+            tool_results=_tool_results(messages, indices),
+            resume=resume,
+        ) as stream:
+            async for event in stream:
+                run_id = run_id or event.run_id
+                payload = to_agui(event, thread, run_id)
+                if payload is not None:
+                    yield sse_body(payload)
+    except InvalidArgument as exc:
+        raise _renamed(exc, indices, last) from None
