@@ -76,6 +76,7 @@ async def run(agent: AgentRunnable, request: AgentRequest) -> tuple[RecordingEmi
 def test_public_names_are_pinned() -> None:
     assert turnmesh.agent.__all__ == [
         "BUILTIN_AGENTS",
+        "MAX_CHECKPOINT_BYTES",
         "AgentError",
         "AgentFile",
         "AgentLoadError",
