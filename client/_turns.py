@@ -40,10 +40,11 @@ class TurnOptions(TypedDict, total=False):
     # A retry with the same key follows the original turn instead of running it again.
     idempotency_key: str
     # The caller's own tools for this turn; a call of one ends the turn
-    # waiting for its result (``TurnResult.pause``).
+    # waiting for its result (``TurnResult.outcome``; build them with ``tool``).
     tools: Sequence[message_pb2.ToolDefinition]
     # Answers to the session's pause: one result per call it waits for, one
-    # resume entry per interrupt (the message may then be "").
+    # resume entry per interrupt (the message may then be ""); build them with
+    # ``tool_result``, ``approve`` and ``resume``.
     tool_results: Sequence[message_pb2.ToolResult]
     resume: Sequence[message_pb2.ResumeEntry]
 

@@ -145,3 +145,36 @@ def test_readme_simple_chat_example(shared_mesh: SharedMesh) -> None:
     answer = json.loads(result.stdout)
     assert answer["content"] == "6*7 = 42."
     assert answer["tool_calls"][0]["name"] == "calculator"
+
+
+def test_readme_pauses_example(shared_mesh: SharedMesh) -> None:
+    script = _block("pauses").replace(README_ADDRESS, shared_mesh.edge)
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert '"pendingToolCallIds":["call_' in out
+    assert '"reason":"tool_approval"' in out
+    frames = [
+        json.loads(line[len("data: ") :]) for line in out.splitlines() if line.startswith("data: ")
+    ]
+    said = "".join(str(frame.get("delta", "")) for frame in frames)
+    assert 'Your get_weather returned: "sunny, 21 C".' in said
+    assert "Approved: calculator returned 42." in said
+
+
+def test_readme_python_pauses_example(shared_mesh: SharedMesh) -> None:
+    code = _block("python-pauses").replace(README_ADDRESS, shared_mesh.edge)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        'Your get_weather returned: "snow".',
+        "Approved: calculator returned 42.",
+    ]

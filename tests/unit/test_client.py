@@ -41,10 +41,33 @@ def test_public_names_are_pinned() -> None:
         "UnauthenticatedError",
         "UnavailableError",
         "UnimplementedError",
+        "approve",
+        "resume",
+        "tool",
+        "tool_result",
     ]
     assert sorted(turnmesh.client.__all__) == turnmesh.client.__all__
     assert Client.__module__ == AsyncClient.__module__ == "turnmesh.client"
     assert turnmesh.client.NotFoundError.__module__ == "turnmesh.client"
+    assert turnmesh.client.approve.__module__ == "turnmesh.client"
+
+
+def test_pause_helpers_build_the_protos() -> None:
+    weather = turnmesh.client.tool("get_weather", "the weather", {"type": "object"})
+    assert (weather.name, weather.description) == ("get_weather", "the weather")
+    assert weather.parameters["type"] == "object"
+    assert not turnmesh.client.tool("t").HasField("parameters")
+    result = turnmesh.client.tool_result("c1", error="timed out")
+    assert (result.tool_call_id, result.content, result.error) == ("c1", "", "timed out")
+    granted = turnmesh.client.approve("i1")
+    assert (granted.interrupt_id, granted.status) == ("i1", "resolved")
+    assert granted.payload.struct_value["approved"] is True
+    assert turnmesh.client.approve("i1", False).payload.struct_value["approved"] is False
+    answered = turnmesh.client.resume("i2", {"color": "green"})
+    assert answered.payload.struct_value["color"] == "green"
+    assert turnmesh.client.resume("i3", "yes").payload.string_value == "yes"
+    dropped = turnmesh.client.resume("i4", status="cancelled")
+    assert dropped.status == "cancelled" and not dropped.HasField("payload")
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
