@@ -61,15 +61,21 @@ PROTO_MODULE = [
 ]
 
 
+# How-to sections, kept as Markdown beside this script (in this order).
+PROSE = ["pauses.md"]
+
+
 def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
     out = [
         "# turnmesh API reference",
         "",
-        "Generated from `proto/turnmesh/v1` by `scripts/gen_api_docs.py` (`make gen`). "
-        "Do not edit.",
+        "Generated from `proto/turnmesh/v1` and `scripts/api_prose/` by "
+        "`scripts/gen_api_docs.py` (`make gen`). Do not edit.",
         "",
         *PROTO_MODULE,
     ]
+    for name in PROSE:
+        out += [(ROOT / "scripts" / "api_prose" / name).read_text().rstrip(), ""]
     for fd in sorted(fds.file, key=lambda f: f.name):
         if not fd.name.startswith("turnmesh/"):
             continue
