@@ -17,7 +17,7 @@ from turnmesh.v1 import event_pb2, message_pb2
 AGENT_FILE = "name: planner\nkind: langgraph\ngraph: lg_graph:asking\n"
 
 
-def _answer(interrupt_id: str, payload: object) -> message_pb2.ResumeEntry:
+def _answer(interrupt_id: str, payload: dict[str, object]) -> message_pb2.ResumeEntry:
     entry = message_pb2.ResumeEntry(interrupt_id=interrupt_id, status="resolved")
     json_format.ParseDict(payload, entry.payload)
     return entry
@@ -70,7 +70,8 @@ async def test_an_interrupt_resumes_from_the_store_on_another_worker(
 
         # Cancelled: the checkpoint is dropped and the graph runs from history.
         again = await client.send(sid, "another trip")
-        (second_question,) = again.outcome.interrupts if again.outcome else ()
+        assert again.outcome is not None
+        (second_question,) = again.outcome.interrupts
         cancel = message_pb2.ResumeEntry(interrupt_id=second_question.id, status="cancelled")
         fresh = await client.send(sid, "never mind, plan one more", resume=[cancel])
         assert fresh.outcome is not None and fresh.outcome.type == "interrupt"
