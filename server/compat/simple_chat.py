@@ -89,8 +89,17 @@ class _Calls:
                 "error" if failed else "success"
             )
 
-    def finish(self) -> None:
+    def finish(self, outcome: event_pb2.RunOutcome | None = None) -> None:
+        """``outcome``: the turn's (RUN_FINISHED's); with it, a call without
+        a result is ``pending`` only if the turn waits for the client to act
+        on it (run it, or approve it), else ``error`` (it never returned)."""
+        awaited = None
+        if outcome is not None:
+            awaited = set(outcome.pending_tool_call_ids)
+            awaited.update(i.tool_call_id for i in outcome.interrupts if i.tool_call_id)
         for call_id, call in self._calls.items():
+            if call.status == "pending" and awaited is not None and call_id not in awaited:
+                call.status = "error"
             call.arguments_json = "".join(self._args[call_id])
             try:
                 # NaN and Infinity parse, but no JSON answer can print them.
@@ -111,6 +120,7 @@ async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
     response.tokens_used.SetInParent()  # present, zero or not
     calls = _Calls(response)
     answer = Answer()
+    outcome = event_pb2.RunOutcome()
     async for event in stream(mesh, request):
         answer.feed(event)
         calls.feed(event)
@@ -119,10 +129,14 @@ async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
             response.message_id = event.run_id  # until the answer's own message starts
         elif event.type == event_pb2.TEXT_MESSAGE_START:
             response.message_id = event.message_id
+        elif event.type == event_pb2.RUN_FINISHED:
+            outcome.CopyFrom(event.outcome)
         elif event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
-    calls.finish()
-    response.content = answer.text
+    calls.finish(outcome)
+    # A turn that waits on an approval or a question says what it asks,
+    # even when its agent said nothing (the call it gates is `pending`).
+    response.content = answer.text or "\n".join(i.message for i in outcome.interrupts if i.message)
     response.tokens_used.prompt_tokens = answer.usage.input_tokens
     response.tokens_used.completion_tokens = answer.usage.output_tokens
     response.tokens_used.total_tokens = answer.usage.total_tokens
