@@ -2,6 +2,26 @@
 
 A response id names its session and turn (``resp_<turn>.<session, base64url>``),
 so any server can continue or read it without a shared index.
+
+Function tools: the request's ``function`` tools are the caller's tools for
+the turn. A turn that ends waiting for their results lists each call as a
+``function_call`` output item (after the message item, if the agent said
+anything); the next request's trailing ``function_call_output`` items are the
+results. With ``previous_response_id`` they answer that response's calls;
+without it (a caller that resends the whole input) the input before them,
+ending in the ``function_call`` items, seeds a session that waits for those
+calls.
+
+Approvals are OpenAI's own shape for a tool call that waits for a person: an
+``mcp_approval_request`` output item (``server_label``: the agent), answered
+by an ``mcp_approval_response`` input item with ``previous_response_id``.
+Other interrupts (questions) have no shape in this API: such a response is
+``incomplete`` (``incomplete_details.reason: "interrupt"``), and every
+interrupt is listed in ``interrupts`` (an extension: the native
+``Interrupt``'s fields); a request's ``resume`` (an extension,
+``[{"interrupt_id", "status", "payload"}]``) with ``previous_response_id``
+answers them. Any other request on a response that waits is 409
+``awaiting_client``, naming what it waits for.
 """
 
 from __future__ import annotations
@@ -9,14 +29,23 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from google.api import httpbody_pb2
+from google.protobuf import json_format, struct_pb2
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from turnmesh.runtime.errors import FieldViolation, InvalidArgument, NotFound
+from turnmesh.runtime.errors import (
+    AwaitingClient,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    NotWaiting,
+    TurnError,
+)
 from turnmesh.runtime.events import Answer
+from turnmesh.server import pauses, validation
 from turnmesh.server.compat._common import (
     ContentPart,
     Mesh,
@@ -26,11 +55,16 @@ from turnmesh.server.compat._common import (
     json_body,
     parse_json_body,
     sse_body,
+    tool_definition,
     turn_error,
 )
 from turnmesh.server.compat._files import Inline, decode, from_data_url, from_inline, unsupported
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
+
+# Ids a caller sends back (call ids, approval request ids): bounded.
+MAX_ID_CHARS = 256
+APPROVAL = "tool_approval"
 
 
 class InputMessage(BaseModel):
@@ -80,7 +114,71 @@ class ItemReference(BaseModel):
     id: str = Field(min_length=1, max_length=512)
 
 
-InputItem = InputMessage | ItemReference
+class FunctionCall(BaseModel):
+    """A function call the model made, sent back (a caller that resends the
+    whole input: openai-agents does by default)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    name: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    arguments: str
+
+
+class FunctionCallOutput(BaseModel):
+    """A function call's result. (``call_id`` is optional in the SDK's
+    types; here it is required.)"""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    output: str | list[ContentPart]
+
+    def text(self, field: str) -> str:
+        """The output's text; an image or a file is no tool result the mesh
+        can carry (a result is text)."""
+        if isinstance(self.output, str):
+            return self.output
+        for index, part in enumerate(self.output):
+            if part.type not in ("input_text", "output_text", "text"):
+                raise invalid(f"{field}.output[{index}].type", "must be input_text")
+        return "".join(p.text or "" for p in self.output)
+
+
+class ApprovalRequest(BaseModel):
+    """An approval request sent back with the rest of an earlier output."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["mcp_approval_request"]
+
+
+class ApprovalResponse(BaseModel):
+    """A person's answer to an ``mcp_approval_request`` (an approval interrupt)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    approve: bool
+    reason: str | None = Field(default=None, max_length=10_000)
+
+
+InputItem = (
+    InputMessage
+    | ItemReference
+    | FunctionCall
+    | FunctionCallOutput
+    | ApprovalRequest
+    | ApprovalResponse
+)
+AnswerItem = FunctionCallOutput | ApprovalResponse
+_ITEMS: dict[str, type[InputItem]] = {
+    "message": InputMessage,
+    "item_reference": ItemReference,
+    "function_call": FunctionCall,
+    "function_call_output": FunctionCallOutput,
+    "mcp_approval_request": ApprovalRequest,
+    "mcp_approval_response": ApprovalResponse,
+}
 # The sessions one request's item references may read (each a history read).
 MAX_REFERENCED_SESSIONS = 8
 # And at most this much of their text (a seeded history may hold 64 MiB; a
@@ -88,15 +186,57 @@ MAX_REFERENCED_SESSIONS = 8
 MAX_REFERENCED_CHARS = 8_000_000
 
 
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    # Accepted and left to the agent, as sampling options are.
+    strict: bool | None = None
+
+    def shown(self) -> dict[str, Any]:
+        """As the response object lists it."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        }
+
+
+class ResumeParam(BaseModel):
+    """An answer to an interrupt (an extension: TurnRequest's ResumeEntry)."""
+
+    model_config = ConfigDict(extra="allow")
+    interrupt_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    status: Literal["resolved", "cancelled"]
+    # Any JSON value; absent or null: no payload.
+    payload: Any = None
+
+
 class ResponseRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, max_length=128)
-    input: str | Annotated[list[dict[str, Any]], Field(max_length=1000)]
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=1000)] = Field(
+        default_factory=list
+    )
     instructions: str | None = None
     stream: bool = False
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
+    tools: Annotated[list[dict[str, Any]], Field(max_length=pauses.MAX_TOOLS)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    # Accepted: the agent decides how many calls it makes at once.
+    parallel_tool_calls: bool | None = None
+    resume: Annotated[list[ResumeParam], Field(max_length=pauses.MAX_ANSWERS)] | None = None
     _items: list[InputItem] = PrivateAttr(default_factory=list)
+    _tools: list[FunctionTool] = PrivateAttr(default_factory=list)
+    _turn_tools: list[FunctionTool] = PrivateAttr(default_factory=list)
+    # Where the answers at the input's end start, and its last user message.
+    _answers_at: int = PrivateAttr(default=0)
+    _message_at: int | None = PrivateAttr(default=None)
 
     def items(self) -> list[InputItem]:
         return self._items
@@ -104,6 +244,36 @@ class ResponseRequest(BaseModel):
     def field(self, index: int) -> str:
         """The caller's name for an input item."""
         return "input" if isinstance(self.input, str) else f"input[{index}]"
+
+    @property
+    def answers_at(self) -> int:
+        """Where the input's answers start: what a new session is seeded
+        with ends there."""
+        return self._answers_at
+
+    def answer_items(self) -> list[tuple[int, AnswerItem]]:
+        """The input's trailing answers, each with its index."""
+        end = len(self._items) if self._message_at is None else self._message_at
+        return [
+            (index, item)
+            for index, item in enumerate(self._items[:end])
+            if index >= self._answers_at and isinstance(item, AnswerItem)
+        ]
+
+    def message(self) -> InputMessage | None:
+        """The new user message (a turn that only answers has none)."""
+        if self._message_at is None:
+            return None
+        item = self._items[self._message_at]
+        assert isinstance(item, InputMessage)
+        return item
+
+    def shown_tools(self) -> list[dict[str, Any]]:
+        return [tool.shown() for tool in self._tools]
+
+    def turn_tools(self) -> list[message_pb2.ToolDefinition]:
+        """The caller's tools for the turn, as ``tool_choice`` leaves them."""
+        return [tool_definition(t.name, t.description, t.parameters) for t in self._turn_tools]
 
 
 def _input_items(value: str | list[dict[str, Any]]) -> list[InputItem]:
@@ -114,21 +284,119 @@ def _input_items(value: str | list[dict[str, Any]]) -> list[InputItem]:
     items: list[InputItem] = []
     for index, raw in enumerate(value):
         kind = raw.get("type", "message")
-        model: type[InputMessage] | type[ItemReference]
-        if kind == "message":
-            model = InputMessage
-        elif kind == "item_reference":
-            model = ItemReference
-        else:
+        model = _ITEMS.get(kind) if isinstance(kind, str) else None
+        if model is None:
             raise invalid(
                 f"input[{index}].type",
-                f"{str(kind)[:64]!r} items are not supported: message and item_reference are",
+                f"{str(kind)[:64]!r} items are not supported: " + ", ".join(_ITEMS) + " are",
             )
         try:
             items.append(model.model_validate(raw))
         except ValidationError as exc:
             raise from_pydantic(exc, raw, prefix=f"input[{index}]") from exc
     return items
+
+
+def _function_tools(request: ResponseRequest) -> list[FunctionTool]:
+    """The request's tools: function tools only (the others are OpenAI's own,
+    hosted ones), named as the native API names a caller's tools."""
+    tools = []
+    for index, raw in enumerate(request.tools or ()):
+        kind = raw.get("type")
+        if kind != "function":
+            raise invalid(
+                f"tools[{index}].type",
+                f"{str(kind)[:64]!r} tools are not supported: function tools are",
+            )
+        try:
+            tools.append(FunctionTool.model_validate(raw))
+        except ValidationError as exc:
+            raise from_pydantic(exc, raw, prefix=f"tools[{index}]") from exc
+    definitions = [tool_definition(t.name, t.description, t.parameters) for t in tools]
+    violations = validation.tool_violations(definitions, "tools")
+    if violations:
+        raise InvalidArgument(violations)
+    return tools
+
+
+def _chosen(request: ResponseRequest, tools: list[FunctionTool]) -> list[FunctionTool]:
+    """The tools ``tool_choice`` leaves the agent: all of them ("auto",
+    "required"), none ("none"), the one named, or the allowed ones. Which
+    one it calls, if any, is the agent's choice: nothing here forces a call."""
+    choice = request.tool_choice
+    if choice is None or choice in ("auto", "required"):
+        if choice == "required" and not tools:
+            raise invalid("tool_choice", "required needs function tools")
+        return tools
+    if choice == "none":
+        return []
+    names = {tool.name: tool for tool in tools}
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if name not in names:
+            raise invalid("tool_choice.name", "must name a function tool of the request")
+        return [names[name]]
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        allowed = choice.get("tools")
+        if not isinstance(allowed, list):
+            raise invalid("tool_choice.tools", "required")
+        chosen = []
+        for index, entry in enumerate(allowed):
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if not isinstance(entry, dict) or entry.get("type") != "function" or name not in names:
+                raise invalid(
+                    f"tool_choice.tools[{index}]", "must name a function tool of the request"
+                )
+            chosen.append(names[name])
+        return chosen
+    raise invalid(
+        "tool_choice",
+        'must be "auto", "none", "required", {"type": "function", "name": ...}'
+        ' or {"type": "allowed_tools", ...}',
+    )
+
+
+def _split(request: ResponseRequest) -> None:
+    """Where the input's answers start (function_call_output and
+    mcp_approval_response items at its end) and its user message (the last
+    item, or none when the request only answers)."""
+    items = request.items()
+    end = len(items)
+    last = items[-1] if items else None
+    if isinstance(last, InputMessage) and last.role == "user":
+        request._message_at = end - 1
+        end -= 1
+    start = end
+    while start > 0 and isinstance(items[start - 1], AnswerItem):
+        start -= 1
+    request._answers_at = start
+    if not items and not request.resume:
+        raise invalid("input", "required")
+    if items and request._message_at is None and start == end:
+        raise invalid(
+            "input",
+            "must end with a user message, or with function_call_output or"
+            " mcp_approval_response items",
+        )
+
+
+async def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
+    data = await parse_json_body(body)
+    try:
+        request = ResponseRequest.model_validate(data)
+    except ValidationError as exc:
+        raise from_pydantic(exc, data) from exc
+    request._items = _input_items(request.input)
+    _split(request)
+    message = request.message()
+    if message is not None:
+        where = request.field(len(request.items()) - 1)
+        check_message(message.text(), where if where == "input" else f"{where}.content")
+    request._tools = _function_tools(request)
+    request._turn_tools = _chosen(request, request._tools)
+    if request.resume and not request.previous_response_id:
+        raise invalid("resume", "answers a stored response's interrupts: send previous_response_id")
+    return request
 
 
 def _encoded(session_id: str, turn_id: str) -> str:
@@ -158,6 +426,12 @@ def item_id(session_id: str, turn_id: str) -> str:
     return f"msg_{_encoded(session_id, turn_id)}"
 
 
+def call_item_id(session_id: str, turn_id: str, index: int) -> str:
+    """A function_call item's id: its turn's and its place among the calls
+    (the caller's handle on the call is its ``call_id``)."""
+    return f"fc_{index}_{_encoded(session_id, turn_id)}"
+
+
 def parse_response_id(value: str, field: str) -> tuple[str, str]:
     if not value.startswith("resp_"):
         raise invalid(field, "not a response id from this service")
@@ -167,22 +441,6 @@ def parse_response_id(value: str, field: str) -> tuple[str, str]:
         raise invalid(field, "not a response id from this service") from None
 
 
-async def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
-    data = await parse_json_body(body)
-    try:
-        request = ResponseRequest.model_validate(data)
-    except ValidationError as exc:
-        raise from_pydantic(exc, data) from exc
-    request._items = _input_items(request.input)
-    items = request.items()
-    last = items[-1] if items else None
-    if not isinstance(last, InputMessage) or last.role != "user":
-        raise invalid("input", "must end with a user message")
-    where = request.field(len(items) - 1)
-    check_message(last.text(), where if where == "input" else f"{where}.content")
-    return request
-
-
 class Response:
     """The response object, as it grows."""
 
@@ -190,6 +448,7 @@ class Response:
         self.request = request
         self.session_id = session_id
         self.id = ""
+        self.turn_id = ""
         self.item_id = ""
         self.created_at = int(time.time())
         self.answer = Answer()
@@ -199,8 +458,16 @@ class Response:
         self.error: dict[str, str] | None = None
         self.files: list[message_pb2.File] = []
         self.on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CANCEL
+        # The turn's request beyond its files.
+        self.message = ""
+        self.answers: _Answers | None = None
+        # The turn's tool calls (id: [name, arguments]) and what it waits for.
+        self.calls: dict[str, list[str]] = {}
+        self.pending: list[str] = []
+        self.interrupts: list[event_pb2.Interrupt] = []
 
     def started(self, turn_id: str) -> None:
+        self.turn_id = turn_id
         self.id = response_id(self.session_id, turn_id)
         self.item_id = item_id(self.session_id, turn_id)
 
@@ -230,14 +497,57 @@ class Response:
             "content": content,
         }
 
-    def body(self) -> dict[str, Any]:
+    def has_message(self) -> bool:
+        """Whether the output has a message item: the agent said something,
+        or there is nothing else to show."""
+        said = bool(self.streamed) if self.streamed is not None else bool(self.text)
+        return said or not (self.pending or self.approvals())
+
+    def function_call(self, index: int, status: str = "completed") -> dict[str, Any]:
+        call_id = self.pending[index]
+        name, arguments = self.calls.get(call_id, ["", ""])
         return {
+            "id": call_item_id(self.session_id, self.turn_id, index),
+            "type": "function_call",
+            "status": status,
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments if status == "completed" else "",
+        }
+
+    def approvals(self) -> list[dict[str, Any]]:
+        """Approval interrupts as OpenAI's approval requests: the gated call's
+        name and arguments, the agent as the server that asks."""
+        items = []
+        for interrupt in self.interrupts:
+            if _is_approval(interrupt):
+                name, arguments = self.calls.get(interrupt.tool_call_id, ["", ""])
+                items.append(
+                    {
+                        "id": interrupt.id,
+                        "type": "mcp_approval_request",
+                        "name": name,
+                        "arguments": arguments,
+                        "server_label": self.request.model,
+                    }
+                )
+        return items
+
+    def output(self) -> list[dict[str, Any]]:
+        if self.status not in ("completed", "incomplete"):
+            return []
+        items = [self.item("completed")] if self.has_message() else []
+        items += [self.function_call(index) for index in range(len(self.pending))]
+        return items + self.approvals()
+
+    def body(self) -> dict[str, Any]:
+        body = {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
             "status": self.status,
             "model": self.request.model,
-            "output": [self.item("completed")] if self.status == "completed" else [],
+            "output": self.output(),
             "usage": {
                 **self.usage,
                 "input_tokens_details": {"cached_tokens": 0},
@@ -247,59 +557,196 @@ class Response:
             "metadata": self.request.metadata or {},
             "previous_response_id": self.request.previous_response_id,
             "error": self.error,
-            "incomplete_details": None,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
+            "incomplete_details": (
+                {"reason": "interrupt"} if self.status == "incomplete" else None
+            ),
+            "parallel_tool_calls": self.request.parallel_tool_calls is not False,
+            "tool_choice": self.request.tool_choice or "auto",
+            "tools": self.request.shown_tools(),
             "temperature": None,
             "top_p": None,
             "text": {"format": {"type": "text"}},
             "truncation": "disabled",
             "store": True,
         }
+        if self.interrupts:
+            body["interrupts"] = [
+                json_format.MessageToDict(i, preserving_proto_field_name=True)
+                for i in self.interrupts
+            ]
+        return body
 
     def feed(self, event: event_pb2.Event) -> None:
         self.answer.feed(event)
         if event.type == event_pb2.RUN_STARTED:
             self.started(event.run_id)
+        elif event.type == event_pb2.TOOL_CALL_START:
+            self.calls[event.tool_call_id] = [event.tool_call_name, ""]
+        elif event.type == event_pb2.TOOL_CALL_ARGS:
+            if event.tool_call_id in self.calls:
+                self.calls[event.tool_call_id][1] += event.delta
         elif event.type == event_pb2.RUN_FINISHED:
-            self.status = "completed"
+            self.pending = list(event.outcome.pending_tool_call_ids)
+            self.interrupts = list(event.outcome.interrupts)
+            # A question has no shape in this API: the response must not
+            # look done.
+            asks = any(not _is_approval(i) for i in self.interrupts)
+            self.status = "incomplete" if asks else "completed"
 
 
-async def open_response(mesh: Mesh, request: ResponseRequest) -> tuple[Response, str]:
-    """The session this request continues or starts, and the new user message."""
-    items = request.items()
-    last = items[-1]
-    assert isinstance(last, InputMessage)  # parse() checked
+def _is_approval(interrupt: event_pb2.Interrupt) -> bool:
+    return interrupt.reason == APPROVAL and bool(interrupt.tool_call_id)
+
+
+async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
+    """The session this request continues or starts, and the turn it sends
+    there: its user message, tools and answers."""
+    message = request.message()
+    answers = _Answers(request)
     if request.previous_response_id:
         session_id = await _continued(mesh, request.previous_response_id)
         response = Response(request, session_id)
-        response.files = await decode(last.files(request.field(len(items) - 1)))
-        return response, last.text()
-    messages = await _resolved(mesh, request)
-    history = []
+        if message is not None:
+            where = request.field(len(request.items()) - 1)
+            response.files = await decode(message.files(where))
+    else:
+        resolved = await _resolved(mesh, request)
+        history, origins = _history(request, resolved[: request.answers_at])
+        _check_answers(request, history)
+        # A new session: files anywhere in the input go with this turn (the
+        # history it is seeded with holds text only).
+        files = await decode(
+            [
+                file
+                for index, item in enumerate(resolved)
+                if isinstance(item, InputMessage) and item.role == "user"
+                for file in item.files(request.field(index))
+            ]
+        )
+        try:
+            session_id = await mesh.create_session(None, request.model, history, param="model")
+        except InvalidArgument as exc:
+            raise _as_input(exc, origins) from None
+        response = Response(request, session_id)
+        response.files = files
+    response.message = message.text() if message is not None else ""
+    response.answers = answers
+    return response
+
+
+class _Answers:
+    """A request's answers as the turn takes them, with the caller's name
+    for each (``input[3]``, ``resume[0]``) to name it in errors."""
+
+    def __init__(self, request: ResponseRequest) -> None:
+        self.tool_results: list[message_pb2.ToolResult] = []
+        self.resume: list[message_pb2.ResumeEntry] = []
+        self.result_fields: list[str] = []
+        self.resume_fields: list[str] = []
+        for index, item in request.answer_items():
+            where = request.field(index)
+            if isinstance(item, FunctionCallOutput):
+                self.tool_results.append(
+                    message_pb2.ToolResult(tool_call_id=item.call_id, content=item.text(where))
+                )
+                self.result_fields.append(where)
+            else:
+                payload: dict[str, Any] = {"approved": item.approve}
+                if item.reason:
+                    payload["reason"] = item.reason
+                self.resume.append(_resume_entry(item.approval_request_id, "resolved", payload))
+                self.resume_fields.append(where)
+        for index, entry in enumerate(request.resume or ()):
+            self.resume.append(_resume_entry(entry.interrupt_id, entry.status, entry.payload))
+            self.resume_fields.append(f"resume[{index}]")
+
+
+def _resume_entry(interrupt_id: str, status: str, payload: Any) -> message_pb2.ResumeEntry:
+    entry = message_pb2.ResumeEntry(interrupt_id=interrupt_id, status=status)
+    if payload is not None:
+        value = struct_pb2.Value()
+        json_format.ParseDict(payload, value)
+        entry.payload.CopyFrom(value)
+    return entry
+
+
+Origin = tuple[str, str]  # (the input item's name, what a message's content is called there)
+
+
+def _history(
+    request: ResponseRequest, items: Sequence[InputItem]
+) -> tuple[list[message_pb2.Message], list[Origin]]:
+    """The history a new session is seeded with, and where each message came
+    from. Function calls become the assistant's ``tool_calls`` (the calls
+    after an assistant message, or after each other, are one message's, as
+    one response's output), their outputs ``tool`` messages; approval items
+    add nothing (what the tool said after them is in the messages)."""
+    history: list[message_pb2.Message] = []
+    origins: list[Origin] = []
     if request.instructions:
         history.append(message_pb2.Message(role="system", content=request.instructions))
-    for item in messages[:-1]:
-        role = "system" if item.role == "developer" else item.role
-        history.append(message_pb2.Message(role=role, content=item.text()))
-    # A new session: files anywhere in the input go with this turn (the
-    # history it is seeded with holds text only).
-    files = await decode(
-        [
-            file
-            for index, item in enumerate(messages)
-            if item.role == "user"
-            for file in item.files(request.field(index))
-        ]
+        origins.append(("instructions", ""))
+    joins = False  # whether a function call joins the message before it
+    for index, item in enumerate(items):
+        where = request.field(index)
+        if isinstance(item, InputMessage):
+            role = "system" if item.role == "developer" else item.role
+            history.append(message_pb2.Message(role=role, content=item.text()))
+            origins.append((where, ".content"))
+            joins = item.role == "assistant"
+        elif isinstance(item, FunctionCall):
+            if not joins:
+                history.append(message_pb2.Message(role="assistant"))
+                origins.append((where, ".content"))
+            call = history[-1].tool_calls.add(id=item.call_id, type="function")
+            call.function.name = item.name
+            call.function.arguments = item.arguments
+            joins = True
+        elif isinstance(item, FunctionCallOutput):
+            content = item.text(where)
+            history.append(
+                message_pb2.Message(role="tool", tool_call_id=item.call_id, content=content)
+            )
+            origins.append((where, ".output"))
+            joins = False
+        else:
+            joins = False
+    return history, origins
+
+
+def _check_answers(request: ResponseRequest, history: list[message_pb2.Message]) -> None:
+    """A request with no previous response answers the function calls its
+    own input ends with, exactly (checked before any session is made)."""
+    last = history[-1] if history else None
+    waiting = (
+        [c.id for c in last.tool_calls] if last is not None and last.role == "assistant" else []
     )
-    try:
-        session_id = await mesh.create_session(None, request.model, history, param="model")
-    except InvalidArgument as exc:
-        raise _as_input(exc, offset=1 if request.instructions else 0) from None
-    response = Response(request, session_id)
-    response.files = files
-    return response, last.text()
+    seen: set[str] = set()
+    for index, item in request.answer_items():
+        where = request.field(index)
+        if isinstance(item, ApprovalResponse):
+            raise invalid(
+                where,
+                "an mcp_approval_response answers a stored response's approval request:"
+                " send it with previous_response_id",
+            )
+        if item.call_id not in waiting:
+            expected = ", ".join(waiting) or "none"
+            raise invalid(
+                f"{where}.call_id",
+                "answers no function_call the input before it ends with"
+                f" (calls waiting: {expected})",
+            )
+        if item.call_id in seen:
+            raise invalid(f"{where}.call_id", f"answers call {item.call_id!r} twice")
+        seen.add(item.call_id)
+    missing = [call_id for call_id in waiting if call_id not in seen]
+    if missing:
+        raise invalid(
+            "input",
+            f"no function_call_output for call {', '.join(missing)}: send one after the"
+            " function_call items, for each call",
+        )
 
 
 async def _continued(mesh: Mesh, previous: str) -> str:
@@ -335,18 +782,20 @@ async def _continued(mesh: Mesh, previous: str) -> str:
         ) from None
 
 
-def _as_input(exc: InvalidArgument, offset: int) -> InvalidArgument:
+def _as_input(exc: InvalidArgument, origins: list[Origin]) -> InvalidArgument:
     """A seeded history's violations (``messages[k]...``) under the input
-    item they came from (``input[k - offset]...``)."""
+    item they came from (``input[j]...``; a tool message's content is its
+    item's ``output``)."""
     renamed = []
     for violation in exc.violations:
         field = violation.field
         if field.startswith("messages["):
             index, _, rest = field.removeprefix("messages[").partition("]")
-            if index.isdigit() and int(index) >= offset:
-                field = f"input[{int(index) - offset}]{rest}"
-            else:
-                field = "instructions"
+            if index.isdigit() and int(index) < len(origins):
+                where, content = origins[int(index)]
+                if rest.startswith(".content") and content:
+                    rest = content + rest.removeprefix(".content")
+                field = where if where == "instructions" else where + rest
         elif field == "messages":
             field = "input"
         renamed.append(FieldViolation(field, violation.description))
@@ -363,16 +812,16 @@ def _answers(history: list[message_pb2.Message]) -> dict[str, str]:
     return {turn: "".join(texts) for turn, texts in parts.items()}
 
 
-async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputMessage]:
+async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputItem]:
     """The input with each item reference replaced by the assistant message
     it names (read from its session's history: the caller's own only)."""
     # Per conversation read: each turn's assistant text, in order.
     answers: dict[str, dict[str, str]] = {}
     resolved_chars = 0
-    messages = []
+    items: list[InputItem] = []
     for index, item in enumerate(request.items()):
-        if isinstance(item, InputMessage):
-            messages.append(item)
+        if not isinstance(item, ItemReference):
+            items.append(item)
             continue
         where = f"{request.field(index)}.id"
         not_found = NotFound(
@@ -402,35 +851,141 @@ async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputMessage]:
             raise invalid(
                 where, f"the items referenced hold more than {MAX_REFERENCED_CHARS:,} characters"
             )
-        messages.append(InputMessage(role="assistant", content=said))
-    return messages
+        items.append(InputMessage(role="assistant", content=said))
+    return items
 
 
-async def _events(mesh: Mesh, response: Response, message: str) -> AsyncIterator[event_pb2.Event]:
+class AwaitingInput(AwaitingClient):
+    """A request on a response that waits for its answers: sending it again
+    cannot help (the official SDKs retry a 409 unless told not to)."""
+
+    trailers = (("x-should-retry", "false"),)
+
+
+class NotWaitingForInput(NotWaiting):
+    """Answers to a response that waits for none."""
+
+    trailers = (("x-should-retry", "false"),)
+
+
+async def _events(mesh: Mesh, response: Response) -> AsyncIterator[event_pb2.Event]:
     metadata: dict[str, Any] = dict(response.request.metadata or {})
     if response.request.instructions and response.request.previous_response_id:
         metadata["instructions"] = response.request.instructions
-    async with mesh.turn(
-        response.session_id,
-        message,
-        metadata=metadata,
-        files=response.files,
-        on_disconnect=response.on_disconnect,
-        # One response per request: never coalesced with another's turn.
-        policy=spb.TURN_POLICY_ENQUEUE,
-    ) as stream:
-        async for event in stream:
-            response.feed(event)
-            yield event
+    answers = response.answers
+    try:
+        async with mesh.turn(
+            response.session_id,
+            response.message,
+            metadata=metadata,
+            files=response.files,
+            on_disconnect=response.on_disconnect,
+            # One response per request: never coalesced with another's turn.
+            policy=spb.TURN_POLICY_ENQUEUE,
+            tools=response.request.turn_tools(),
+            tool_results=answers.tool_results if answers else (),
+            resume=answers.resume if answers else (),
+        ) as stream:
+            async for event in stream:
+                response.feed(event)
+                yield event
+    # The turn's refusals, in this API's words and names.
+    except AwaitingClient as exc:
+        raise await _awaiting(mesh, response, exc) from None
+    except NotWaiting as exc:
+        raise _not_waiting(response, exc) from None
+    except InvalidArgument as exc:
+        raise _answers_as_input(exc, response) from None
+
+
+async def _awaiting(mesh: Mesh, response: Response, exc: AwaitingClient) -> AwaitingClient:
+    """What the conversation waits for, as this API sends it."""
+    try:
+        pause = (await mesh.get_session(response.session_id)).pause
+    except (NotFound, InvalidArgument):
+        return AwaitingInput(exc.detail, metadata={**exc.metadata, "param": "input"})
+    # A fork at an earlier response waits since its seeded history.
+    since = (
+        response_id(response.session_id, pause.turn_id)
+        if pause.turn_id
+        else response.request.previous_response_id
+    )
+    wanted = []
+    if pause.tool_calls:
+        ids = ", ".join(c.id for c in pause.tool_calls)
+        wanted.append(f"a function_call_output item for each call ({ids})")
+    approvals = [i.id for i in pause.interrupts if _is_approval(i)]
+    if approvals:
+        wanted.append(
+            f"an mcp_approval_response item for each approval request ({', '.join(approvals)})"
+        )
+    others = [i.id for i in pause.interrupts if not _is_approval(i)]
+    if others:
+        wanted.append(
+            'a "resume" entry ({"interrupt_id", "status", "payload"}) for each interrupt'
+            f" ({', '.join(others)})"
+        )
+    if not wanted or not since:
+        return AwaitingInput(exc.detail, metadata={**exc.metadata, "param": "input"})
+    detail = (
+        f"response {since!r} waits for the client: send "
+        + " and ".join(wanted)
+        + f", with previous_response_id {since!r}"
+    )
+    return AwaitingInput(detail, metadata={**exc.metadata, "param": "input"})
+
+
+def _not_waiting(response: Response, exc: NotWaiting) -> NotWaiting:
+    why = exc.metadata.get("why")
+    if why:
+        what = "its wait was cancelled" if why == "cancelled" else "its wait expired"
+        detail = f"the previous response waits for no answers any more ({what}): send a message"
+    else:
+        detail = (
+            "the previous response waits for no function_call_output, mcp_approval_response"
+            " or resume answers (it made no such call or request, or it was answered already)"
+        )
+    return NotWaitingForInput(detail, metadata={**exc.metadata, "param": "input"})
+
+
+def _answers_as_input(exc: InvalidArgument, response: Response) -> InvalidArgument:
+    """The turn's violations of its answers (``tool_results[n]...``,
+    ``resume[n]...``) under the input item or resume entry each came from."""
+    answers = response.answers
+    if answers is None:
+        return exc
+    renamed = []
+    for violation in exc.violations:
+        field = violation.field
+        for name, fields, key, ours in (
+            ("tool_results", answers.result_fields, ".tool_call_id", ".call_id"),
+            ("resume", answers.resume_fields, ".interrupt_id", ".approval_request_id"),
+        ):
+            if field == name:
+                field = "input"
+            elif field.startswith(f"{name}["):
+                index, _, rest = field.removeprefix(f"{name}[").partition("]")
+                if index.isdigit() and int(index) < len(fields):
+                    where = fields[int(index)]
+                    if rest == key:
+                        rest = ours if where.startswith("input") else rest
+                    elif rest == ".content":
+                        rest = ".output"
+                    field = where + rest
+        renamed.append(FieldViolation(field, violation.description))
+    return InvalidArgument(renamed)
 
 
 async def create(
     mesh: Mesh, request: ResponseRequest, on_disconnect: spb.DisconnectPolicy.ValueType
 ) -> httpbody_pb2.HttpBody:
-    response, message = await open_response(mesh, request)
+    response = await open_response(mesh, request)
     response.on_disconnect = on_disconnect
-    async for event in _events(mesh, response, message):
+    async for event in _events(mesh, response):
         if event.type == event_pb2.RUN_ERROR:
+            if event.code == TurnError.AWAITING_CLIENT.code:
+                # Queued behind a turn that then paused.
+                raise AwaitingInput(event.message, metadata={"param": "input"})
             raise turn_error(event)
     return json_body(response.body())
 
@@ -438,7 +993,7 @@ async def create(
 async def stream(
     mesh: Mesh, request: ResponseRequest, on_disconnect: spb.DisconnectPolicy.ValueType
 ) -> AsyncIterator[httpbody_pb2.HttpBody]:
-    response, message = await open_response(mesh, request)
+    response = await open_response(mesh, request)
     response.on_disconnect = on_disconnect
     response.streamed = []
     sequence = 0
@@ -450,20 +1005,31 @@ async def stream(
         return frame
 
     where = {"output_index": 0, "content_index": 0}
-    async for event in _events(mesh, response, message):
-        if event.type == event_pb2.RUN_STARTED:
-            yield emit("response.created", response=response.body())
-            yield emit("response.in_progress", response=response.body())
-            yield emit(
-                "response.output_item.added", output_index=0, item=response.item("in_progress")
-            )
-            yield emit(
+    opened = False
+
+    def open_message() -> list[httpbody_pb2.HttpBody]:
+        nonlocal opened
+        opened = True
+        return [
+            emit("response.output_item.added", output_index=0, item=response.item("in_progress")),
+            emit(
                 "response.content_part.added",
                 item_id=response.item_id,
                 part={"type": "output_text", "text": "", "annotations": []},
                 **where,
-            )
+            ),
+        ]
+
+    async for event in _events(mesh, response):
+        if event.type == event_pb2.RUN_STARTED:
+            yield emit("response.created", response=response.body())
+            yield emit("response.in_progress", response=response.body())
         elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+            # The message item opens with its first text: a turn that only
+            # calls the caller's tools has none.
+            if not opened:
+                for frame in open_message():
+                    yield frame
             response.streamed.append(event.delta)
             yield emit(
                 "response.output_text.delta",
@@ -473,25 +1039,88 @@ async def stream(
                 **where,
             )
         elif event.type == event_pb2.RUN_FINISHED:
-            yield emit(
+            for frame in _finished(response, emit, opened, open_message):
+                yield frame
+        elif event.type == event_pb2.RUN_ERROR:
+            response.status = "failed"
+            response.error = {"code": event.code or "server_error", "message": event.message}
+            yield emit("response.failed", response=response.body())
+
+
+Emit = Callable[..., httpbody_pb2.HttpBody]
+
+
+def _finished(
+    response: Response,
+    emit: Emit,
+    opened: bool,
+    open_message: Callable[[], list[httpbody_pb2.HttpBody]],
+) -> list[httpbody_pb2.HttpBody]:
+    """The frames that close a streamed response: its message item, then an
+    item per function call (its arguments in one delta) and per approval
+    request, then the response."""
+    frames: list[httpbody_pb2.HttpBody] = []
+    where = {"output_index": 0, "content_index": 0}
+    index = 0
+    if response.has_message():
+        if not opened:
+            frames += open_message()
+        frames.append(
+            emit(
                 "response.output_text.done",
                 item_id=response.item_id,
                 text=response.text,
                 logprobs=[],
                 **where,
             )
-            yield emit(
+        )
+        frames.append(
+            emit(
                 "response.content_part.done",
                 item_id=response.item_id,
                 part=response.part(),
                 **where,
             )
-            yield emit("response.output_item.done", output_index=0, item=response.item("completed"))
-            yield emit("response.completed", response=response.body())
-        elif event.type == event_pb2.RUN_ERROR:
-            response.status = "failed"
-            response.error = {"code": event.code or "server_error", "message": event.message}
-            yield emit("response.failed", response=response.body())
+        )
+        frames.append(
+            emit("response.output_item.done", output_index=0, item=response.item("completed"))
+        )
+        index = 1
+    for n in range(len(response.pending)):
+        item = response.function_call(n)
+        frames.append(
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item=response.function_call(n, "in_progress"),
+            )
+        )
+        frames.append(
+            emit(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=item["arguments"],
+            )
+        )
+        frames.append(
+            emit(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        )
+        frames.append(emit("response.output_item.done", output_index=index, item=item))
+        index += 1
+    for item in response.approvals():
+        frames.append(emit("response.output_item.added", output_index=index, item=item))
+        frames.append(emit("response.output_item.done", output_index=index, item=item))
+        index += 1
+    kind = "response.incomplete" if response.status == "incomplete" else "response.completed"
+    frames.append(emit(kind, response=response.body()))
+    return frames
 
 
 async def get(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
@@ -512,5 +1141,15 @@ async def get(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
     response.created_at = final.created_at.seconds
     # The stored answer, folded as the live one was.
     response.feed(event_pb2.Event(type=event_pb2.TEXT_MESSAGE_CONTENT, delta=final.content))
-    response.feed(event_pb2.Event(type=event_pb2.RUN_FINISHED, usage=[final.usage]))
+    for message in messages:
+        for call in message.tool_calls:
+            response.calls[call.id] = [call.function.name, call.function.arguments]
+    # What it waits for, while it waits (once answered, its output is its text).
+    outcome = event_pb2.RunOutcome()
+    if session.HasField("pause") and session.pause.turn_id == turn_id:
+        outcome.pending_tool_call_ids.extend(c.id for c in session.pause.tool_calls)
+        outcome.interrupts.extend(session.pause.interrupts)
+    response.feed(
+        event_pb2.Event(type=event_pb2.RUN_FINISHED, usage=[final.usage], outcome=outcome)
+    )
     return json_body(response.body())

@@ -164,7 +164,8 @@ def test_item_references_resolve_against_the_conversation(
             json={"model": "demo", "input": [bad, {"role": "user", "content": "x"}]},
         )
         assert refused.status_code == 400, refused.text
-        assert refused.json()["error"]["param"] in ("input[0].id", "input[0].type")
+        # A function_call without its call_id (a reference without its id).
+        assert refused.json()["error"]["param"] in ("input[0].id", "input[0].call_id")
 
 
 def test_the_vercel_ai_sdk_holds_a_conversation_with_its_defaults(
