@@ -65,6 +65,11 @@ EVENT_LOOP_LAG = Gauge(
 )
 
 # Workers.
+WEBHOOKS = Counter(
+    "turnmesh_webhooks",
+    "Webhook notices: queued, dropped (outbox full or failing), delivered, retried, given_up",
+    ["outcome"],
+)
 WORKER_RUNS = Counter("turnmesh_worker_runs", "Agent runs, by outcome", ["outcome"])
 WORKER_RUN_SECONDS = Histogram("turnmesh_worker_run_duration_seconds", "Agent run wall time")
 WORKER_RELAY_RESPONSES = Counter(

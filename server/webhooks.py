@@ -1,0 +1,311 @@
+"""Webhooks: a POST to the caller's URL when a turn finishes, fails or starts
+waiting for the client, signed as Standard Webhooks specifies
+(https://www.standardwebhooks.com: ``webhook-id``, ``webhook-timestamp`` and
+``webhook-signature: v1,<base64 HMAC-SHA256>``), so any of its libraries
+verifies them.
+
+Delivery is at least once and never in a turn's way: a notice is written to
+an outbox (``Outbox``: the session store's where it has one, so it survives
+a restart), and ``WebhookSender`` delivers from it in the background, retrying
+with exponential backoff until the receiver answers 2xx, answers 410, or the
+attempts run out. A notice keeps its id across attempts (the idempotency key
+receivers drop repeats by); each attempt is signed anew with its own time.
+The outbox is bounded: past its limit a new notice is dropped (counted), never
+the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+from standardwebhooks import Webhook
+
+from turnmesh.runtime import metrics
+from turnmesh.runtime.errors import FieldViolation, InvalidArgument
+from turnmesh.runtime.ids import new_id
+
+__all__ = [
+    "Delivery",
+    "MemoryOutbox",
+    "Outbox",
+    "WebhookSender",
+    "WebhookSettings",
+    "check_destination",
+    "notice",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_URL_CHARS = 2048
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where webhooks may go and how hard they are tried."""
+
+    # Allowed destinations: URL prefixes (scheme://host[:port][/path]); none
+    # allowed, no webhooks.
+    allow: Sequence[str] = ()
+    # The signing secret, Standard Webhooks' form ("whsec_" + base64).
+    secret: str = ""
+    max_attempts: int = 8
+    first_retry_seconds: float = 1.0
+    max_retry_seconds: float = 600.0
+    timeout_seconds: float = 10.0
+    # Notices waiting in the outbox, at most.
+    max_pending: int = 10_000
+    # Deliveries in flight at once, from this server.
+    concurrency: int = 8
+
+
+def check_destination(url: str, allow: Sequence[str], field_name: str) -> str:
+    """The webhook URL, if the server's allow-list lets notices go there."""
+    problem = ""
+    parts = urlsplit(url)
+    if len(url) > MAX_URL_CHARS:
+        problem = f"at most {MAX_URL_CHARS} characters"
+    elif parts.scheme not in ("http", "https") or not parts.hostname:
+        problem = "must be an http or https URL"
+    elif parts.username or parts.password:
+        problem = "must not carry credentials"
+    elif not any(_under(url, prefix) for prefix in allow):
+        problem = (
+            "is not a destination this server sends webhooks to (its allow-list is empty)"
+            if not allow
+            else "is not a destination this server sends webhooks to (see its allow-list)"
+        )
+    if problem:
+        raise InvalidArgument([FieldViolation(field_name, problem)])
+    return url
+
+
+def _under(url: str, prefix: str) -> bool:
+    # A prefix that ends at a host must end there: an allowed
+    # "https://hooks.example.com" admits its ports and paths, never
+    # "https://hooks.example.com.evil".
+    if not url.startswith(prefix):
+        return False
+    rest = url[len(prefix) :]
+    return prefix.endswith("/") or rest == "" or rest[0] in ":/?#"
+
+
+def notice(kind: str, data: Mapping[str, Any]) -> tuple[str, bytes]:
+    """A notice's id and body: ``{"type", "timestamp", "data"}`` (kind:
+    ``turn.finished``, ``turn.failed``, ``turn.waiting``)."""
+    notice_id = f"msg_{new_id()}"
+    body = {
+        "type": kind,
+        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "data": dict(data),
+    }
+    return notice_id, json.dumps(body, separators=(",", ":")).encode()
+
+
+@dataclass
+class Delivery:
+    """A notice in the outbox: where it goes, and its attempts so far."""
+
+    id: str
+    url: str
+    body: bytes
+    attempts: int = 0
+    due: float = field(default_factory=time.time)
+
+
+class Outbox(Protocol):
+    """Where notices wait to be delivered (each store has one)."""
+
+    async def add(self, delivery: Delivery, limit: int) -> bool:
+        """Keep the notice; False (nothing kept) if ``limit`` are waiting."""
+
+    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
+        """Notices due by ``now``, each held for ``lease_seconds`` (a server
+        that dies holding one leaves it due again after that)."""
+
+    async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
+        """Delivered or given up (``retry_at`` None: gone), or due again then."""
+
+    async def next_due(self) -> float | None:
+        """When the earliest notice is due, if any waits."""
+
+
+class MemoryOutbox:
+    """The memory store's outbox: lost with the process, as its sessions are."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, Delivery] = {}
+
+    async def add(self, delivery: Delivery, limit: int) -> bool:
+        if len(self._waiting) >= limit:
+            return False
+        self._waiting[delivery.id] = delivery
+        return True
+
+    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
+        due = sorted((d for d in self._waiting.values() if d.due <= now), key=lambda d: d.due)
+        for delivery in due[:limit]:
+            delivery.due = now + lease_seconds
+        return [Delivery(d.id, d.url, d.body, d.attempts, d.due) for d in due[:limit]]
+
+    async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
+        if retry_at is None:
+            self._waiting.pop(delivery.id, None)
+        elif (kept := self._waiting.get(delivery.id)) is not None:
+            kept.attempts, kept.due = delivery.attempts, retry_at
+
+    async def next_due(self) -> float | None:
+        return min((d.due for d in self._waiting.values()), default=None)
+
+
+class WebhookSender:
+    """Delivers the outbox's notices, in the background, with retries."""
+
+    def __init__(
+        self,
+        settings: WebhookSettings,
+        outbox: Outbox,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if settings.allow and not settings.secret:
+            raise ValueError("webhooks need a signing secret")
+        self.settings = settings
+        self.outbox = outbox
+        self._signer = Webhook(settings.secret) if settings.allow else None
+        self._client = httpx.AsyncClient(
+            timeout=settings.timeout_seconds, follow_redirects=False, transport=transport
+        )
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.settings.allow)
+
+    def start(self) -> None:
+        if self._task is None and self.enabled:
+            self._task = asyncio.create_task(self._run(), name="webhooks")
+
+    async def stop(self) -> None:
+        """Stop delivering; what is left waits in the outbox (a durable one
+        is delivered after the restart, or by another server)."""
+        tasks = [t for t in (self._task, *self._in_flight) if t is not None]
+        for task in tasks:
+            task.cancel()  # a delivery cut short stays in the outbox: sent again
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+        await self._client.aclose()
+
+    async def send(self, url: str, kind: str, data: Mapping[str, Any]) -> str | None:
+        """Put a notice in the outbox; its id, or None if the outbox is full
+        or unreachable (the turn goes on either way)."""
+        notice_id, body = notice(kind, data)
+        try:
+            kept = await self.outbox.add(Delivery(notice_id, url, body), self.settings.max_pending)
+        except Exception:  # the store failing must not fail the turn
+            log.warning("webhook %s for %s not queued: the outbox failed", notice_id, kind)
+            kept = False
+        if not kept:
+            metrics.WEBHOOKS.labels("dropped").inc()
+            return None
+        metrics.WEBHOOKS.labels("queued").inc()
+        self._wake.set()
+        return notice_id
+
+    def _lease_seconds(self) -> float:
+        return self.settings.timeout_seconds * 3
+
+    async def _run(self) -> None:
+        in_flight = self._in_flight
+        while True:
+            room = self.settings.concurrency - len(in_flight)
+            claimed: list[Delivery] = []
+            if room > 0:
+                try:
+                    claimed = await self.outbox.claim(time.time(), self._lease_seconds(), room)
+                except Exception:
+                    log.warning("webhook outbox unreachable; trying again", exc_info=True)
+            for delivery in claimed:
+                task = asyncio.create_task(self._deliver(delivery))
+                in_flight.add(task)
+                task.add_done_callback(self._delivered)
+            if claimed and len(claimed) == room:
+                continue  # more may be due
+            await self._sleep()
+
+    def _delivered(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._wake.set()  # room for another
+
+    async def _sleep(self) -> None:
+        """Until a notice is added or settled, or the next one is due."""
+        self._wake.clear()
+        try:
+            due = await self.outbox.next_due()
+        except Exception:
+            due = None
+        wait = 1.0 if due is None else max(0.0, min(due - time.time(), 1.0))
+        # The outbox may be shared with other servers (or hold a lease that
+        # ends): look again at least every second.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                await self._wake.wait()
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        delivery.attempts += 1
+        status = await self._post(delivery)
+        if status is not None and 200 <= status < 300:
+            outcome, retry_at = "delivered", None
+        elif status == 410 or delivery.attempts >= self.settings.max_attempts:
+            outcome, retry_at = "given_up", None
+            log.warning(
+                "webhook %s given up after %d attempts (last: %s)",
+                delivery.id,
+                delivery.attempts,
+                status or "no answer",
+            )
+        else:
+            outcome, retry_at = "retried", time.time() + self._backoff(delivery.attempts)
+        metrics.WEBHOOKS.labels(outcome).inc()
+        try:
+            await self.outbox.settle(delivery, retry_at)
+        except Exception:  # the lease ends and it is tried again: at least once
+            log.warning("webhook %s not settled: the outbox failed", delivery.id)
+
+    def _backoff(self, attempts: int) -> float:
+        base = self.settings.first_retry_seconds * 2.0 ** (attempts - 1)
+        # Full jitter over the upper half: receivers that failed together do
+        # not get every retry at the same instant.
+        return min(self.settings.max_retry_seconds, base) * random.uniform(0.5, 1.0)
+
+    async def _post(self, delivery: Delivery) -> int | None:
+        sent_at = datetime.now(UTC)
+        headers = {
+            "content-type": "application/json",
+            "user-agent": "turnmesh-webhooks",
+            "webhook-id": delivery.id,
+            "webhook-timestamp": str(int(sent_at.timestamp())),
+        }
+        if self._signer is not None:
+            headers["webhook-signature"] = self._signer.sign(
+                delivery.id, sent_at, delivery.body.decode()
+            )
+        try:
+            response = await self._client.post(delivery.url, content=delivery.body, headers=headers)
+        except httpx.HTTPError as exc:
+            log.info(
+                "webhook %s attempt %d: %s", delivery.id, delivery.attempts, type(exc).__name__
+            )
+            return None
+        return response.status_code

@@ -1,0 +1,223 @@
+"""Webhook delivery (server.webhooks) to a real HTTP receiver on loopback:
+Standard Webhooks signatures that its own library verifies, retries with the
+same id until a 2xx, giving up, the allow-list and the outbox's bound."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+from standardwebhooks import Webhook
+
+from turnmesh.runtime.errors import InvalidArgument
+from turnmesh.server.webhooks import (
+    Delivery,
+    MemoryOutbox,
+    WebhookSender,
+    WebhookSettings,
+    check_destination,
+)
+
+SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+
+
+@dataclass
+class Receiver:
+    """Answers each request with the next status of ``script`` (then 200)."""
+
+    url: str = ""
+    script: list[int] = field(default_factory=list)
+    seen: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.seen.append((dict(request.headers), await request.read()))
+        self.arrived.set()
+        return web.Response(status=self.script.pop(0) if self.script else 200)
+
+    async def requests(self, count: int) -> None:
+        while True:
+            self.arrived.clear()  # before the check: a request in between sets it again
+            if len(self.seen) >= count:
+                return
+            await asyncio.wait_for(self.arrived.wait(), 30)
+
+
+@contextlib.asynccontextmanager
+async def receiving() -> AsyncIterator[Receiver]:
+    """A receiver on this test's own loop (an async fixture may run on another)."""
+    got = Receiver()
+    app = web.Application()
+    app.router.add_post("/hook", got.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    got.url = f"http://127.0.0.1:{port}/hook"
+    yield got
+    await runner.cleanup()
+
+
+def _settings(**kw: object) -> WebhookSettings:
+    base: dict[str, object] = {
+        "allow": ("http://127.0.0.1",),
+        "secret": SECRET,
+        "first_retry_seconds": 0.01,
+        "max_retry_seconds": 0.05,
+        "max_attempts": 4,
+    }
+    return WebhookSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+class WatchedOutbox(MemoryOutbox):
+    """Says when it holds nothing more (every notice delivered or given up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.empty = asyncio.Event()
+
+    async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
+        await super().settle(delivery, retry_at)
+        if await self.next_due() is None:
+            self.empty.set()
+
+
+async def _settled(outbox: WatchedOutbox) -> None:
+    await asyncio.wait_for(outbox.empty.wait(), 30)
+
+
+async def test_a_notice_is_signed_and_retried_with_its_id_until_delivered() -> None:
+    async with receiving() as receiver:
+        receiver.script = [500, 503]
+        outbox = WatchedOutbox()
+        sender = WebhookSender(_settings(), outbox)
+        sender.start()
+        try:
+            notice_id = await sender.send(
+                receiver.url, "turn.finished", {"session_id": "s1", "turn_id": "t1"}
+            )
+            await receiver.requests(3)
+            await _settled(outbox)
+        finally:
+            await sender.stop()
+        assert len(receiver.seen) == 3  # two failures, then delivered; no more
+        verifier = Webhook(SECRET)
+        for headers, body in receiver.seen:
+            assert headers["webhook-id"] == notice_id
+            payload = verifier.verify(body, headers)  # raises if the signature is wrong
+            assert payload["type"] == "turn.finished"
+            assert payload["data"] == {"session_id": "s1", "turn_id": "t1"}
+        # A tampered body fails the receiver's check.
+        headers, body = receiver.seen[-1]
+        with pytest.raises(Exception, match="No matching signature"):
+            verifier.verify(body.replace(b"t1", b"t2"), headers)
+
+
+async def test_a_receiver_that_keeps_failing_is_given_up() -> None:
+    async with receiving() as receiver:
+        receiver.script = [500] * 10
+        outbox = WatchedOutbox()
+        sender = WebhookSender(_settings(max_attempts=3), outbox)
+        sender.start()
+        try:
+            await sender.send(receiver.url, "turn.failed", {"turn_id": "t1"})
+            await _settled(outbox)
+        finally:
+            await sender.stop()
+        assert len(receiver.seen) == 3
+
+
+async def test_410_gone_stops_at_once() -> None:
+    async with receiving() as receiver:
+        receiver.script = [410, 200]
+        outbox = WatchedOutbox()
+        sender = WebhookSender(_settings(), outbox)
+        sender.start()
+        try:
+            await sender.send(receiver.url, "turn.waiting", {"turn_id": "t1"})
+            await _settled(outbox)
+        finally:
+            await sender.stop()
+        assert len(receiver.seen) == 1
+
+
+async def test_an_unreachable_receiver_is_retried_without_blocking_sends() -> None:
+    outbox = WatchedOutbox()
+    # Nothing listens on port 9 of loopback: each attempt fails at once.
+    sender = WebhookSender(_settings(max_attempts=2), outbox)
+    sender.start()
+    try:
+        ids = [await sender.send("http://127.0.0.1:9/hook", "turn.finished", {}) for _ in range(5)]
+        assert all(ids) and len(set(ids)) == 5
+        await _settled(outbox)
+    finally:
+        await sender.stop()
+
+
+async def test_the_outbox_is_bounded_and_a_full_one_drops_the_notice() -> None:
+    outbox = WatchedOutbox()
+    sender = WebhookSender(_settings(max_pending=3), outbox)  # not started: nothing drains
+    try:
+        sent = [await sender.send("http://127.0.0.1:9/hook", "turn.finished", {}) for _ in range(5)]
+    finally:
+        await sender.stop()
+    assert [s is not None for s in sent] == [True, True, True, False, False]
+
+
+async def test_a_claimed_notice_is_held_for_its_lease_only() -> None:
+    outbox = MemoryOutbox()
+    await outbox.add(Delivery("m1", "http://x/", b"{}", due=10.0), limit=10)
+    assert [d.id for d in await outbox.claim(now=10.0, lease_seconds=30.0, limit=5)] == ["m1"]
+    assert await outbox.claim(now=20.0, lease_seconds=30.0, limit=5) == []  # held
+    # Its holder died: due again once the lease ends.
+    assert [d.id for d in await outbox.claim(now=41.0, lease_seconds=30.0, limit=5)] == ["m1"]
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("ftp://127.0.0.1/hook", "http or https"),
+        ("http:///hook", "http or https"),
+        ("http://user:pw@127.0.0.1/hook", "credentials"),
+        ("http://127.0.0.1.evil.example/hook", "allow-list"),
+        ("https://127.0.0.1/hook", "allow-list"),  # another scheme is another origin
+        ("http://127.0.0.1/" + "x" * 3000, "at most"),
+    ],
+)
+def test_destinations_outside_the_allow_list_are_refused(url: str, problem: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        check_destination(url, ("http://127.0.0.1",), "webhook_url")
+    (violation,) = refused.value.violations
+    assert violation.field == "webhook_url" and problem in violation.description
+
+
+def test_allowed_destinations_pass() -> None:
+    allow = ("http://127.0.0.1", "https://hooks.example.com/team-a/")
+    assert check_destination("http://127.0.0.1:8080/x", allow, "f").startswith("http://127")
+    assert check_destination("https://hooks.example.com/team-a/in", allow, "f")
+    with pytest.raises(InvalidArgument):
+        check_destination("https://hooks.example.com/team-b/in", allow, "f")
+    with pytest.raises(InvalidArgument, match="allow-list is empty"):
+        check_destination("http://127.0.0.1/x", (), "f")
+
+
+def test_webhooks_need_a_secret() -> None:
+    with pytest.raises(ValueError, match="secret"):
+        WebhookSender(WebhookSettings(allow=("http://127.0.0.1",)), MemoryOutbox())
+
+
+def test_a_notice_body_is_compact_json() -> None:
+    from turnmesh.server.webhooks import notice
+
+    notice_id, body = notice("turn.finished", {"turn_id": "t1"})
+    assert notice_id.startswith("msg_")
+    parsed = json.loads(body)
+    assert parsed["type"] == "turn.finished" and parsed["timestamp"].endswith("Z")
+    assert b" " not in body
