@@ -123,6 +123,7 @@ SERVER_FLAGS = (
     ServerFlag("--session-ttl", "session_ttl_seconds", env="session_ttl", up=True),
     ServerFlag("--event-log-ttl", "event_log_ttl_seconds", up=True),
     ServerFlag("--max-event-log-bytes", "event_log_max_bytes", up=True),
+    ServerFlag("--turn-record-ttl", "turn_record_ttl_seconds", up=True),
     ServerFlag("--advertise-host", "advertise_host"),
     ServerFlag("--max-turns", "max_turns_in_flight", env="max_turns", up=True),
     ServerFlag("--max-sessions", "max_sessions", up=True),

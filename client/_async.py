@@ -216,6 +216,38 @@ class AsyncClient:
             events = [e async for e in stream]
         return collect_result(events)
 
+    async def start_turn(
+        self,
+        session_id: str,
+        message: str,
+        **options: Unpack[TurnOptions],
+    ) -> spb.Turn:
+        """Start a background turn and return at once, when it is accepted
+        (QUEUED or RUNNING): it runs to its end with nobody connected
+        (``cancel_on_disconnect`` does not apply). Follow its events with
+        ``subscribe(session_id, turn.turn_id)``, its state with ``get_turn``.
+        Refused as ``send`` is (SessionBusyError, AwaitingClientError, ...);
+        a retry with the same ``idempotency_key`` returns the same turn."""
+        request = spb.StartTurnRequest(
+            session_id=session_id, turn=build_turn_request(session_id, message, options)
+        )
+        with map_rpc_errors():
+            response = await self._stub.StartTurn(
+                request, metadata=self._metadata, timeout=self._timeout
+            )
+        return response.turn
+
+    async def get_turn(self, session_id: str, turn_id: str) -> spb.Turn:
+        """A turn's state, times, usage and how it ended (a background turn's
+        for days; another's while its events are kept)."""
+        with map_rpc_errors():
+            response = await self._stub.GetTurn(
+                spb.GetTurnRequest(session_id=session_id, turn_id=turn_id),
+                metadata=self._metadata,
+                timeout=self._timeout,
+            )
+        return response.turn
+
     def subscribe(self, session_id: str, turn_id: str, after_seq: int = 0) -> EventStream:
         """Replay a turn's events after ``after_seq``, then follow it live."""
         return EventStream(

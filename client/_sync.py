@@ -173,6 +173,32 @@ class Client:
         events = self.stream_turn(session_id, message, **options)
         return collect_result(list(events))
 
+    def start_turn(
+        self,
+        session_id: str,
+        message: str,
+        **options: Unpack[TurnOptions],
+    ) -> spb.Turn:
+        """Start a background turn and return at once (see AsyncClient.start_turn)."""
+        request = spb.StartTurnRequest(
+            session_id=session_id, turn=build_turn_request(session_id, message, options)
+        )
+        with map_rpc_errors():
+            response: spb.StartTurnResponse = self._stub.StartTurn(
+                request, metadata=self._metadata, timeout=self._timeout
+            )
+        return response.turn
+
+    def get_turn(self, session_id: str, turn_id: str) -> spb.Turn:
+        """A turn's state, times, usage and how it ended (see AsyncClient.get_turn)."""
+        with map_rpc_errors():
+            response: spb.GetTurnResponse = self._stub.GetTurn(
+                spb.GetTurnRequest(session_id=session_id, turn_id=turn_id),
+                metadata=self._metadata,
+                timeout=self._timeout,
+            )
+        return response.turn
+
     def subscribe(
         self, session_id: str, turn_id: str, after_seq: int = 0
     ) -> Iterator[event_pb2.Event]:

@@ -39,6 +39,14 @@ class SessionLimits(BaseModel):
             " oldest go first (a resume of them is 404, the history keeps the turn)"
         ),
     )
+    turn_record_ttl_seconds: float = Field(
+        default=7 * 86_400.0,
+        gt=0,
+        description=(
+            "seconds a background turn's record (GetTurn: its state, times, usage, error)"
+            " is kept after it ends, at most 1,000 a session; deleted with its session"
+        ),
+    )
     pause_timeout_seconds: float = Field(
         default=86_400.0,
         gt=0,

@@ -27,7 +27,7 @@ from turnmesh.runtime.errors import (
 )
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
-from turnmesh.server import pauses
+from turnmesh.server import pauses, turn_records
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
@@ -79,6 +79,9 @@ class SessionCore:
             store,
             limits.event_log_max_bytes,
         )
+        # Background turns' records: written as each is accepted and ends.
+        self.records = turn_records.TurnRecords(store, limits.turn_record_ttl_seconds)
+        self.logs.on_background_end = self.records.turn_ended
         self._turns: dict[str, SessionTurns] = {}
         # Turns running or queued here, per principal (its turn quota).
         self._in_flight: Counter[str] = Counter()
@@ -217,9 +220,73 @@ class SessionCore:
 
     # Turns ------------------------------------------------------------------
 
-    async def start_turn(self, request: spb.TurnRequest, session_id: str = "") -> TurnLog:
+    async def start_background_turn(self, request: spb.TurnRequest, session_id: str) -> spb.Turn:
+        """Place a turn as ``start_turn`` does, one that runs to its end with
+        no caller (no disconnect cancels it), and record it in the store
+        before answering: the turn as it was accepted."""
+        tlog = await self.start_turn(request, session_id, background=True)
+        # Its state now (an idempotent retry's turn may have ended already):
+        # a record that says it ended is final, so this never undoes the end
+        # that the turn's own end writes meanwhile.
+        await self.records.save(tlog.session_id, turn_records.of_log(tlog))
+        return turn_records.of_log(tlog)
+
+    async def get_turn(self, session_id: str, turn_id: str) -> spb.Turn:
+        """A turn of the session: from this server's log of a turn it runs or
+        ran, else its record, else the store's events; NotFound if none knows it.
+
+        A record that says the turn ended is final. One that does not, for a
+        turn this owner does not run, is settled by what the store knows: its
+        events (a turn stored unfinished is given up for lost, atomically
+        against its commit, as SubscribeTurn does), or, with none kept, its
+        commit (its messages in the history). The answer is written to the
+        record, so it never says "running" again."""
+        tlog = self.logs.peek(session_id, turn_id)
+        if tlog is not None and not tlog.restored:
+            return turn_records.of_log(tlog)
+        await self.get_record(session_id)  # NotFound for a missing session
+        record = await self.records.load(session_id, turn_id)
+        if record is not None and turn_records.ended(record):
+            return record
+        if tlog is None:
+            try:
+                tlog = await self.logs.find(session_id, turn_id)
+            except NotFound:
+                if record is None:
+                    raise NotFound(
+                        f"turn {turn_id!r} of session {public_id(session_id)!r} not found"
+                    ) from None
+        if tlog is not None:
+            turn = turn_records.of_log(tlog, record)
+            if record is not None and turn_records.ended(turn):
+                await self.records.save(session_id, turn)
+            return turn
+        assert record is not None
+        return await self._settle(session_id, record)
+
+    async def _settle(self, session_id: str, record: spb.Turn) -> spb.Turn:
+        """A recorded turn that this owner does not run and that left no
+        events: accepted by a server that stopped (or by this one before a
+        restart). Given up for lost unless it committed."""
+        turn_id = record.turn_id
+        lost = await self.store.abandon_turn(session_id, turn_id)
+        # The commit status expires with the events: the history says too.
+        mine = [m for m in await self.store.history(session_id) if m.turn_id == turn_id]
+        if mine or not lost:
+            turn = turn_records.committed(record, mine)
+        else:
+            log.info("background turn %s was lost with the server running it", turn_id)
+            turn = turn_records.lost(record)
+        await self.records.save(session_id, turn)
+        return turn
+
+    async def start_turn(
+        self, request: spb.TurnRequest, session_id: str = "", *, background: bool = False
+    ) -> TurnLog:
         """Place a turn of the session (its scoped id; the request's id if
-        unset) under its policy; returns the log its caller follows."""
+        unset) under its policy; returns the log its caller follows.
+        ``background``: the turn (or the one it joins) runs to its end
+        whoever leaves (StartTurn)."""
         if self.draining:
             raise Unavailable("this server is shutting down; retry on another")
         record = await self.get_record(session_id or request.session_id)
@@ -266,6 +333,7 @@ class SessionCore:
                 else:
                     if not (tlog.done and tlog.state != spb.TURN_STATE_FINISHED):
                         turns.rejoin(earlier)
+                        tlog.background |= background
                         return tlog
                     # It failed or was cancelled, so it changed nothing: a
                     # retry runs the turn again (the key then names the new one).
@@ -283,6 +351,9 @@ class SessionCore:
             if lease is not None:
                 lease.release()
             raise
+        if background:
+            # Before any await: the turn may end (and be recorded) meanwhile.
+            (placed.log if isinstance(placed, PendingTurn) else placed).background = True
         if lease is not None:
             if isinstance(placed, PendingTurn) and placed.on_end is None:
                 placed.on_end = lease.release  # a new turn: it holds the lease
@@ -521,6 +592,7 @@ class SessionCore:
                 turns.cancel_all(CancelReason.SHUTDOWN)
             if pending:
                 await asyncio.wait(pending, timeout=2)
+        await self.records.flush()  # background turns' ends, before the store closes
 
     # Conversion -------------------------------------------------------------
 

@@ -74,6 +74,15 @@ class TurnLog:
         # and where each ends; _events is then empty.
         self._packed: bytes | None = None
         self._ends: array[int] | None = None
+        # What GetTurn reports without reading the events: when the turn was
+        # accepted and started (whole ms, as events' timestamps), its
+        # terminal event, and whether StartTurn started it (or joined it).
+        self.created_ms = now_ms()
+        self.started_ms = 0.0
+        self.end_event: event_pb2.Event | None = None
+        self.background = False
+        # Rebuilt from a store's events: another server ran the turn.
+        self.restored = False
 
     @classmethod
     def restore(
@@ -87,12 +96,16 @@ class TurnLog:
     ) -> TurnLog:
         """A log rebuilt from a store's events (another server wrote them)."""
         restored = cls(session_id, turn_id, max_events, sink, on_end)
+        restored.restored = True
         restored._events = list(events[-max_events:])
+        if events and events[0].type == event_pb2.RUN_STARTED:
+            restored.started_ms = events[0].timestamp
         if restored._events:
             restored._first_seq = restored._events[0].seq
             restored._next_seq = restored._events[-1].seq + 1
             last = restored._events[-1]
             if last.type in TERMINAL_TYPES:
+                restored.end_event = last
                 restored.ended_at = time.monotonic()
                 restored.finished = last.type == event_pb2.RUN_FINISHED
                 restored.state = (
@@ -142,6 +155,9 @@ class TurnLog:
         if event.type in TERMINAL_TYPES:
             self.ended_at = time.monotonic()
             self.finished = event.type == event_pb2.RUN_FINISHED
+            self.end_event = event
+        elif event.type == event_pb2.RUN_STARTED and not self.started_ms:
+            self.started_ms = event.timestamp
         self._wake()
         if self.ended_at is not None and self._on_end is not None:
             self._on_end(self)
@@ -294,6 +310,8 @@ class EventLogs:
         # key must not run it again (a few dozen bytes each, at most MAX_OUTCOMES).
         self._outcomes: OrderedDict[tuple[str, str], tuple[bool, float]] = OrderedDict()
         self._packing: set[asyncio.Task[None]] = set()
+        # Told when a background turn that ran here ends (its record's end).
+        self.on_background_end: Callable[[TurnLog], None] | None = None
 
     @property
     def _sink(self) -> EventSink | None:
@@ -310,6 +328,11 @@ class EventLogs:
         logs[turn_id] = log
         self._evict(session_id, logs)
         return log
+
+    def peek(self, session_id: str, turn_id: str) -> TurnLog | None:
+        """This server's log of the turn, if it keeps one."""
+        self.sweep()
+        return self._by_session.get(session_id, OrderedDict()).get(turn_id)
 
     def get(self, session_id: str, turn_id: str) -> TurnLog:
         self.sweep()
@@ -377,6 +400,8 @@ class EventLogs:
 
     def _ended(self, log: TurnLog) -> None:
         """A log's turn ended: packed, and last in line to go."""
+        if log.background and not log.restored and self.on_background_end is not None:
+            self.on_background_end(log)
         if log.event_count > PACK_ON_LOOP_EVENTS:
             with contextlib.suppress(RuntimeError):  # no loop (a synchronous caller): inline
                 task = asyncio.get_running_loop().create_task(self._pack_off_loop(log))

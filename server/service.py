@@ -398,6 +398,39 @@ class SessionServicer:
         async for event in events:
             yield event
 
+    async def StartTurn(
+        self, request: spb.StartTurnRequest, context: Context
+    ) -> spb.StartTurnResponse:
+        size = wire.received_bytes()
+        if size is not None and not validation.session_id_violations(request.session_id):
+            # As Turn: a flood past the budgets is refused before its files are read.
+            scoped = principals.scoped(principals.current().name, request.session_id)
+            self._core.refuse_over_budget(scoped, size)
+        await _validate_start_turn(request)
+        sid = principals.scoped(principals.current().name, request.session_id)
+
+        async def local() -> spb.StartTurnResponse:
+            try:
+                turn = await self._core.start_background_turn(request.turn, sid)
+            except InvalidArgument as exc:  # the answers to a pause, checked as placed
+                raise _in_turn(exc) from None
+            return spb.StartTurnResponse(turn=turn)
+
+        return await self._unary(
+            sid, context, lambda stub, md: stub.StartTurn(request, metadata=md), local
+        )
+
+    async def GetTurn(self, request: spb.GetTurnRequest, context: Context) -> spb.GetTurnResponse:
+        validation.validate_turn_ref(request.session_id, request.turn_id)
+        sid = principals.scoped(principals.current().name, request.session_id)
+
+        async def local() -> spb.GetTurnResponse:
+            return spb.GetTurnResponse(turn=await self._core.get_turn(sid, request.turn_id))
+
+        return await self._unary(
+            sid, context, lambda stub, md: stub.GetTurn(request, metadata=md), local
+        )
+
     async def CancelTurn(
         self, request: spb.CancelTurnRequest, context: Context
     ) -> spb.CancelTurnResponse:
@@ -449,6 +482,33 @@ class SessionServicer:
         if state not in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING):
             raise Unavailable(f"not ready: {spb.LifecycleState.Name(state)}")
         return spb.GetReadinessResponse(ready=True, status=state)
+
+
+async def _validate_start_turn(request: spb.StartTurnRequest) -> None:
+    """The session id, then the turn exactly as Turn validates it (its
+    violations named from the request: ``turn.message``). The turn's own
+    session id may be left empty; it becomes the request's."""
+    violations = validation.session_id_violations(request.session_id)
+    turn = request.turn
+    if turn.session_id and turn.session_id != request.session_id:
+        violations.append(
+            FieldViolation("turn.session_id", "must be empty or the session_id of the request")
+        )
+    turn.session_id = request.session_id
+    try:
+        await validation.validate_turn_async(turn)
+    except InvalidArgument as exc:
+        # Its session id is the request's, reported above.
+        violations += [v for v in _in_turn(exc).violations if v.field != "turn.session_id"]
+    if violations:
+        raise InvalidArgument(violations)
+
+
+def _in_turn(error: InvalidArgument) -> InvalidArgument:
+    """A TurnRequest's violations as fields of StartTurnRequest's ``turn``."""
+    return InvalidArgument(
+        [FieldViolation(f"turn.{v.field}", v.description) for v in error.violations]
+    )
 
 
 async def _pass_through(context: Context, error: grpc.aio.AioRpcError) -> NoReturn:

@@ -11,6 +11,12 @@ messages and its terminal event, or nothing), and committing costs the
 same whatever the history's length. Durable backends also keep each turn's
 events (``persists_events``), so a stream can be resumed after its server is
 gone, and idempotency keys, so a retried turn never runs twice.
+
+Every backend keeps turn records (``put_turn``): a background turn's state,
+written when it is accepted and when it ends, kept longer than its events
+(their own TTL), at most ``TURN_RECORDS_PER_SESSION`` per session, deleted
+with the session. The first record that says a turn ended is final, so the
+write that ends a turn happens once: where a later outbox (webhooks) hangs.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import bisect
 import copy
 import dataclasses
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,6 +34,11 @@ from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceede
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id
 from turnmesh.server.listing import Page, Position, position
 from turnmesh.v1 import event_pb2, message_pb2
+
+# Turn records a session keeps at most; the oldest go first.
+TURN_RECORDS_PER_SESSION = 1_000
+# Turn records a memory store keeps at most (a few hundred bytes each).
+MAX_MEMORY_TURN_RECORDS = 10_000
 
 
 @dataclass(slots=True)
@@ -133,6 +145,18 @@ class SessionStore(Protocol):
 
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None: ...
 
+    async def put_turn(
+        self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
+    ) -> bool:
+        """Write a turn's record (a serialized ``turnmesh.v1.Turn``), kept
+        ``ttl_seconds`` after this write, unless the session is gone or the
+        record already says the turn ended (``ended``): that one is final.
+        True if written. Past ``TURN_RECORDS_PER_SESSION`` records the
+        session's oldest go."""
+
+    async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
+        """A turn's record, None if there is none (or it expired)."""
+
     async def close(self) -> None: ...
 
 
@@ -150,16 +174,28 @@ class TurnAbandoned(Exception):
     """The turn was given up for lost and re-run elsewhere: its result is void."""
 
 
+@dataclass(slots=True)
+class _KeptTurn:
+    record: bytes
+    ended: bool
+    expires: float
+
+
 class MemoryStore:
     """Sessions in this process's memory: lost when it stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_turn_records: int = MAX_MEMORY_TURN_RECORDS) -> None:
         self._records: dict[str, SessionRecord] = {}
         # Per principal: (position, scoped id), ascending, for listing.
         self._listed: dict[str, list[tuple[Position, str]]] = {}
         # Serialized: a few hundred bytes less per message than live protobuf
         # objects, and turns read only the tail they need.
         self._messages: dict[str, list[bytes]] = {}
+        # Turn records, least recently written first (so the first to
+        # expire), and each session's turn ids in the order they came.
+        self._turn_records: OrderedDict[tuple[str, str], _KeptTurn] = OrderedDict()
+        self._turns_of: dict[str, dict[str, None]] = {}
+        self._max_turn_records = max_turn_records
 
     @property
     def shared(self) -> bool:
@@ -196,6 +232,8 @@ class MemoryStore:
 
     async def delete(self, session_id: str) -> bool:
         self._messages.pop(session_id, None)
+        for turn_id in self._turns_of.pop(session_id, {}):
+            self._turn_records.pop((session_id, turn_id), None)
         record = self._records.pop(session_id, None)
         if record is None:
             return False
@@ -261,6 +299,44 @@ class MemoryStore:
 
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
         return None
+
+    async def put_turn(
+        self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
+    ) -> bool:
+        if session_id not in self._records:
+            return False
+        key = (session_id, turn_id)
+        kept = self._turn_records.get(key)
+        if kept is not None and kept.ended:
+            return False
+        at = time.monotonic()
+        self._turn_records[key] = _KeptTurn(record, ended, at + ttl_seconds)
+        self._turn_records.move_to_end(key)
+        order = self._turns_of.setdefault(session_id, {})
+        order[turn_id] = None
+        if len(order) > TURN_RECORDS_PER_SESSION:
+            self._drop_turn((session_id, next(iter(order))))
+        # Expired ones first, then the least recently written past the bound.
+        while self._turn_records:
+            oldest, first = next(iter(self._turn_records.items()))
+            if first.expires > at and len(self._turn_records) <= self._max_turn_records:
+                break
+            self._drop_turn(oldest)
+        return True
+
+    def _drop_turn(self, key: tuple[str, str]) -> None:
+        self._turn_records.pop(key, None)
+        order = self._turns_of.get(key[0])
+        if order is not None:
+            order.pop(key[1], None)
+            if not order:
+                del self._turns_of[key[0]]
+
+    async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
+        kept = self._turn_records.get((session_id, turn_id))
+        if kept is None or kept.expires <= time.monotonic():
+            return None
+        return kept.record
 
     async def close(self) -> None:
         return None

@@ -9,8 +9,11 @@ session's keys live on one cluster slot and its scripts never cross slots:
 that owns it), ``tm:{S'}:h`` (list: history, one protobuf per message),
 ``tm:{S'}:e:T`` (list: turn T's events, expiring), ``tm:{S'}:x:T`` (turn T's
 commit status, expiring), ``tm:{S'}:k`` (hash: idempotency key -> turn),
-``tm:{S'}:t`` (set: turns with events, for deletion). Turn ids come last, so
-``S`` + ``T`` never reads another session's keys.
+``tm:{S'}:t`` (set: turns with events, for deletion), ``tm:{S'}:r:T`` (hash:
+turn T's record and whether it says the turn ended, expiring on its own TTL),
+``tm:{S'}:r`` (sorted set: the turns with records, by first write, to bound
+and delete them). Turn ids come last, so ``S`` + ``T`` never reads another
+session's keys.
 
 Indexes that span sessions are sharded, each shard its own slot and written
 beside (not inside) the per-session scripts: ``tm:idle:{N}`` (N in 0..15,
@@ -53,6 +56,7 @@ from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id, scoped
 from turnmesh.server.listing import Page, Position, merge, position
 from turnmesh.server.store import (
+    TURN_RECORDS_PER_SESSION,
     SessionRecord,
     TurnAbandoned,
     TurnCommits,
@@ -155,6 +159,19 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[2])
 return 1
 """
 
+# KEYS: record, turn record, turn records. ARGV: the turn record, ended ('1'
+# or '0'), ttl, turn, now (ms). -1: no session; 0: not written (it says the
+# turn ended already, which is final); else the session's turn records.
+PUT_TURN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('HGET', KEYS[2], 'ended') == '1' then return 0 end
+redis.call('HSET', KEYS[2], 'turn', ARGV[1], 'ended', ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+return redis.call('ZCARD', KEYS[3])
+"""
+
 # KEYS: record. ARGV: activity. Touches only a session that exists.
 TOUCH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -173,7 +190,7 @@ def tag(value: str) -> str:
 class Keys:
     """The keys of one session (all on the slot of its hash tag)."""
 
-    __slots__ = ("_prefix", "history", "keys", "record", "turns")
+    __slots__ = ("_prefix", "history", "keys", "record", "turn_records", "turns")
 
     def __init__(self, session_id: str) -> None:
         self._prefix = f"tm:{tag(session_id)}:"
@@ -181,6 +198,10 @@ class Keys:
         self.history = self._prefix + "h"
         self.keys = self._prefix + "k"
         self.turns = self._prefix + "t"
+        self.turn_records = self._prefix + "r"
+
+    def turn_record(self, turn_id: str) -> str:
+        return f"{self._prefix}r:{turn_id}"
 
     def events(self, turn_id: str) -> str:
         return f"{self._prefix}e:{turn_id}"
@@ -280,6 +301,7 @@ class RedisStore(TurnCommits):
         self._abandon_script = self._redis.register_script(ABANDON)
         self._swap_script = self._redis.register_script(SWAP_OWNER)
         self._touch_script = self._redis.register_script(TOUCH)
+        self._put_turn_script = self._redis.register_script(PUT_TURN)
 
     @property
     def shared(self) -> bool:
@@ -357,11 +379,13 @@ class RedisStore(TurnCommits):
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hget(keys.record, "created_at")
             pipe.smembers(keys.turns)
-            created_at, turns = await pipe.execute()
+            pipe.zrange(keys.turn_records, 0, -1)
+            created_at, turns, recorded = await pipe.execute()
         # One slot: a multi-key DEL is allowed on a cluster too.
         turn_keys = [k for t in turns for k in (keys.events(_text(t)), keys.status(_text(t)))]
+        turn_keys += [keys.turn_record(_text(t)) for t in recorded]
         deleted = await self._redis.delete(
-            keys.record, keys.history, keys.keys, keys.turns, *turn_keys
+            keys.record, keys.history, keys.keys, keys.turns, keys.turn_records, *turn_keys
         )
         if created_at is not None:
             # Unlisted once gone: a crash in between leaves an entry that
@@ -534,6 +558,35 @@ class RedisStore(TurnCommits):
 
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
         await self._redis.hset(Keys(session_id).keys, key, turn_id)
+
+    async def put_turn(
+        self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
+    ) -> bool:
+        keys = Keys(session_id)
+        count = await self._put_turn_script(
+            keys=[keys.record, keys.turn_record(turn_id), keys.turn_records],
+            args=[
+                record,
+                "1" if ended else "0",
+                max(1, int(ttl_seconds)),
+                turn_id,
+                int(time.time() * 1000),
+            ],
+        )
+        if count > TURN_RECORDS_PER_SESSION:
+            # Rare (a session past its bound): the oldest go, outside the
+            # script, which names only the keys it is given.
+            oldest = await self._redis.zrange(
+                keys.turn_records, 0, count - TURN_RECORDS_PER_SESSION - 1
+            )
+            if oldest:
+                await self._redis.delete(*(keys.turn_record(_text(t)) for t in oldest))
+                await self._redis.zrem(keys.turn_records, *oldest)
+        return bool(count > 0)
+
+    async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
+        record = await self._redis.hget(Keys(session_id).turn_record(turn_id), "turn")
+        return cast(bytes, record) if record else None
 
     # Leases ---------------------------------------------------------------------
 

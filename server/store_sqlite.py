@@ -13,8 +13,9 @@ its principal and its creation time in nanoseconds, indexed together, so a
 principal's listing is one keyset range scan (``server.listing``).
 
 ``PRAGMA user_version`` is the layout: 0 is a file from before principals
-(or a new, empty one), 1 is today's. Opening a version-0 file moves it in one
-transaction: its sessions get those columns and go to ``legacy_principal``,
+(or a new, empty one), 1 added principals, 2 a session's pause, 3 (today's)
+turn records. Opening an older file brings it up to date in one transaction;
+a version-0 file's sessions get those columns and go to ``legacy_principal``,
 which, unless anonymous, also prefixes their ids in every table.
 """
 
@@ -41,6 +42,7 @@ from turnmesh.runtime.principals import (
 )
 from turnmesh.server.listing import Page, Position, position
 from turnmesh.server.store import (
+    TURN_RECORDS_PER_SESSION,
     SessionRecord,
     StoreInUse,
     TurnAbandoned,
@@ -51,7 +53,7 @@ from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -96,9 +98,26 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     turn_id TEXT NOT NULL,
     PRIMARY KEY (session_id, key)
 );
+CREATE TABLE IF NOT EXISTS turn_records (
+    session_id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expire_at REAL NOT NULL,
+    ended INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session_id, turn_id)
+);
+CREATE INDEX IF NOT EXISTS turn_records_by_expiry ON turn_records (expire_at);
 """
 # Every table keyed by session id: a version-0 file's ids are renamed in all.
-SESSION_TABLES = ("sessions", "messages", "events", "turn_status", "idempotency_keys")
+SESSION_TABLES = (
+    "sessions",
+    "messages",
+    "events",
+    "turn_status",
+    "idempotency_keys",
+    "turn_records",
+)
 SESSION_COLUMNS = "session_id, agent_name, created_at, last_activity, metadata, message_count"
 # What a record is read from (a pause is written by a create that seeds one,
 # and by commits).
@@ -160,8 +179,10 @@ class SqliteStore(TurnCommits):
                 if _has_table(db, "sessions"):
                     if version == 0:
                         _migrate_from_0(db, self._legacy_principal)
-                    # Layout 2: what a session waits for from the client.
-                    db.execute("ALTER TABLE sessions ADD COLUMN pause BLOB")
+                    if version < 2:
+                        # Layout 2: what a session waits for from the client.
+                        db.execute("ALTER TABLE sessions ADD COLUMN pause BLOB")
+                # Layout 3: turn records, a table of their own (the schema's).
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -230,7 +251,13 @@ class SqliteStore(TurnCommits):
                 deleted = db.execute(
                     "DELETE FROM sessions WHERE session_id = ?", (session_id,)
                 ).rowcount
-                for table in ("messages", "events", "idempotency_keys", "turn_status"):
+                for table in (
+                    "messages",
+                    "events",
+                    "idempotency_keys",
+                    "turn_status",
+                    "turn_records",
+                ):
                     db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
             return deleted > 0
 
@@ -334,6 +361,7 @@ class SqliteStore(TurnCommits):
             db.execute(
                 "DELETE FROM turn_status WHERE written_at < ?", (time.time() - self._event_ttl,)
             )
+            db.execute("DELETE FROM turn_records WHERE expire_at < ?", (time.time(),))
             rows = db.execute(
                 "SELECT session_id FROM sessions WHERE last_activity < ?", (last_activity_before,)
             ).fetchall()
@@ -412,6 +440,45 @@ class SqliteStore(TurnCommits):
                 (session_id, key, turn_id),
             )
         )
+
+    async def put_turn(
+        self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
+    ) -> bool:
+        def put(db: sqlite3.Connection) -> bool:
+            at = time.time()
+            with _transaction(db):
+                if (
+                    db.execute(
+                        "SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)
+                    ).fetchone()
+                    is None
+                ):
+                    return False
+                written = db.execute(
+                    "INSERT INTO turn_records VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE"
+                    " SET data = excluded.data, ended = excluded.ended,"
+                    " expire_at = excluded.expire_at WHERE ended = 0",
+                    (session_id, turn_id, at, at + ttl_seconds, int(ended), record),
+                ).rowcount
+                db.execute(
+                    "DELETE FROM turn_records WHERE session_id = ? AND turn_id IN"
+                    " (SELECT turn_id FROM turn_records WHERE session_id = ?"
+                    " ORDER BY created_at DESC, turn_id DESC LIMIT -1 OFFSET ?)",
+                    (session_id, session_id, TURN_RECORDS_PER_SESSION),
+                )
+            return written > 0
+
+        return await self._run(put)
+
+    async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
+        row = await self._run(
+            lambda db: db.execute(
+                "SELECT data FROM turn_records WHERE session_id = ? AND turn_id = ?"
+                " AND expire_at >= ?",
+                (session_id, turn_id, time.time()),
+            ).fetchone()
+        )
+        return bytes(row[0]) if row else None
 
     async def close(self) -> None:
         def close(db: sqlite3.Connection) -> None:

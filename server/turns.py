@@ -356,8 +356,8 @@ class SessionTurns:
         """A caller that asked for DISCONNECT_POLICY_CANCEL dropped its stream:
         cancel the turn unless other callers (coalesced into it) still wait."""
         turn = self._turns.get(turn_id)
-        if turn is None or turn.log.done:
-            return
+        if turn is None or turn.log.done or turn.log.background:
+            return  # a background turn has no caller whose leaving ends it
         turn.waiters -= 1
         if turn.waiters <= 0:
             self.cancel(turn_id, CancelReason.DISCONNECTED)

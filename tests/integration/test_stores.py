@@ -6,16 +6,20 @@ layout."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.mesh import RedisServer
+from tests.support.mesh import RedisServer, eventually
 from tests.support.redis_cluster import RedisCluster
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
+from turnmesh.server import store as store_module
+from turnmesh.server import store_redis, store_sqlite
 from turnmesh.server.store import (
+    MemoryStore,
     SessionRecord,
     SessionStore,
     StoreInUse,
@@ -455,3 +459,101 @@ async def test_a_sqlite_file_serves_one_server(tmp_path: Path) -> None:
     await first.close()
     second = open_store(f"sqlite:{path}", 600)  # free again once the first closed
     await second.close()
+
+
+# Turn records (background turns: GetTurn once their events are gone) -------
+
+
+async def test_a_turn_record_that_says_the_turn_ended_is_final(store: SessionStore) -> None:
+    sid = _sid()
+    await store.create(_record(sid))
+    assert await store.get_turn(sid, "t1") is None
+    assert await store.put_turn(sid, "t1", b"queued", ended=False, ttl_seconds=600)
+    assert await store.put_turn(sid, "t1", b"running", ended=False, ttl_seconds=600)
+    assert await store.get_turn(sid, "t1") == b"running"
+    # The first write that ends it wins; nothing after changes it.
+    assert await store.put_turn(sid, "t1", b"finished", ended=True, ttl_seconds=600)
+    assert not await store.put_turn(sid, "t1", b"failed", ended=True, ttl_seconds=600)
+    assert not await store.put_turn(sid, "t1", b"running again", ended=False, ttl_seconds=600)
+    assert await store.get_turn(sid, "t1") == b"finished"
+    # Never for a session that is not there; gone with its session.
+    assert not await store.put_turn(_sid(), "t1", b"x", ended=False, ttl_seconds=600)
+    assert await store.delete(sid)
+    assert await store.get_turn(sid, "t1") is None
+    await store.create(_record(sid))  # the same id again: a new session
+    assert await store.get_turn(sid, "t1") is None
+
+
+async def test_turn_records_expire_on_their_own_ttl(store: SessionStore) -> None:
+    sid = _sid()
+    await store.create(_record(sid))
+    await store.put_turn(sid, "short", b"x", ended=True, ttl_seconds=1)
+    await store.put_turn(sid, "long", b"y", ended=True, ttl_seconds=600)
+
+    async def expired() -> bool:
+        await store.idle_sessions(0)  # SQLite prunes then; the others need no pass
+        return await store.get_turn(sid, "short") is None
+
+    await eventually(expired, timeout=30, what="the short record to expire")
+    assert await store.get_turn(sid, "long") == b"y"
+
+
+async def test_a_session_keeps_a_bounded_number_of_turn_records(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (store_module, store_sqlite, store_redis):
+        monkeypatch.setattr(module, "TURN_RECORDS_PER_SESSION", 3)
+    sid, other = _sid(), _sid()
+    await store.create(_record(sid))
+    await store.create(_record(other))
+    for n in range(5):
+        assert await store.put_turn(sid, f"t{n}", b"r%d" % n, ended=False, ttl_seconds=600)
+    await store.put_turn(other, "t0", b"other", ended=True, ttl_seconds=600)
+    # The oldest first writes go (ties: the lower turn id, as ULIDs order).
+    kept = [await store.get_turn(sid, f"t{n}") for n in range(5)]
+    assert kept == [None, None, b"r2", b"r3", b"r4"]
+    assert await store.get_turn(other, "t0") == b"other"
+
+
+async def test_a_memory_store_keeps_a_bounded_number_of_turn_records() -> None:
+    store = MemoryStore(max_turn_records=3)
+    sids = [_sid() for _ in range(3)]
+    for sid in sids:
+        await store.create(_record(sid))
+    for n, sid in enumerate([*sids, sids[0], sids[1]]):
+        await store.put_turn(sid, f"t{n}", b"r%d" % n, ended=False, ttl_seconds=600)
+    # Past the bound, the least recently written go first.
+    assert [await store.get_turn(sid, f"t{n}") for n, sid in enumerate(sids)] == [None, None, b"r2"]
+    assert await store.get_turn(sids[0], "t3") == b"r3"
+    assert await store.get_turn(sids[1], "t4") == b"r4"
+    assert len(store._turn_records) == 3
+    assert await store.delete(sids[0])
+    assert len(store._turn_records) == 2 and sids[0] not in store._turns_of
+
+
+async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    sid = _sid()
+    first = open_store(f"sqlite:{path}", 600)
+    await first.create(_record(sid), [_message("user", "kept")])
+    await first.close()
+    # As a version-2 server left it: no turn_records table.
+    db = sqlite3.connect(path)
+    try:
+        db.execute("DROP TABLE turn_records")
+        db.execute("PRAGMA user_version = 2")
+        db.commit()
+    finally:
+        db.close()
+    again = open_store(f"sqlite:{path}", 600)
+    try:
+        assert [m.content for m in await again.history(sid)] == ["kept"]
+        assert await again.put_turn(sid, "t1", b"x", ended=False, ttl_seconds=600)
+        assert await again.get_turn(sid, "t1") == b"x"
+    finally:
+        await again.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 3
+    finally:
+        db.close()

@@ -79,6 +79,11 @@ from turnmesh.v1.session_service_pb2 import DeleteSessionResponse as DeleteSessi
 from turnmesh.v1.session_service_pb2 import GetHistoryRequest as GetHistoryRequest
 from turnmesh.v1.session_service_pb2 import GetHistoryResponse as GetHistoryResponse
 from turnmesh.v1.session_service_pb2 import TurnRequest as TurnRequest
+from turnmesh.v1.session_service_pb2 import StartTurnRequest as StartTurnRequest
+from turnmesh.v1.session_service_pb2 import StartTurnResponse as StartTurnResponse
+from turnmesh.v1.session_service_pb2 import GetTurnRequest as GetTurnRequest
+from turnmesh.v1.session_service_pb2 import GetTurnResponse as GetTurnResponse
+from turnmesh.v1.session_service_pb2 import Turn as Turn
 from turnmesh.v1.session_service_pb2 import CancelTurnRequest as CancelTurnRequest
 from turnmesh.v1.session_service_pb2 import CancelTurnResponse as CancelTurnResponse
 from turnmesh.v1.session_service_pb2 import SubscribeTurnRequest as SubscribeTurnRequest
@@ -138,6 +143,8 @@ __all__ = [
     "GetResponseRequest",
     "GetSessionRequest",
     "GetSessionResponse",
+    "GetTurnRequest",
+    "GetTurnResponse",
     "HeartbeatRequest",
     "HeartbeatResponse",
     "Interrupt",
@@ -174,11 +181,14 @@ __all__ = [
     "SessionService",
     "SessionServiceServicer",
     "SessionServiceStub",
+    "StartTurnRequest",
+    "StartTurnResponse",
     "SubscribeTurnRequest",
     "TokenUsage",
     "ToolCall",
     "ToolDefinition",
     "ToolResult",
+    "Turn",
     "TurnPolicy",
     "TurnRequest",
     "TurnState",

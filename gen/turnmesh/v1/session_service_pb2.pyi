@@ -10,6 +10,7 @@ from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from turnmesh.v1 import event_pb2 as _event_pb2
 from turnmesh.v1 import message_pb2 as _message_pb2
 import builtins as _builtins
 import sys
@@ -583,6 +584,193 @@ class TurnRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TurnRequest: _TypeAlias = TurnRequest  # noqa: Y015
+
+@_typing.final
+class StartTurnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TURN_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session the turn runs on."""
+    @_builtins.property
+    def turn(self) -> Global___TurnRequest:
+        """The turn, as Turn takes it; its `session_id` must be empty or equal to
+        the one above, and its `on_disconnect` is ignored (a background turn has
+        no stream to leave).
+        """
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        turn: Global___TurnRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartTurnRequest: _TypeAlias = StartTurnRequest  # noqa: Y015
+
+@_typing.final
+class StartTurnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turn(self) -> Global___Turn:
+        """The turn as it was accepted: QUEUED or RUNNING (or already ended, for a
+        retry with the idempotency key of a turn that ended).
+        """
+
+    def __init__(
+        self,
+        *,
+        turn: Global___Turn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartTurnResponse: _TypeAlias = StartTurnResponse  # noqa: Y015
+
+@_typing.final
+class GetTurnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    turn_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        turn_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "turn_id", b"turn_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTurnRequest: _TypeAlias = GetTurnRequest  # noqa: Y015
+
+@_typing.final
+class GetTurnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def turn(self) -> Global___Turn: ...
+    def __init__(
+        self,
+        *,
+        turn: Global___Turn | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTurnResponse: _TypeAlias = GetTurnResponse  # noqa: Y015
+
+@_typing.final
+class Turn(_message.Message):
+    """A turn of a session."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TURN_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    BACKGROUND_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    turn_id: _builtins.str
+    session_id: _builtins.str
+    """The session's id, as its caller names it."""
+    state: Global___TurnState.ValueType
+    background: _builtins.bool
+    """Started by StartTurn: a durable record keeps its state after its events
+    are gone.
+    """
+    error_code: _builtins.str
+    """FAILED or CANCELLED: RUN_ERROR's code, e.g. "owner_lost" (the server
+    running the turn stopped), "worker_failed", "cancelled".
+    """
+    error_message: _builtins.str
+    """FAILED or CANCELLED: RUN_ERROR's message."""
+    last_seq: _builtins.int
+    """The seq of the turn's last event so far (0: none yet). SubscribeTurn
+    with `after_seq` 0 replays them all, while they are kept.
+    """
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the server accepted the turn (when it started, for a turn known
+        only from the events another server stored).
+        """
+
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """When it started running (its RUN_STARTED); unset while queued, and for a
+        turn that ended before it ran.
+        """
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """When it ended (its RUN_FINISHED or RUN_ERROR); unset until then."""
+
+    @_builtins.property
+    def usage(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.TokenUsage]:
+        """FINISHED: the token usage RUN_FINISHED reported."""
+
+    @_builtins.property
+    def problem(self) -> _event_pb2.Problem:
+        """FAILED or CANCELLED: RUN_ERROR's RFC 7807 problem."""
+
+    @_builtins.property
+    def outcome(self) -> _event_pb2.RunOutcome:
+        """FINISHED waiting for the client: what it waits for, as RUN_FINISHED's
+        `outcome` (answer it with the next turn's `tool_results` or `resume`).
+        """
+
+    def __init__(
+        self,
+        *,
+        turn_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        state: Global___TurnState.ValueType = ...,
+        background: _builtins.bool = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
+        usage: _abc.Iterable[_event_pb2.TokenUsage] | None = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        problem: _event_pb2.Problem | None = ...,
+        outcome: _event_pb2.RunOutcome | None = ...,
+        last_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "outcome", b"outcome", "problem", b"problem", "start_time", b"start_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["background", b"background", "create_time", b"create_time", "end_time", b"end_time", "error_code", b"error_code", "error_message", b"error_message", "last_seq", b"last_seq", "outcome", b"outcome", "problem", b"problem", "session_id", b"session_id", "start_time", b"start_time", "state", b"state", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Turn: _TypeAlias = Turn  # noqa: Y015
 
 @_typing.final
 class CancelTurnRequest(_message.Message):

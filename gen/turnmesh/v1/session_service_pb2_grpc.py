@@ -86,6 +86,16 @@ class SessionServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_session__service__pb2.TurnRequest.SerializeToString,
                 response_deserializer=turnmesh_dot_v1_dot_event__pb2.Event.FromString,
                 _registered_method=True)
+        self.StartTurn = channel.unary_unary(
+                '/turnmesh.v1.SessionService/StartTurn',
+                request_serializer=turnmesh_dot_v1_dot_session__service__pb2.StartTurnRequest.SerializeToString,
+                response_deserializer=turnmesh_dot_v1_dot_session__service__pb2.StartTurnResponse.FromString,
+                _registered_method=True)
+        self.GetTurn = channel.unary_unary(
+                '/turnmesh.v1.SessionService/GetTurn',
+                request_serializer=turnmesh_dot_v1_dot_session__service__pb2.GetTurnRequest.SerializeToString,
+                response_deserializer=turnmesh_dot_v1_dot_session__service__pb2.GetTurnResponse.FromString,
+                _registered_method=True)
         self.CancelTurn = channel.unary_unary(
                 '/turnmesh.v1.SessionService/CancelTurn',
                 request_serializer=turnmesh_dot_v1_dot_session__service__pb2.CancelTurnRequest.SerializeToString,
@@ -186,6 +196,31 @@ class SessionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartTurn(self, request, context):
+        """Starts a background turn: validated, placed and refused exactly as Turn
+        (the same errors before it starts: SESSION_BUSY, AWAITING_CLIENT,
+        NOT_WAITING, quotas, rate limits; the same idempotency keys), and
+        answered as soon as the turn is accepted, queued or running, with the
+        turn. It runs to its end with no client: nothing cancels it but
+        CancelTurn, DeleteSession or the server's shutdown (`on_disconnect` does
+        not apply). Follow its events with SubscribeTurn and its state with
+        GetTurn, from any server. REST: the body is the TurnRequest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTurn(self, request, context):
+        """Returns a turn of the session: its state, times, token usage and how it
+        ended. A background turn's state is kept in a durable record for
+        --turn-record-ttl after it ends (bounded per session, deleted with the
+        session); any other turn is known while its events are kept. NOT_FOUND
+        when neither knows the turn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelTurn(self, request, context):
         """Cancels a running or queued turn, all the way into the agent.
         """
@@ -252,6 +287,16 @@ def add_SessionServiceServicer_to_server(servicer, server):
                     servicer.Turn,
                     request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.TurnRequest.FromString,
                     response_serializer=turnmesh_dot_v1_dot_event__pb2.Event.SerializeToString,
+            ),
+            'StartTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartTurn,
+                    request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.StartTurnRequest.FromString,
+                    response_serializer=turnmesh_dot_v1_dot_session__service__pb2.StartTurnResponse.SerializeToString,
+            ),
+            'GetTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTurn,
+                    request_deserializer=turnmesh_dot_v1_dot_session__service__pb2.GetTurnRequest.FromString,
+                    response_serializer=turnmesh_dot_v1_dot_session__service__pb2.GetTurnResponse.SerializeToString,
             ),
             'CancelTurn': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelTurn,
@@ -479,6 +524,60 @@ class SessionService:
             '/turnmesh.v1.SessionService/Turn',
             turnmesh_dot_v1_dot_session__service__pb2.TurnRequest.SerializeToString,
             turnmesh_dot_v1_dot_event__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.SessionService/StartTurn',
+            turnmesh_dot_v1_dot_session__service__pb2.StartTurnRequest.SerializeToString,
+            turnmesh_dot_v1_dot_session__service__pb2.StartTurnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.SessionService/GetTurn',
+            turnmesh_dot_v1_dot_session__service__pb2.GetTurnRequest.SerializeToString,
+            turnmesh_dot_v1_dot_session__service__pb2.GetTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,

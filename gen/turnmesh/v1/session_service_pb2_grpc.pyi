@@ -78,6 +78,23 @@ class SessionServiceStub:
     (no such session), ABORTED (REJECT policy while a turn runs),
     UNAVAILABLE (no worker serves the session's agent).
     """
+    StartTurn: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.StartTurnRequest, _session_service_pb2.StartTurnResponse]
+    """Starts a background turn: validated, placed and refused exactly as Turn
+    (the same errors before it starts: SESSION_BUSY, AWAITING_CLIENT,
+    NOT_WAITING, quotas, rate limits; the same idempotency keys), and
+    answered as soon as the turn is accepted, queued or running, with the
+    turn. It runs to its end with no client: nothing cancels it but
+    CancelTurn, DeleteSession or the server's shutdown (`on_disconnect` does
+    not apply). Follow its events with SubscribeTurn and its state with
+    GetTurn, from any server. REST: the body is the TurnRequest.
+    """
+    GetTurn: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.GetTurnRequest, _session_service_pb2.GetTurnResponse]
+    """Returns a turn of the session: its state, times, token usage and how it
+    ended. A background turn's state is kept in a durable record for
+    --turn-record-ttl after it ends (bounded per session, deleted with the
+    session); any other turn is known while its events are kept. NOT_FOUND
+    when neither knows the turn.
+    """
     CancelTurn: _grpc.UnaryUnaryMultiCallable[_session_service_pb2.CancelTurnRequest, _session_service_pb2.CancelTurnResponse]
     """Cancels a running or queued turn, all the way into the agent."""
     SubscribeTurn: _grpc.UnaryStreamMultiCallable[_session_service_pb2.SubscribeTurnRequest, _event_pb2.Event]
@@ -137,6 +154,23 @@ class SessionServiceAsyncStub(SessionServiceStub):
     first event are gRPC statuses: INVALID_ARGUMENT (bad request), NOT_FOUND
     (no such session), ABORTED (REJECT policy while a turn runs),
     UNAVAILABLE (no worker serves the session's agent).
+    """
+    StartTurn: _aio.UnaryUnaryMultiCallable[_session_service_pb2.StartTurnRequest, _session_service_pb2.StartTurnResponse]  # type: ignore[assignment]
+    """Starts a background turn: validated, placed and refused exactly as Turn
+    (the same errors before it starts: SESSION_BUSY, AWAITING_CLIENT,
+    NOT_WAITING, quotas, rate limits; the same idempotency keys), and
+    answered as soon as the turn is accepted, queued or running, with the
+    turn. It runs to its end with no client: nothing cancels it but
+    CancelTurn, DeleteSession or the server's shutdown (`on_disconnect` does
+    not apply). Follow its events with SubscribeTurn and its state with
+    GetTurn, from any server. REST: the body is the TurnRequest.
+    """
+    GetTurn: _aio.UnaryUnaryMultiCallable[_session_service_pb2.GetTurnRequest, _session_service_pb2.GetTurnResponse]  # type: ignore[assignment]
+    """Returns a turn of the session: its state, times, token usage and how it
+    ended. A background turn's state is kept in a durable record for
+    --turn-record-ttl after it ends (bounded per session, deleted with the
+    session); any other turn is known while its events are kept. NOT_FOUND
+    when neither knows the turn.
     """
     CancelTurn: _aio.UnaryUnaryMultiCallable[_session_service_pb2.CancelTurnRequest, _session_service_pb2.CancelTurnResponse]  # type: ignore[assignment]
     """Cancels a running or queued turn, all the way into the agent."""
@@ -236,6 +270,35 @@ class SessionServiceServicer(metaclass=_abc_1.ABCMeta):
         first event are gRPC statuses: INVALID_ARGUMENT (bad request), NOT_FOUND
         (no such session), ABORTED (REJECT policy while a turn runs),
         UNAVAILABLE (no worker serves the session's agent).
+        """
+
+    @_abc_1.abstractmethod
+    def StartTurn(
+        self,
+        request: _session_service_pb2.StartTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_service_pb2.StartTurnResponse, _abc.Awaitable[_session_service_pb2.StartTurnResponse]]:
+        """Starts a background turn: validated, placed and refused exactly as Turn
+        (the same errors before it starts: SESSION_BUSY, AWAITING_CLIENT,
+        NOT_WAITING, quotas, rate limits; the same idempotency keys), and
+        answered as soon as the turn is accepted, queued or running, with the
+        turn. It runs to its end with no client: nothing cancels it but
+        CancelTurn, DeleteSession or the server's shutdown (`on_disconnect` does
+        not apply). Follow its events with SubscribeTurn and its state with
+        GetTurn, from any server. REST: the body is the TurnRequest.
+        """
+
+    @_abc_1.abstractmethod
+    def GetTurn(
+        self,
+        request: _session_service_pb2.GetTurnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_session_service_pb2.GetTurnResponse, _abc.Awaitable[_session_service_pb2.GetTurnResponse]]:
+        """Returns a turn of the session: its state, times, token usage and how it
+        ended. A background turn's state is kept in a durable record for
+        --turn-record-ttl after it ends (bounded per session, deleted with the
+        session); any other turn is known while its events are kept. NOT_FOUND
+        when neither knows the turn.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,173 @@
+"""What GetTurn reports of a turn, and the durable records of background turns.
+
+A turn is described by its events while they are kept: its state, when it
+started and ended (RUN_STARTED's and the terminal event's timestamps), its
+usage, outcome or error. A background turn (StartTurn) also gets a record in
+the session store, written when it is accepted and when it ends, which is kept
+longer than its events (``--turn-record-ttl``). The record's end and the
+turn's commit are two writes: until a record says the turn ended, the events
+(and the commit status the store keeps beside them) decide, and a reader that
+learns how the turn ended writes it to the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from google.protobuf import timestamp_pb2
+
+from turnmesh.runtime import metrics
+from turnmesh.runtime.errors import TurnError, Unavailable
+from turnmesh.runtime.principals import public_id
+from turnmesh.server.eventlog import TurnLog
+from turnmesh.server.store import SessionStore
+from turnmesh.v1 import event_pb2, message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+
+log = logging.getLogger(__name__)
+
+ENDED = frozenset({spb.TURN_STATE_FINISHED, spb.TURN_STATE_FAILED, spb.TURN_STATE_CANCELLED})
+# RUN_ERROR codes of a turn that was cancelled (``turns.CancelReason``), not failed.
+CANCELLED_CODES = frozenset(
+    error.code
+    for error in (
+        TurnError.CANCELLED,
+        TurnError.INTERRUPTED,
+        TurnError.DISCONNECTED,
+        TurnError.SESSION_DELETED,
+        TurnError.SHUTDOWN,
+    )
+)
+# How long a draining server waits for the records of turns that just ended.
+FLUSH_SECONDS = 5.0
+
+
+def ended(turn: spb.Turn) -> bool:
+    return turn.state in ENDED
+
+
+def of_log(tlog: TurnLog, record: spb.Turn | None = None) -> spb.Turn:
+    """The turn as its log tells it; ``record``: its stored record, for what
+    a log rebuilt from another server's events does not know."""
+    turn = spb.Turn(
+        turn_id=tlog.turn_id,
+        session_id=public_id(tlog.session_id),
+        background=tlog.background or (record is not None and record.background),
+        last_seq=tlog.last_seq,
+    )
+    if tlog.started_ms:
+        turn.start_time.CopyFrom(_from_ms(tlog.started_ms))
+    if not tlog.restored:
+        turn.create_time.CopyFrom(_from_ms(tlog.created_ms))
+    elif record is not None and record.HasField("create_time"):
+        turn.create_time.CopyFrom(record.create_time)
+    elif tlog.started_ms:
+        turn.create_time.CopyFrom(turn.start_time)
+    end = tlog.end_event
+    if end is None:
+        turn.state = tlog.state
+        return turn
+    turn.end_time.CopyFrom(_from_ms(end.timestamp))
+    if end.type == event_pb2.RUN_FINISHED:
+        turn.state = spb.TURN_STATE_FINISHED
+        turn.usage.extend(end.usage)
+        if end.HasField("outcome"):
+            turn.outcome.CopyFrom(end.outcome)
+        return turn
+    turn.state = spb.TURN_STATE_CANCELLED if end.code in CANCELLED_CODES else spb.TURN_STATE_FAILED
+    turn.error_code = end.code
+    turn.error_message = end.message
+    if end.HasField("problem"):
+        turn.problem.CopyFrom(end.problem)
+    return turn
+
+
+def committed(record: spb.Turn, messages: list[message_pb2.Message]) -> spb.Turn:
+    """A turn whose commit is known while its events are not: FINISHED, with
+    the usage and time its last message in the history carries."""
+    turn = spb.Turn()
+    turn.CopyFrom(record)
+    turn.state = spb.TURN_STATE_FINISHED
+    if messages:
+        last = messages[-1]
+        if last.HasField("usage"):
+            turn.usage.append(last.usage)
+        if last.HasField("created_at"):
+            turn.end_time.CopyFrom(last.created_at)
+    return turn
+
+
+def lost(record: spb.Turn) -> spb.Turn:
+    """A turn that the server which accepted it never finished: it stopped."""
+    error = TurnError.OWNER_LOST.event("the server running this turn stopped; history is unchanged")
+    turn = spb.Turn()
+    turn.CopyFrom(record)
+    turn.state = spb.TURN_STATE_FAILED
+    turn.end_time.GetCurrentTime()
+    turn.error_code = error.code
+    turn.error_message = error.message
+    turn.problem.CopyFrom(error.problem)
+    return turn
+
+
+class TurnRecords:
+    """The session store's turn records, as protos, kept ``ttl_seconds``."""
+
+    def __init__(self, store: SessionStore, ttl_seconds: float) -> None:
+        self._store = store
+        self._ttl = ttl_seconds
+        self._writing: set[asyncio.Task[bool]] = set()
+
+    async def save(self, session_id: str, turn: spb.Turn) -> bool:
+        """Write the record (a record that says the turn ended is final);
+        False if it was not written. A store that fails is logged: the record
+        is what GetTurn reads once the events are gone, never a reason to
+        fail the turn."""
+        try:
+            with metrics.STORE_SECONDS.labels("put_turn").time():
+                return await self._store.put_turn(
+                    session_id,
+                    turn.turn_id,
+                    turn.SerializeToString(),
+                    ended=ended(turn),
+                    ttl_seconds=self._ttl,
+                )
+        except Unavailable:
+            log.warning(
+                "could not record turn %s (%s)", turn.turn_id, spb.TurnState.Name(turn.state)
+            )
+            return False
+
+    async def load(self, session_id: str, turn_id: str) -> spb.Turn | None:
+        stored = await self._store.get_turn(session_id, turn_id)
+        return spb.Turn.FromString(stored) if stored else None
+
+    def turn_ended(self, tlog: TurnLog) -> None:
+        """A background turn ended here: its record's end, written in the
+        background (the turn's end is not held up by it)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a synchronous caller (a unit test): nothing to write with
+            return
+        task = loop.create_task(
+            self.save(tlog.session_id, of_log(tlog)), name=f"record-{tlog.turn_id}"
+        )
+        self._writing.add(task)
+        task.add_done_callback(self._written)
+
+    def _written(self, task: asyncio.Task[bool]) -> None:
+        self._writing.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("could not record a turn's end", exc_info=exc)
+
+    async def flush(self, timeout: float = FLUSH_SECONDS) -> None:
+        """Wait for the records being written (a draining server)."""
+        if self._writing:
+            await asyncio.wait(set(self._writing), timeout=timeout)
+
+
+def _from_ms(ms: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromMilliseconds(int(ms))
+    return ts
