@@ -680,12 +680,22 @@ async def stream(
         elif event.type == event_pb2.TEXT_MESSAGE_CONTENT:
             said = True
             yield chunk({"content": event.delta})
-        elif (call := turn.calls.feed(event)) is not None:
-            # Live, as OpenAI streams them: a call of a tool the caller
-            # declared is one only the client runs (the turn waits for it).
-            yield chunk({"tool_calls": [call]})
+        elif turn.calls.feed(event) is not None:
+            # Kept until the end: an agent's own tool may share a declared
+            # tool's name, and only RUN_FINISHED says which calls the client
+            # must run (the agent ran the others itself).
+            pass
         elif event.type == event_pb2.RUN_FINISHED:
             _, finish = turn.message()
+            for index, call in enumerate(turn.calls.pending(turn.outcome)):
+                # As OpenAI streams a call: `type`, id and name first (the SDK's
+                # stream helper needs `function` in every delta), then arguments.
+                head = {**call, "index": index, "function": {**call["function"], "arguments": ""}}
+                yield chunk({"tool_calls": [head]})
+                arguments = call["function"]["arguments"]
+                yield chunk(
+                    {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}
+                )
             last: dict[str, Any] = {}
             if turn.outcome.interrupts:
                 asked = _asked(turn.outcome)
