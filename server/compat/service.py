@@ -136,7 +136,13 @@ async def _validate_chat(request: cpb.ChatRequest) -> None:
 
 
 def _check_chat(request: cpb.ChatRequest) -> None:
-    turn = spb.TurnRequest(session_id=request.session_id or "placeholder", message=request.message)
+    turn = spb.TurnRequest(
+        session_id=request.session_id or "placeholder",
+        message=request.message,
+        tools=request.tools,
+        tool_results=request.tool_results,
+        resume=request.resume,
+    )
     for file in request.files:  # one call each: the event loop runs between them
         turn.files.append(file)
     validation.validate_turn(turn)

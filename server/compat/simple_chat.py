@@ -3,6 +3,13 @@
 ``/v1/chat`` answers HoloDeck's ``ChatResponse`` field for field: tool calls
 with their arguments as an object and a status of success, error or pending,
 ``tool_calls`` always present, and ``execution_time_ms`` the request's latency.
+
+A turn that ends waiting for the client leaves calls ``pending``: calls of the
+request's own ``tools`` (the client runs them) and calls that wait for an
+approval (listed in ``interrupts`` with the questions). The next request on
+the session answers with ``tool_results`` (one per pending call of its tools,
+by ``tool_calls[].id``) and ``resume`` (one per interrupt), TurnRequest's
+fields under the same names; its ``message`` may then be empty.
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from collections.abc import AsyncIterator
 
 from google.protobuf import json_format
 
+from turnmesh.runtime.errors import NotFound
 from turnmesh.runtime.events import Answer
-from turnmesh.server.compat._common import Mesh, turn_error
+from turnmesh.server.compat._common import Mesh, invalid, turn_error
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -37,15 +45,30 @@ def health(native: spb.GetHealthResponse) -> cpb.ChatHealth:
 
 
 async def _session_for(mesh: Mesh, request: cpb.ChatRequest) -> str:
-    """The request's session, or a new one if it is absent, unknown or expired."""
+    """The request's session, or a new one if it is absent, unknown or
+    expired; answers only to the session that waits for them."""
     if request.session_id and await mesh.session_exists(request.session_id):
         return request.session_id
+    if request.tool_results or request.resume:
+        if not request.session_id:
+            raise invalid("session_id", "required with tool_results or resume")
+        raise NotFound(
+            f"session {request.session_id!r} is unknown or expired: nothing waits for"
+            " these tool_results or resume entries"
+        )
     return await mesh.create_session(None, request.agent_name or None)
 
 
 async def stream(mesh: Mesh, request: cpb.ChatRequest) -> AsyncIterator[event_pb2.Event]:
     session_id = await _session_for(mesh, request)
-    async with mesh.turn(session_id, request.message, files=request.files) as events:
+    async with mesh.turn(
+        session_id,
+        request.message,
+        files=request.files,
+        tools=request.tools,
+        tool_results=request.tool_results,
+        resume=request.resume,
+    ) as events:
         async for event in events:
             yield event
 
@@ -73,7 +96,9 @@ class _Calls:
     def _call(self, call_id: str, name: str) -> cpb.ChatToolCall:
         call = self._calls.get(call_id)
         if call is None:
-            call = self._calls[call_id] = self._response.tool_calls.add(name=name, status="pending")
+            call = self._calls[call_id] = self._response.tool_calls.add(
+                id=call_id, name=name, status="pending"
+            )
             self._args[call_id] = []
         return call
 
@@ -134,6 +159,17 @@ async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
         elif event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
     calls.finish(outcome)
+    for interrupt in outcome.interrupts:
+        asked = response.interrupts.add(
+            id=interrupt.id,
+            reason=interrupt.reason,
+            message=interrupt.message,
+            tool_call_id=interrupt.tool_call_id,
+        )
+        if interrupt.HasField("response_schema"):
+            asked.response_schema.CopyFrom(interrupt.response_schema)
+        if interrupt.HasField("expires_at"):
+            asked.expires_at.CopyFrom(interrupt.expires_at)
     # A turn that waits on an approval or a question says what it asks,
     # even when its agent said nothing (the call it gates is `pending`).
     response.content = answer.text or "\n".join(i.message for i in outcome.interrupts if i.message)

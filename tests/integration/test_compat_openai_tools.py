@@ -478,3 +478,48 @@ async def test_simple_chat_shows_a_call_awaiting_approval_as_pending(
     assert history[-1]["content"] == "You did not approve calculator, so I did not run it."
     after = await rest.post("/v1/chat", json={"message": "What is 2+2?", "session_id": sid})
     assert [c["status"] for c in after.json()["tool_calls"]] == ["success"]
+
+
+async def test_simple_chat_runs_a_client_tool_loop_in_its_body(rest: httpx.AsyncClient) -> None:
+    tools = [{"name": "get_weather", "description": "the weather"}]
+    first = (await rest.post("/v1/chat", json={"message": ASK, "tools": tools})).json()
+    (call,) = first["tool_calls"]
+    assert (call["name"], call["status"]) == ("get_weather", "pending")
+    assert call["arguments"] == {"input": ASK} and call["id"].startswith("call_")
+    assert first["interrupts"] == []
+    sid = first["session_id"]
+    answer = {"tool_call_id": call["id"], "content": "sunny"}
+    wrong = await rest.post(
+        "/v1/chat",
+        json={"session_id": sid, "tool_results": [{**answer, "tool_call_id": "call_nope"}]},
+    )
+    assert wrong.status_code == 400
+    assert wrong.json()["violations"][0]["field"] == "tool_results[0].tool_call_id"
+    done = await rest.post("/v1/chat", json={"session_id": sid, "tool_results": [answer]})
+    assert done.status_code == 200, done.text
+    assert done.json()["content"] == 'Your get_weather returned: "sunny".'
+    again = await rest.post("/v1/chat", json={"session_id": sid, "tool_results": [answer]})
+    assert (again.status_code, again.json()["reason"]) == (409, "NOT_WAITING")
+    # Answers need the session that waits for them.
+    unknown = await rest.post(
+        "/v1/chat", json={"session_id": "never-was", "tool_results": [answer]}
+    )
+    assert unknown.status_code == 404
+    absent = await rest.post("/v1/chat", json={"tool_results": [answer]})
+    assert absent.json()["violations"][0]["field"] == "session_id"
+
+
+async def test_simple_chat_answers_an_approval_with_resume(rest: httpx.AsyncClient) -> None:
+    first = (await rest.post("/v1/chat", json={"message": "What is 6*7, with approval?"})).json()
+    (call,) = first["tool_calls"]
+    (interrupt,) = first["interrupts"]
+    assert (interrupt["reason"], interrupt["tool_call_id"]) == ("tool_approval", call["id"])
+    assert interrupt["expires_at"].endswith("Z")
+    resume = [
+        {"interrupt_id": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+    ]
+    done = await rest.post("/v1/chat", json={"session_id": first["session_id"], "resume": resume})
+    assert done.status_code == 200, done.text
+    body = done.json()
+    assert body["content"] == "Approved: calculator returned 42."
+    assert [(c["id"], c["status"]) for c in body["tool_calls"]] == [(call["id"], "success")]

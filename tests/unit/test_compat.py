@@ -183,13 +183,14 @@ def test_simple_chat_survives_events_naming_unknown_calls() -> None:
     shaped = [json_format.MessageToDict(c) for c in response.tool_calls]
     assert shaped == [
         {
+            "id": "a",
             "name": "f",
             "arguments": {"x": [1.0, 2.0]},
             "arguments_json": '{"x": [1, 2]}',
             "status": "success",
         },
-        {"status": "error", "arguments": {}},
-        {"status": "pending", "arguments": {}, "arguments_json": "not json"},
+        {"id": "ghost", "status": "error", "arguments": {}},
+        {"id": "b", "status": "pending", "arguments": {}, "arguments_json": "not json"},
     ]
 
 

@@ -20,6 +20,7 @@ from turnmesh.v1.compat_service_pb2 import GetChatHealthRequest as GetChatHealth
 from turnmesh.v1.compat_service_pb2 import ChatHealth as ChatHealth
 from turnmesh.v1.compat_service_pb2 import ChatRequest as ChatRequest
 from turnmesh.v1.compat_service_pb2 import ChatToolCall as ChatToolCall
+from turnmesh.v1.compat_service_pb2 import ChatInterrupt as ChatInterrupt
 from turnmesh.v1.compat_service_pb2 import ChatTokensUsed as ChatTokensUsed
 from turnmesh.v1.compat_service_pb2 import ChatResponse as ChatResponse
 from turnmesh.v1.compat_service_pb2_grpc import CompatServiceStub as CompatServiceStub
@@ -111,6 +112,7 @@ __all__ = [
     "CancelTurnRequest",
     "CancelTurnResponse",
     "ChatHealth",
+    "ChatInterrupt",
     "ChatRequest",
     "ChatResponse",
     "ChatTokensUsed",

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from turnmesh.v1 import message_pb2 as _message_pb2
 import builtins as _builtins
@@ -135,16 +136,39 @@ class ChatRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     FILES_FIELD_NUMBER: _builtins.int
     AGENT_NAME_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_RESULTS_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     message: _builtins.str
-    """The user's message: 1-10,000 characters, not blank."""
+    """The user's message: 1-10,000 characters, not blank (may be empty when
+    the request answers the session's pause with `tool_results` or `resume`).
+    """
     session_id: _builtins.str
     """Optional: continue this session; a new one starts if it is absent,
-    unknown or expired.
+    unknown or expired (but answers need the session that waits for them).
     """
     agent_name: _builtins.str
     """Optional: the agent for a new session (the mesh's default if unset)."""
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.File]: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ToolDefinition]:
+        """The caller's own tools for this turn (TurnRequest.tools): a call of one
+        ends the turn with that call `pending`, for the client to run.
+        """
+
+    @_builtins.property
+    def tool_results(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ToolResult]:
+        """The results of the session's pending calls, one per call, naming its
+        `ChatToolCall.id` (TurnRequest.tool_results).
+        """
+
+    @_builtins.property
+    def resume(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.ResumeEntry]:
+        """Answers to the session's interrupts, one per `ChatResponse.interrupts`
+        entry (TurnRequest.resume).
+        """
+
     def __init__(
         self,
         *,
@@ -152,10 +176,13 @@ class ChatRequest(_message.Message):
         session_id: _builtins.str = ...,
         files: _abc.Iterable[_message_pb2.File] | None = ...,
         agent_name: _builtins.str = ...,
+        tools: _abc.Iterable[_message_pb2.ToolDefinition] | None = ...,
+        tool_results: _abc.Iterable[_message_pb2.ToolResult] | None = ...,
+        resume: _abc.Iterable[_message_pb2.ResumeEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "files", b"files", "message", b"message", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "files", b"files", "message", b"message", "resume", b"resume", "session_id", b"session_id", "tool_results", b"tool_results", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -171,6 +198,7 @@ class ChatToolCall(_message.Message):
     ARGUMENTS_JSON_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     ARGUMENTS_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     arguments_json: _builtins.str
     """The arguments as the agent sent them: JSON text. (Field 2 was named
@@ -180,6 +208,10 @@ class ChatToolCall(_message.Message):
     """"success" when the tool returned a result, "error" when that result is
     an error (turnmesh's tools start one with "error:"), "pending" while the
     tool has not returned (the client must act).
+    """
+    id: _builtins.str
+    """The call's id: a pending call's result names it
+    (`ChatRequest.tool_results[].tool_call_id`), an approval's interrupt too.
     """
     @_builtins.property
     def arguments(self) -> _struct_pb2.Struct:
@@ -192,14 +224,60 @@ class ChatToolCall(_message.Message):
         arguments_json: _builtins.str = ...,
         status: _builtins.str = ...,
         arguments: _struct_pb2.Struct | None = ...,
+        id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "arguments_json", b"arguments_json", "name", b"name", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "arguments_json", b"arguments_json", "id", b"id", "name", b"name", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatToolCall: _TypeAlias = ChatToolCall  # noqa: Y015
+
+@_typing.final
+class ChatInterrupt(_message.Message):
+    """An approval or a question the session waits for (the turn's Interrupt,
+    with this API's field names), answered by a `ChatRequest.resume` entry.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_SCHEMA_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    reason: _builtins.str
+    """"tool_approval" (it gates the pending call `tool_call_id`) or "question"."""
+    message: _builtins.str
+    tool_call_id: _builtins.str
+    @_builtins.property
+    def response_schema(self) -> _struct_pb2.Struct:
+        """The answer's JSON Schema (a question's), or null."""
+
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """After this the pause can no longer be answered (RFC 3339)."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        response_schema: _struct_pb2.Struct | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "response_schema", b"response_schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "id", b"id", "message", b"message", "reason", b"reason", "response_schema", b"response_schema", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatInterrupt: _TypeAlias = ChatInterrupt  # noqa: Y015
 
 @_typing.final
 class ChatTokensUsed(_message.Message):
@@ -240,6 +318,7 @@ class ChatResponse(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOKENS_USED_FIELD_NUMBER: _builtins.int
     EXECUTION_TIME_MS_FIELD_NUMBER: _builtins.int
+    INTERRUPTS_FIELD_NUMBER: _builtins.int
     message_id: _builtins.str
     content: _builtins.str
     session_id: _builtins.str
@@ -249,6 +328,12 @@ class ChatResponse(_message.Message):
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatToolCall]: ...
     @_builtins.property
     def tokens_used(self) -> Global___ChatTokensUsed: ...
+    @_builtins.property
+    def interrupts(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatInterrupt]:
+        """What the session waits for besides its pending calls' results: empty
+        unless the turn ended asking for an approval or an answer.
+        """
+
     def __init__(
         self,
         *,
@@ -258,10 +343,11 @@ class ChatResponse(_message.Message):
         tool_calls: _abc.Iterable[Global___ChatToolCall] | None = ...,
         tokens_used: Global___ChatTokensUsed | None = ...,
         execution_time_ms: _builtins.int = ...,
+        interrupts: _abc.Iterable[Global___ChatInterrupt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["tokens_used", b"tokens_used"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "execution_time_ms", b"execution_time_ms", "message_id", b"message_id", "session_id", b"session_id", "tokens_used", b"tokens_used", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "execution_time_ms", b"execution_time_ms", "interrupts", b"interrupts", "message_id", b"message_id", "session_id", b"session_id", "tokens_used", b"tokens_used", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
