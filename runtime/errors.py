@@ -24,7 +24,9 @@ the typed client's exceptions and the compatibility surfaces.
     │   └── TurnFailed        reason TURN_FAILED      turn-failed        (x-should-retry: false)
     ├── Aborted             ABORTED              409  aborted
     │   ├── SessionBusy       reason SESSION_BUSY     session-busy       (Retry-After)
-    │   └── TurnCancelled     reason TURN_CANCELLED   turn-cancelled     (x-should-retry: false)
+    │   ├── TurnCancelled     reason TURN_CANCELLED   turn-cancelled     (x-should-retry: false)
+    │   ├── AwaitingClient    reason AWAITING_CLIENT  awaiting-client    (x-should-retry: false)
+    │   └── NotWaiting        reason NOT_WAITING      not-waiting        (x-should-retry: false)
     ├── OutOfRange          OUT_OF_RANGE         400  out-of-range
     ├── Unimplemented       UNIMPLEMENTED        501  unimplemented
     ├── Unavailable         UNAVAILABLE          503  unavailable
@@ -340,10 +342,12 @@ class TurnCancelled(Aborted):
 class AwaitingClient(Aborted):
     """The session waits for the client's answers (its tools' results,
     approvals, answers to questions): the next turn must carry exactly
-    those. ErrorInfo metadata names what it waits for."""
+    those. ErrorInfo metadata names what it waits for. Sending the same
+    request again cannot help (the OpenAI SDKs retry a 409 unless told not to)."""
 
     slug = "awaiting-client"
     title = "Session waits for the client"
+    trailers = (("x-should-retry", "false"),)
 
 
 class NotWaiting(Aborted):
@@ -353,6 +357,7 @@ class NotWaiting(Aborted):
 
     slug = "not-waiting"
     title = "Session waits for no answer"
+    trailers = (("x-should-retry", "false"),)
 
 
 class OutOfRange(TurnmeshError):

@@ -855,19 +855,6 @@ async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputItem]:
     return items
 
 
-class AwaitingInput(AwaitingClient):
-    """A request on a response that waits for its answers: sending it again
-    cannot help (the official SDKs retry a 409 unless told not to)."""
-
-    trailers = (("x-should-retry", "false"),)
-
-
-class NotWaitingForInput(NotWaiting):
-    """Answers to a response that waits for none."""
-
-    trailers = (("x-should-retry", "false"),)
-
-
 async def _events(mesh: Mesh, response: Response) -> AsyncIterator[event_pb2.Event]:
     metadata: dict[str, Any] = dict(response.request.metadata or {})
     if response.request.instructions and response.request.previous_response_id:
@@ -903,7 +890,7 @@ async def _awaiting(mesh: Mesh, response: Response, exc: AwaitingClient) -> Awai
     try:
         pause = (await mesh.get_session(response.session_id)).pause
     except (NotFound, InvalidArgument):
-        return AwaitingInput(exc.detail, metadata={**exc.metadata, "param": "input"})
+        return AwaitingClient(exc.detail, metadata={**exc.metadata, "param": "input"})
     # A fork at an earlier response waits since its seeded history.
     since = (
         response_id(response.session_id, pause.turn_id)
@@ -926,13 +913,13 @@ async def _awaiting(mesh: Mesh, response: Response, exc: AwaitingClient) -> Awai
             f" ({', '.join(others)})"
         )
     if not wanted or not since:
-        return AwaitingInput(exc.detail, metadata={**exc.metadata, "param": "input"})
+        return AwaitingClient(exc.detail, metadata={**exc.metadata, "param": "input"})
     detail = (
         f"response {since!r} waits for the client: send "
         + " and ".join(wanted)
         + f", with previous_response_id {since!r}"
     )
-    return AwaitingInput(detail, metadata={**exc.metadata, "param": "input"})
+    return AwaitingClient(detail, metadata={**exc.metadata, "param": "input"})
 
 
 def _not_waiting(response: Response, exc: NotWaiting) -> NotWaiting:
@@ -945,7 +932,7 @@ def _not_waiting(response: Response, exc: NotWaiting) -> NotWaiting:
             "the previous response waits for no function_call_output, mcp_approval_response"
             " or resume answers (it made no such call or request, or it was answered already)"
         )
-    return NotWaitingForInput(detail, metadata={**exc.metadata, "param": "input"})
+    return NotWaiting(detail, metadata={**exc.metadata, "param": "input"})
 
 
 def _answers_as_input(exc: InvalidArgument, response: Response) -> InvalidArgument:
@@ -985,7 +972,7 @@ async def create(
         if event.type == event_pb2.RUN_ERROR:
             if event.code == TurnError.AWAITING_CLIENT.code:
                 # Queued behind a turn that then paused.
-                raise AwaitingInput(event.message, metadata={"param": "input"})
+                raise AwaitingClient(event.message, metadata={"param": "input"})
             raise turn_error(event)
     return json_body(response.body())
 
