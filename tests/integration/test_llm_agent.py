@@ -262,6 +262,16 @@ async def test_against_a_turnmesh_mesh_as_the_model(
         follow = await client.send(sid, "What did I ask first?")
         assert "12*(3+4)" in follow.text  # the history reached the model
 
+        # The caller's tool, through both meshes: the model (the other mesh's
+        # demo, over chat completions) calls it, this turn waits for the
+        # client, and the client's result goes back to the model.
+        paused = await client.send(sid, "Ask get_weather about Rome", tools=[WEATHER])
+        assert paused.outcome is not None
+        (call_id,) = paused.outcome.pending_tool_call_ids
+        result = [message_pb2.ToolResult(tool_call_id=call_id, content="hot, 30 C")]
+        answered = await client.send(sid, "", tool_results=result)
+        assert answered.text == 'Your get_weather returned: "hot, 30 C".'
+
 
 async def test_unreachable_and_bad_key_are_named(
     mesh_factory: Mesh, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
