@@ -268,8 +268,8 @@ async def test_against_a_turnmesh_mesh_as_the_model(
         paused = await client.send(sid, "Ask get_weather about Rome", tools=[WEATHER])
         assert paused.outcome is not None
         (call_id,) = paused.outcome.pending_tool_call_ids
-        result = [message_pb2.ToolResult(tool_call_id=call_id, content="hot, 30 C")]
-        answered = await client.send(sid, "", tool_results=result)
+        results = [message_pb2.ToolResult(tool_call_id=call_id, content="hot, 30 C")]
+        answered = await client.send(sid, "", tool_results=results)
         assert answered.text == 'Your get_weather returned: "hot, 30 C".'
 
 
