@@ -63,6 +63,17 @@ def _text(content: Any) -> str:
     return ""
 
 
+def _arguments(text: str) -> dict[str, Any]:
+    """A call's arguments as LangChain takes them: a JSON object. History a
+    caller seeded may hold anything there; what is not an object is kept
+    whole under ``input`` rather than failing the turn."""
+    try:
+        value = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return {"input": text}
+    return value if isinstance(value, dict) else {"input": value}
+
+
 def _to_langchain(history: list[dict[str, Any]], message: str) -> list[Any]:
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
@@ -82,7 +93,7 @@ def _to_langchain(history: list[dict[str, Any]], message: str) -> list[Any]:
                 {
                     "id": c["id"],
                     "name": c["function"]["name"],
-                    "args": json.loads(c["function"]["arguments"] or "{}"),
+                    "args": _arguments(c["function"]["arguments"]),
                 }
                 for c in m.get("tool_calls", ())
             ]

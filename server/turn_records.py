@@ -117,7 +117,9 @@ class TurnRecords:
     def __init__(self, store: SessionStore, ttl_seconds: float) -> None:
         self._store = store
         self._ttl = ttl_seconds
-        self._writing: set[asyncio.Task[bool]] = set()
+        # The ends being written, by (session, turn): a reader waits for its
+        # turn's, so it never settles a turn whose end is on its way.
+        self._writing: dict[tuple[str, str], asyncio.Task[bool]] = {}
 
     async def save(self, session_id: str, turn: spb.Turn) -> bool:
         """Write the record (a record that says the turn ended is final);
@@ -140,6 +142,9 @@ class TurnRecords:
             return False
 
     async def load(self, session_id: str, turn_id: str) -> spb.Turn | None:
+        """The stored record, once an end this server is writing is in it."""
+        if (writing := self._writing.get((session_id, turn_id))) is not None:
+            await asyncio.wait([writing])
         stored = await self._store.get_turn(session_id, turn_id)
         return spb.Turn.FromString(stored) if stored else None
 
@@ -150,21 +155,23 @@ class TurnRecords:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # a synchronous caller (a unit test): nothing to write with
             return
+        key = (tlog.session_id, tlog.turn_id)
         task = loop.create_task(
             self.save(tlog.session_id, of_log(tlog)), name=f"record-{tlog.turn_id}"
         )
-        self._writing.add(task)
-        task.add_done_callback(self._written)
+        self._writing[key] = task
+        task.add_done_callback(lambda done: self._written(key, done))
 
-    def _written(self, task: asyncio.Task[bool]) -> None:
-        self._writing.discard(task)
+    def _written(self, key: tuple[str, str], task: asyncio.Task[bool]) -> None:
+        if self._writing.get(key) is task:
+            del self._writing[key]
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.warning("could not record a turn's end", exc_info=exc)
 
     async def flush(self, timeout: float = FLUSH_SECONDS) -> None:
         """Wait for the records being written (a draining server)."""
         if self._writing:
-            await asyncio.wait(set(self._writing), timeout=timeout)
+            await asyncio.wait(set(self._writing.values()), timeout=timeout)
 
 
 def _from_ms(ms: float) -> timestamp_pb2.Timestamp:

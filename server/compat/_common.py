@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from turnmesh.runtime import bodies, wire
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
+    AwaitingClient,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -176,6 +178,12 @@ class Mesh:
         request = spb.DeleteSessionRequest(session_id=session_id)
         await self._unary(self._svc.DeleteSession(request, self._call))
 
+    async def drop_session(self, session_id: str) -> None:
+        """Delete a session this request made, whose turn was refused before
+        it started: a refused request leaves nothing behind."""
+        with contextlib.suppress(TurnmeshError):  # it would expire anyway
+            await self.delete_session(session_id)
+
     async def health(self) -> spb.GetHealthResponse:
         return await self._svc.GetHealth(spb.GetHealthRequest(), self._call)
 
@@ -251,14 +259,59 @@ _ON_DISCONNECT = {
 }
 
 
+# A JSON value deeper than this, as a Struct in the worker's request, passes
+# protobuf's nesting limit (100 messages: about three a JSON object).
+MAX_JSON_DEPTH = 30
+
+
+def _check_json(field: str, value: Any) -> None:
+    """A 400 naming ``field`` for what a Struct cannot carry or return: nesting
+    past MAX_JSON_DEPTH, and NaN or an infinity (JSON has neither)."""
+    depth, level = 0, [value]
+    while level:
+        if any(isinstance(v, float) and not math.isfinite(v) for v in level):
+            raise invalid(field, "holds NaN or an infinity, which JSON has no number for")
+        containers = [v for v in level if isinstance(v, (dict, list))]
+        if containers:
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise invalid(field, f"nested deeper than {MAX_JSON_DEPTH} levels")
+        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+
+
+def _struct_value(field: str, value: Any, target: Any) -> None:
+    """``value`` into the Struct or Value ``target``, or a 400 naming ``field``."""
+    _check_json(field, value)
+    try:
+        json_format.ParseDict(value, target)
+    except (json_format.ParseError, ValueError, TypeError, OverflowError):
+        # e.g. an integer no double holds
+        raise invalid(field, "must be JSON whose numbers fit in a double") from None
+
+
 def tool_definition(
-    name: str, description: str | None, parameters: Mapping[str, Any] | None
+    name: str,
+    description: str | None,
+    parameters: Mapping[str, Any] | None,
+    field: str = "tools",
 ) -> message_pb2.ToolDefinition:
-    """A caller's function tool, from any surface's JSON (the mesh checks its name)."""
+    """A caller's function tool, from any surface's JSON (the mesh checks its
+    name); ``field`` names its parameters in a 400."""
     tool = message_pb2.ToolDefinition(name=name, description=description or "")
     if parameters:
-        tool.parameters.update(dict(parameters))
+        _struct_value(field, dict(parameters), tool.parameters)
     return tool
+
+
+def resume_entry(
+    field: str, interrupt_id: str, status: str, payload: Any
+) -> message_pb2.ResumeEntry:
+    """An answer to an interrupt from any surface's JSON (None: no payload);
+    ``field`` names the payload in a 400."""
+    entry = message_pb2.ResumeEntry(interrupt_id=interrupt_id, status=status)
+    if payload is not None:
+        _struct_value(field, payload, entry.payload)
+    return entry
 
 
 def on_disconnect(header: str | None) -> spb.DisconnectPolicy.ValueType:
@@ -428,6 +481,10 @@ def turn_error(event: event_pb2.Event) -> TurnmeshError:
         message = f"{message}: {event.problem.detail}"
     if event.code in _MESH_FAULT_CODES:
         return Unavailable(message)
+    if event.code == TurnError.AWAITING_CLIENT.code:
+        # Queued behind a turn that then paused: the session's pause, as a
+        # turn refused at once would have been told.
+        return AwaitingClient(message)
     cause = {"cause": event.code or "internal"}
     if event.code in _CANCELLED_CODES:
         return TurnCancelled(message, metadata=cause)

@@ -31,6 +31,7 @@ from turnmesh.runtime.errors import (
     InvalidArgument,
     NotFound,
     NotWaiting,
+    TurnmeshError,
 )
 from turnmesh.server import pauses, validation
 from turnmesh.server.compat._common import (
@@ -40,6 +41,7 @@ from turnmesh.server.compat._common import (
     from_pydantic,
     invalid,
     parse_json_body,
+    resume_entry,
     sse_body,
     tool_definition,
 )
@@ -188,15 +190,11 @@ def _tool_results(messages: list[AguiMessage], indices: range) -> list[message_p
 
 
 def _resume(entries: list[AguiResume]) -> list[message_pb2.ResumeEntry]:
-    out = []
-    for entry in entries:
-        resumed = message_pb2.ResumeEntry(interrupt_id=entry.interrupt_id, status=entry.status)
-        # AG-UI leaves ``payload`` out rather than send null: both are "no
-        # payload". (The body's depth limit keeps it within protobuf's.)
-        if entry.payload is not None:
-            json_format.ParseDict(entry.payload, resumed.payload)
-        out.append(resumed)
-    return out
+    # AG-UI leaves ``payload`` out rather than send null: both are "no payload".
+    return [
+        resume_entry(f"resume[{n}].payload", entry.interrupt_id, entry.status, entry.payload)
+        for n, entry in enumerate(entries)
+    ]
 
 
 def _as_caller_field(field: str, indices: range, last: int) -> str:
@@ -336,10 +334,14 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
     message = user.text() if user is not None else ""
     files = await decode(user.files(f"messages[{last}]")) if user is not None else []
     resume = _resume(request.resume)
-    tools = [tool_definition(t.name, t.description, t.parameters) for t in request.tools]
+    tools = [
+        tool_definition(t.name, t.description, t.parameters, f"tools[{n}].parameters")
+        for n, t in enumerate(request.tools)
+    ]
     if violations := validation.tool_violations(tools):
         raise InvalidArgument(violations)  # before a new thread is made
     session = await _session(mesh, thread)
+    made = False  # this run made the thread: a refused run deletes it again
     if session is None:
         seed_end = _seed_until(messages, indices)
         if resume:
@@ -363,6 +365,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
         # A concurrent first run on the same thread may have created it.
         with contextlib.suppress(AlreadyExists):
             await mesh.create_session(thread, agent if isinstance(agent, str) else None, seed)
+            made = True
     elif user is not None and not session.pause.tool_calls:
         # Tool messages before a user message answered an earlier pause (or
         # one that expired, which the server answers): a plain message.
@@ -380,9 +383,14 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
             resume=resume,
         ) as stream:
             async for event in stream:
+                made = False  # it started: the thread holds the run
                 run_id = run_id or event.run_id
                 payload = to_agui(event, thread, run_id)
                 if payload is not None:
                     yield sse_body(payload)
-    except InvalidArgument as exc:
-        raise _renamed(exc, indices, last) from None
+    except TurnmeshError as exc:
+        if made:
+            await mesh.drop_session(thread)
+        if isinstance(exc, InvalidArgument):
+            raise _renamed(exc, indices, last) from None
+        raise

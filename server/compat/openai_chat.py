@@ -20,7 +20,6 @@ header), and any other request on it is 409 ``awaiting_client``.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -49,6 +48,7 @@ from turnmesh.server.compat._common import (
     invalid,
     json_body,
     parse_json_body,
+    resume_entry,
     sse_body,
     tool_definition,
     turn_error,
@@ -181,16 +181,14 @@ def client_tools(request: ChatCompletionRequest) -> list[message_pb2.ToolDefinit
         if tool.function is None:
             raise invalid(f"tools[{n}].function", "required")
         function = tool.function
-        if _depth(function.parameters) > MAX_JSON_DEPTH:
-            raise invalid(
-                f"tools[{n}].function.parameters", f"nested deeper than {MAX_JSON_DEPTH} levels"
+        declared.append(
+            tool_definition(
+                function.name,
+                function.description,
+                function.parameters,
+                f"tools[{n}].function.parameters",
             )
-        try:
-            declared.append(
-                tool_definition(function.name, function.description, function.parameters)
-            )
-        except (ValueError, TypeError, OverflowError):  # a number no Struct holds
-            raise invalid(f"tools[{n}].function.parameters", "must be a JSON Schema") from None
+        )
     violations = validation.tool_violations(declared)
     if violations:
         # The mesh names ToolDefinition's fields; OpenAI's are in `function`.
@@ -205,20 +203,6 @@ def client_tools(request: ChatCompletionRequest) -> list[message_pb2.ToolDefinit
 
 
 _TOOL_FIELD = re.compile(r"^(tools\[\d+\])\.(\w+)$")
-# A JSON value deeper than this, as a Struct in the worker's request, passes
-# protobuf's nesting limit (100 messages: about three a JSON object).
-MAX_JSON_DEPTH = 30
-
-
-def _depth(value: Any) -> int:
-    """How many containers deep a JSON value nests (a scalar: 0)."""
-    depth, level = 0, [value]
-    while True:
-        containers = [v for v in level if isinstance(v, (dict, list))]
-        if not containers:
-            return depth
-        depth += 1
-        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
 
 
 def _chosen(choice: str | dict[str, Any] | None, declared: set[str]) -> set[str] | None:
@@ -261,18 +245,10 @@ def _chosen(choice: str | dict[str, Any] | None, declared: set[str]) -> set[str]
 
 
 def _resume(entries: list[ResumeParam]) -> list[message_pb2.ResumeEntry]:
-    out = []
-    for n, entry in enumerate(entries):
-        resumed = message_pb2.ResumeEntry(interrupt_id=entry.interrupt_id, status=entry.status)
-        if _depth(entry.payload) > MAX_JSON_DEPTH:
-            raise invalid(f"resume[{n}].payload", f"nested deeper than {MAX_JSON_DEPTH} levels")
-        if entry.payload is not None:
-            try:
-                json_format.ParseDict(entry.payload, resumed.payload)
-            except (json_format.ParseError, ValueError, TypeError, OverflowError):
-                raise invalid(f"resume[{n}].payload", "must be a JSON value") from None
-        out.append(resumed)
-    return out
+    return [
+        resume_entry(f"resume[{n}].payload", entry.interrupt_id, entry.status, entry.payload)
+        for n, entry in enumerate(entries)
+    ]
 
 
 def _answer_span(messages: list[ChatMessage]) -> range:
@@ -346,6 +322,9 @@ class Turn:
     def __init__(self, session_id: str, throwaway: bool) -> None:
         self.session_id = session_id
         self.throwaway = throwaway
+        # This request made the session: a turn refused before it started
+        # deletes it again, as it does a throwaway one.
+        self.made = False
         self.metadata: dict[str, str] = {}
         self.on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CANCEL
         self.id = ""
@@ -466,6 +445,13 @@ async def _open(
                     "a tool message must follow the assistant message whose tool_calls it answers",
                 )
             span, seed_end = range(0), last
+            before = messages[last - 1] if last else None
+            if before is not None and before.role == "assistant" and before.tool_calls:
+                # OpenAI's own rule; a session seeded so would wait for them.
+                raise invalid(
+                    f"messages[{last - 1}].tool_calls",
+                    "each call needs a tool message answering it before the user's next message",
+                )
         history = to_history(messages[:seed_end])
         results = _tool_results(messages, span)
         if results:
@@ -484,6 +470,7 @@ async def _open(
             session_header or None, request.model, history, param="model"
         )
         turn = Turn(session_id, throwaway=not session_header)
+        turn.made = True
         turn.files = files
     turn.tools = tools
     turn.calls = ClientCalls({t.name for t in tools})
@@ -584,7 +571,7 @@ async def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
 
 async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb2.Event]:
     """The turn's events, each folded into ``turn.answer`` first."""
-    started = ended = False
+    started = ended = refused = False
     try:
         async with mesh.turn(
             turn.session_id,
@@ -605,12 +592,15 @@ async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb
                 if event.type == event_pb2.RUN_FINISHED:
                     turn.outcome.CopyFrom(event.outcome)
                 yield event
-    except InvalidArgument as exc:
-        raise _renamed(exc, turn.results_at, turn.last) from None
-    except AwaitingClient as exc:
-        raise _awaiting(turn, exc) from None
-    except NotWaiting as exc:
-        raise _not_waiting(turn, exc) from None
+    except TurnmeshError as exc:
+        refused = not started
+        if isinstance(exc, InvalidArgument):
+            raise _renamed(exc, turn.results_at, turn.last) from None
+        if isinstance(exc, AwaitingClient):
+            raise _awaiting(turn, exc) from None
+        if isinstance(exc, NotWaiting):
+            raise _not_waiting(turn, exc) from None
+        raise
     finally:
         # A client that left asking to continue may come back for the turn
         # (SubscribeTurn, GetHistory): its session stays until the TTL. So
@@ -618,9 +608,8 @@ async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb
         # pause for tool calls is seeded again from the next conversation).
         left_to_run = started and not ended and turn.on_disconnect == spb.DISCONNECT_POLICY_CONTINUE
         waits = bool(turn.outcome.interrupts)
-        if turn.throwaway and not left_to_run and not waits:
-            with contextlib.suppress(TurnmeshError):  # it would expire anyway
-                await mesh.delete_session(turn.session_id)
+        if (turn.throwaway or (turn.made and refused)) and not left_to_run and not waits:
+            await mesh.drop_session(turn.session_id)
 
 
 def error_payload(event: event_pb2.Event) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from google.api import httpbody_pb2
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from turnmesh.runtime.errors import (
@@ -42,7 +42,7 @@ from turnmesh.runtime.errors import (
     InvalidArgument,
     NotFound,
     NotWaiting,
-    TurnError,
+    TurnmeshError,
 )
 from turnmesh.runtime.events import Answer
 from turnmesh.server import pauses, validation
@@ -54,6 +54,7 @@ from turnmesh.server.compat._common import (
     invalid,
     json_body,
     parse_json_body,
+    resume_entry,
     sse_body,
     tool_definition,
     turn_error,
@@ -312,7 +313,10 @@ def _function_tools(request: ResponseRequest) -> list[FunctionTool]:
             tools.append(FunctionTool.model_validate(raw))
         except ValidationError as exc:
             raise from_pydantic(exc, raw, prefix=f"tools[{index}]") from exc
-    definitions = [tool_definition(t.name, t.description, t.parameters) for t in tools]
+    definitions = [
+        tool_definition(t.name, t.description, t.parameters, f"tools[{index}].parameters")
+        for index, t in enumerate(tools)
+    ]
     violations = validation.tool_violations(definitions, "tools")
     if violations:
         raise InvalidArgument(violations)
@@ -333,7 +337,7 @@ def _chosen(request: ResponseRequest, tools: list[FunctionTool]) -> list[Functio
     names = {tool.name: tool for tool in tools}
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = choice.get("name")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise invalid("tool_choice.name", "must name a function tool of the request")
         return [names[name]]
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
@@ -342,8 +346,9 @@ def _chosen(request: ResponseRequest, tools: list[FunctionTool]) -> list[Functio
             raise invalid("tool_choice.tools", "required")
         chosen = []
         for index, entry in enumerate(allowed):
-            name = entry.get("name") if isinstance(entry, dict) else None
-            if not isinstance(entry, dict) or entry.get("type") != "function" or name not in names:
+            is_function = isinstance(entry, dict) and entry.get("type") == "function"
+            name = entry.get("name") if is_function else None
+            if not isinstance(name, str) or name not in names:
                 raise invalid(
                     f"tool_choice.tools[{index}]", "must name a function tool of the request"
                 )
@@ -461,6 +466,9 @@ class Response:
         # The turn's request beyond its files.
         self.message = ""
         self.answers: _Answers | None = None
+        # This request made the session (seeded or forked): a refused turn
+        # deletes it again.
+        self.made = False
         # The turn's tool calls (id: [name, arguments]) and what it waits for.
         self.calls: dict[str, list[str]] = {}
         self.pending: list[str] = []
@@ -604,8 +612,9 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
     message = request.message()
     answers = _Answers(request)
     if request.previous_response_id:
-        session_id = await _continued(mesh, request.previous_response_id)
+        session_id, forked = await _continued(mesh, request.previous_response_id)
         response = Response(request, session_id)
+        response.made = forked
         if message is not None:
             where = request.field(len(request.items()) - 1)
             response.files = await decode(message.files(where))
@@ -628,6 +637,7 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
         except InvalidArgument as exc:
             raise _as_input(exc, origins) from None
         response = Response(request, session_id)
+        response.made = True
         response.files = files
     response.message = message.text() if message is not None else ""
     response.answers = answers
@@ -654,20 +664,17 @@ class _Answers:
                 payload: dict[str, Any] = {"approved": item.approve}
                 if item.reason:
                     payload["reason"] = item.reason
-                self.resume.append(_resume_entry(item.approval_request_id, "resolved", payload))
+                self.resume.append(
+                    resume_entry(where, item.approval_request_id, "resolved", payload)
+                )
                 self.resume_fields.append(where)
         for index, entry in enumerate(request.resume or ()):
-            self.resume.append(_resume_entry(entry.interrupt_id, entry.status, entry.payload))
+            self.resume.append(
+                resume_entry(
+                    f"resume[{index}].payload", entry.interrupt_id, entry.status, entry.payload
+                )
+            )
             self.resume_fields.append(f"resume[{index}]")
-
-
-def _resume_entry(interrupt_id: str, status: str, payload: Any) -> message_pb2.ResumeEntry:
-    entry = message_pb2.ResumeEntry(interrupt_id=interrupt_id, status=status)
-    if payload is not None:
-        value = struct_pb2.Value()
-        json_format.ParseDict(payload, value)
-        entry.payload.CopyFrom(value)
-    return entry
 
 
 Origin = tuple[str, str]  # (the input item's name, what a message's content is called there)
@@ -749,11 +756,11 @@ def _check_answers(request: ResponseRequest, history: list[message_pb2.Message])
         )
 
 
-async def _continued(mesh: Mesh, previous: str) -> str:
+async def _continued(mesh: Mesh, previous: str) -> tuple[str, bool]:
     """The session a turn after ``previous`` runs in: the response's own,
     or, if later turns followed it there, a fork at it (a branch: the
     conversation goes on from that response, and the later ones stay as
-    they were)."""
+    they were); and whether it is a new fork."""
     session_id, turn_id = parse_response_id(previous, "previous_response_id")
     try:
         session = await mesh.get_session(session_id)
@@ -768,13 +775,13 @@ async def _continued(mesh: Mesh, previous: str) -> str:
     if last is None:
         # A response that saved nothing (still running: this turn queues
         # behind it; cancelled, failed): the conversation goes on as it is.
-        return session_id
+        return session_id, False
     if last == len(history) - 1 and not session.turn_running:
-        return session_id  # the newest response: continue it in place
+        return session_id, False  # the newest response: continue it in place
     # Later turns followed it, or one is running now (another continuation
     # of the same response, racing this one): a branch.
     try:
-        return await mesh.fork_session(session_id, turn_id)
+        return await mesh.fork_session(session_id, turn_id), True
     except InvalidArgument as exc:
         raise invalid(
             "previous_response_id",
@@ -856,6 +863,18 @@ async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputItem]:
 
 
 async def _events(mesh: Mesh, response: Response) -> AsyncIterator[event_pb2.Event]:
+    started = False
+    try:
+        async for event in _turn_events(mesh, response):
+            started = True
+            yield event
+    except TurnmeshError:
+        if response.made and not started:
+            await mesh.drop_session(response.session_id)
+        raise
+
+
+async def _turn_events(mesh: Mesh, response: Response) -> AsyncIterator[event_pb2.Event]:
     metadata: dict[str, Any] = dict(response.request.metadata or {})
     if response.request.instructions and response.request.previous_response_id:
         metadata["instructions"] = response.request.instructions
@@ -970,9 +989,6 @@ async def create(
     response.on_disconnect = on_disconnect
     async for event in _events(mesh, response):
         if event.type == event_pb2.RUN_ERROR:
-            if event.code == TurnError.AWAITING_CLIENT.code:
-                # Queued behind a turn that then paused.
-                raise AwaitingClient(event.message, metadata={"param": "input"})
             raise turn_error(event)
     return json_body(response.body())
 

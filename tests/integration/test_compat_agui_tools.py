@@ -377,7 +377,28 @@ USER = {"id": "u1", "role": "user", "content": "hi"}
             },
             "body",
         ),
+        (
+            {
+                "messages": [USER],
+                "resume": [{"interruptId": "i", "status": "resolved", "payload": _deep(40)}],
+            },
+            "resume[0].payload",
+        ),
         ({"messages": []}, "messages"),
+        (
+            {"messages": [USER], "tools": [{"name": "t", "parameters": {"d": _deep(40)}}]},
+            "tools[0].parameters",
+        ),
+        (
+            {"messages": [USER], "tools": [{"name": "t", "parameters": {"maximum": 10**400}}]},
+            "tools[0].parameters",
+        ),
+        (
+            {"messages": [USER], "tools": [{"name": "t", "parameters": {"maximum": float("nan")}}]},
+            "tools[0].parameters",
+        ),
+        # Refused by the turn, after the new thread was made: it is deleted again.
+        ({"messages": [{**USER, "content": "x" * 10_001}]}, "messages[0].content"),
         ({"messages": [USER], "tools": [{"name": "t", "parameters": [1]}]}, "tools[0].parameters"),
         ({"messages": [USER], "tools": [{"description": "no name"}]}, "tools[0].name"),
         ({"messages": [USER], "tools": [{"name": "bad name!"}]}, "tools[0].name"),
@@ -387,7 +408,12 @@ async def test_bad_tools_answers_and_resume_are_400(
     rest: httpx.AsyncClient, body: dict[str, Any], field: str
 ) -> None:
     thread = f"agui-bad-{uuid.uuid4().hex}"
-    response = await rest.post("/v1/agui", json={"threadId": thread, "runId": "r", **body})
+    # json.dumps, not httpx's encoder: it writes NaN, as hostile clients do.
+    response = await rest.post(
+        "/v1/agui",
+        content=json.dumps({"threadId": thread, "runId": "r", **body}),
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 400, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert field in {v["field"] for v in response.json()["violations"]}

@@ -276,6 +276,9 @@ async def test_wrong_tool_results_are_openais_errors(sdk: openai.AsyncOpenAI) ->
     assert twice.param == "messages[3].tool_call_id" and "twice" in twice.message
     missing = await refused([asked, two, tool("c2")])
     assert missing.param == "messages" and "c1" in missing.message
+    # OpenAI's rule: every call is answered before the user's next message.
+    unanswered = await refused([asked, two, asked])
+    assert unanswered.param == "messages[1].tool_calls"
     # A tool message with no assistant's calls before it answers nothing.
     orphan = await refused([asked, tool("c1")])
     assert orphan.param == "messages[1].role"

@@ -468,3 +468,94 @@ async def test_openai_agents_streamed_and_chained_by_response_id(recorded: Recor
     assert "previous_response_id" not in first
     assert second["previous_response_id"].startswith("resp_")
     assert [i["type"] for i in second["input"]] == ["function_call_output"]
+
+
+async def _sessions(rest: httpx.AsyncClient) -> set[str]:
+    """Every session's id (this test process's mesh; nothing else runs in it now)."""
+    ids: set[str] = set()
+    token = ""
+    while True:
+        page = (await rest.get("/v1/sessions", params={"pageSize": 100, "pageToken": token})).json()
+        ids.update(s["sessionId"] for s in page.get("sessions", []))
+        token = page.get("nextPageToken", "")
+        if not token:
+            return ids
+
+
+def _deep(levels: int) -> Any:
+    value: Any = {}
+    for _ in range(levels):
+        value = {"d": value}
+    return value
+
+
+async def test_hostile_tools_and_answers_are_400_and_leave_no_session(
+    sdk: openai.AsyncOpenAI, rest: httpx.AsyncClient
+) -> None:
+    first = await sdk.responses.create(model="demo", input="use get_weather", tools=[WEATHER])
+    (call,) = _calls(first)
+    answered = {"type": "function_call_output", "call_id": call.call_id, "output": "sun"}
+    # A later turn in the same session: answering `first` again forks it.
+    later = await sdk.responses.create(
+        model="demo", previous_response_id=first.id, input=[cast(Any, answered)]
+    )
+    assert not _calls(later)
+    before = await _sessions(rest)
+
+    def tool(parameters: Any) -> Any:
+        return {"type": "function", "name": "t", "parameters": parameters}
+
+    resume_entry: Any = {"interrupt_id": "i", "status": "resolved"}
+    wrong: list[tuple[dict[str, Any], int, str]] = [
+        ({"input": "hi", "tools": [tool(_deep(40))]}, 400, "tools[0].parameters"),
+        ({"input": "hi", "tools": [tool({"maximum": 10**400})]}, 400, "tools[0].parameters"),
+        ({"input": "hi", "tools": [tool({"maximum": float("nan")})]}, 400, "tools[0].parameters"),
+        (
+            {"input": "hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": [1]}},
+            400,
+            "tool_choice.name",
+        ),
+        (
+            {
+                "input": "hi",
+                "tools": [WEATHER],
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "tools": [{"type": "function", "name": {}}],
+                },
+            },
+            400,
+            "tool_choice.tools[0]",
+        ),
+        (
+            {
+                "previous_response_id": first.id,
+                "input": [answered],
+                "resume": [{**resume_entry, "payload": _deep(40)}],
+            },
+            400,
+            "resume[0].payload",
+        ),
+        # Refused by the turn once the session it seeds (or the fork) was
+        # made: that session is deleted again.
+        ({"input": [{"role": "user", "content": "x" * 10_001}]}, 400, "input[0].content"),
+        (
+            {
+                "previous_response_id": first.id,
+                "input": [answered],
+                "resume": [resume_entry],
+            },
+            400,
+            "resume[0].interrupt_id",
+        ),
+    ]
+    for body, status, param in wrong:
+        # json.dumps, not httpx's encoder: it writes NaN, as hostile clients do.
+        refused = await rest.post(
+            "/v1/responses",
+            content=json.dumps({"model": "demo", **body}),
+            headers={"content-type": "application/json"},
+        )
+        assert refused.status_code == status, (body, refused.text)
+        assert refused.json()["error"]["param"] == param, (body, refused.text)
+    assert await _sessions(rest) == before

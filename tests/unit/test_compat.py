@@ -9,8 +9,15 @@ import pytest
 from google.api import httpbody_pb2
 from google.protobuf import json_format
 
-from turnmesh.runtime.errors import InvalidArgument
-from turnmesh.server.compat import _files, agui, openai_chat, openai_responses
+from turnmesh.runtime.errors import (
+    AwaitingClient,
+    InvalidArgument,
+    TurnCancelled,
+    TurnFailed,
+    TurnmeshError,
+    Unavailable,
+)
+from turnmesh.server.compat import _common, _files, agui, openai_chat, openai_responses
 from turnmesh.server.compat.simple_chat import _Calls
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
@@ -229,3 +236,23 @@ async def test_param_keeps_the_callers_own_keys_that_look_like_branch_names() ->
     with pytest.raises(InvalidArgument) as info:
         await openai_responses.parse(body({"model": "demo", "input": 5}))
     assert fields(info.value) == ["input"]
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "status"),
+    [
+        # Queued behind a turn that then paused: 409 on every surface, as a
+        # turn refused at once is.
+        ("awaiting_client", AwaitingClient, 409),
+        ("owner_lost", Unavailable, 503),
+        ("cancelled", TurnCancelled, None),
+        ("agent_error", TurnFailed, None),
+    ],
+)
+def test_a_failed_turn_maps_to_one_error_on_every_surface(
+    code: str, error: type[TurnmeshError], status: int | None
+) -> None:
+    mapped = _common.turn_error(ET.Event(type=ET.RUN_ERROR, code=code, message="m"))
+    assert type(mapped) is error
+    if status is not None:
+        assert mapped.http_status == status

@@ -743,8 +743,10 @@ class Turn(_message.Message):
 
     @_builtins.property
     def outcome(self) -> _event_pb2.RunOutcome:
-        """FINISHED waiting for the client: what it waits for, as RUN_FINISHED's
-        `outcome` (answer it with the next turn's `tool_results` or `resume`).
+        """FINISHED waiting for the client: what it waited for when it ended, as
+        RUN_FINISHED's `outcome` (answer it with the next turn's `tool_results`
+        or `resume`). It stays as the turn ended: whether the session still
+        waits (answered, expired, cancelled since) is Session's `pause`.
         """
 
     def __init__(
