@@ -42,6 +42,8 @@ __all__ = [
 MAX_TOOLS = 128
 MAX_ANSWERS = 128
 MAX_RESULT_CHARS = 1_000_000
+# A call or interrupt id a caller sends back (ids the mesh and agents make are far shorter).
+MAX_ID_CHARS = 256
 RESUME_STATUSES = ("resolved", "cancelled")
 EXPIRED = "the client did not answer before the pause expired"
 CANCELLED = "the client cancelled the pause"
@@ -166,6 +168,12 @@ def answers_violations(answers: Answers) -> list[FieldViolation]:
     for n, result in enumerate(answers.tool_results[:MAX_ANSWERS]):
         if not result.tool_call_id:
             out.append(FieldViolation(f"tool_results[{n}].tool_call_id", "required"))
+        elif len(result.tool_call_id) > MAX_ID_CHARS:
+            out.append(
+                FieldViolation(
+                    f"tool_results[{n}].tool_call_id", f"at most {MAX_ID_CHARS} characters"
+                )
+            )
         if len(result.content) + len(result.error) > MAX_RESULT_CHARS:
             out.append(
                 FieldViolation(
@@ -175,6 +183,10 @@ def answers_violations(answers: Answers) -> list[FieldViolation]:
     for n, entry in enumerate(answers.resume[:MAX_ANSWERS]):
         if not entry.interrupt_id:
             out.append(FieldViolation(f"resume[{n}].interrupt_id", "required"))
+        elif len(entry.interrupt_id) > MAX_ID_CHARS:
+            out.append(
+                FieldViolation(f"resume[{n}].interrupt_id", f"at most {MAX_ID_CHARS} characters")
+            )
         if entry.status not in RESUME_STATUSES:
             out.append(FieldViolation(f"resume[{n}].status", "must be resolved or cancelled"))
     return out

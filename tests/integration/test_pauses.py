@@ -105,6 +105,17 @@ async def test_wrong_answers_are_refused_and_change_nothing(client: AsyncClient)
             sid, "", resume=[message_pb2.ResumeEntry(interrupt_id="i", status="maybe")]
         )
     assert "resume[0].status" in blank.value.violations
+    long_id = "c" * 257  # ids are bounded: errors and logs echo them
+    with pytest.raises(InvalidArgumentError) as too_long:
+        await client.send(
+            sid,
+            "",
+            tool_results=[message_pb2.ToolResult(tool_call_id=long_id)],
+            resume=[message_pb2.ResumeEntry(interrupt_id=long_id, status="resolved")],
+        )
+    assert {"tool_results[0].tool_call_id", "resume[0].interrupt_id"} <= set(
+        too_long.value.violations
+    )
     assert await client.history(sid) == before
     assert (await client.get_session(sid)).pause.turn_id == first.turn_id
 

@@ -268,7 +268,7 @@ class ToolResult(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
-    """The call it answers (Pause.tool_calls[].id)."""
+    """The call it answers (Pause.tool_calls[].id); at most 256 characters."""
     content: _builtins.str
     """The tool's output."""
     error: _builtins.str
@@ -298,7 +298,7 @@ class ResumeEntry(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     interrupt_id: _builtins.str
-    """The Interrupt.id it answers."""
+    """The Interrupt.id it answers; at most 256 characters."""
     status: _builtins.str
     """"resolved" (answered, with `payload`) or "cancelled" (abandoned; an
     approval cancelled is a denial).
