@@ -142,6 +142,11 @@ SERVER_FLAGS = (
     ServerFlag("--pause-timeout", "pause_timeout_seconds", up=True),
     ServerFlag("--metrics-principal-label", "metrics_principal_label"),
     ServerFlag("--grace-seconds", "grace_seconds"),
+    ServerFlag("--webhook-allow", "webhook_allow", up=True),
+    ServerFlag("--webhook-secret-file", "webhook_secret_file", up=True),
+    ServerFlag("--webhook-max-attempts", "webhook_max_attempts", up=True),
+    ServerFlag("--webhook-retry-seconds", "webhook_retry_seconds", up=True),
+    ServerFlag("--webhook-timeout-seconds", "webhook_timeout_seconds", up=True),
 )
 
 

@@ -47,6 +47,9 @@ class TurnOptions(TypedDict, total=False):
     # ``tool_result``, ``approve`` and ``resume``.
     tool_results: Sequence[message_pb2.ToolResult]
     resume: Sequence[message_pb2.ResumeEntry]
+    # Where the server POSTs a signed notice when the turn ends (a URL its
+    # --webhook-allow admits).
+    webhook_url: str
 
 
 @dataclass
@@ -90,6 +93,7 @@ def build_turn_request(session_id: str, message: str, options: TurnOptions) -> s
         tools=options.get("tools") or (),
         tool_results=options.get("tool_results") or (),
         resume=options.get("resume") or (),
+        webhook_url=options.get("webhook_url") or "",
     )
     if metadata:
         json_format.ParseDict(dict(metadata), request.metadata)

@@ -41,6 +41,7 @@ from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.routing import RouterClient
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.store import open_store
+from turnmesh.server.webhooks import WebhookSender, settings_from
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
@@ -112,6 +113,20 @@ class SessionServer:
         self.store = open_store(c.store, c.event_log_ttl_seconds, legacy)
         self._opened.push_async_callback(self.store.close)
         await self.store.open()
+        try:
+            webhook_settings = settings_from(
+                c.webhook_allow,
+                c.webhook_secret_file,
+                c.webhook_max_attempts,
+                c.webhook_retry_seconds,
+                c.webhook_timeout_seconds,
+            )
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        # Delivers from the store's outbox; stopped before the store closes.
+        self.webhooks = WebhookSender(webhook_settings, self.store.outbox())
+        self.webhooks.start()
+        self._opened.push_async_callback(self.webhooks.stop)
         # A shared store decides who owns a session, by lease.
         self.leases = (
             Leases(cast(LeaseStore, self.store), self.member_id, c.lease_seconds)
@@ -151,7 +166,7 @@ class SessionServer:
         # With Redis, the turn quota and request rates are the whole mesh's.
         leases = turn_leases(self.store, self.member_id, c.lease_seconds, c.max_turns_per_principal)
         self.core = SessionCore(
-            self.store, self.workers, c.default_agent, c, self.ownership, leases
+            self.store, self.workers, c.default_agent, c, self.ownership, leases, self.webhooks
         )
         if leases is not None:
             leases.start()

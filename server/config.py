@@ -184,3 +184,35 @@ class ServerConfig(MemberConfig, SessionLimits):
     grace_seconds: float = Field(
         default=30.0, ge=0, description="how long SIGTERM waits for running turns"
     )
+    webhook_allow: str | None = Field(
+        default=None,
+        description=(
+            "comma-separated URL prefixes a turn's webhook_url may start with"
+            " (https://hooks.example.com admits its paths and ports, never"
+            " hooks.example.com.other); unset: no webhooks"
+        ),
+    )
+    webhook_secret_file: str | None = Field(
+        default=None,
+        description=(
+            "file holding the webhooks' signing secret, Standard Webhooks' whsec_<base64>"
+            " (required with --webhook-allow)"
+        ),
+    )
+    webhook_max_attempts: int = Field(
+        default=8, ge=1, le=100, description="attempts to deliver a webhook before it is dropped"
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description=(
+            "how long one webhook delivery may take; a server that dies delivering one"
+            " leaves it to be sent again after three times this"
+        ),
+    )
+    webhook_retry_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="wait before a webhook's first retry; doubled each time, at most 10 minutes",
+    )

@@ -19,7 +19,9 @@ from google.protobuf import json_format, struct_pb2, timestamp_pb2
 from turnmesh.runtime import metrics, wire
 from turnmesh.runtime.errors import (
     AlreadyExists,
+    FieldViolation,
     IdempotencyKeyReused,
+    InvalidArgument,
     NotFound,
     ResourceExhausted,
     TurnQuotaExceeded,
@@ -29,12 +31,13 @@ from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server import pauses, turn_records
 from turnmesh.server.config import SessionLimits
-from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.eventlog import EventLogs, TurnLog, recorded
 from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
 from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now, session_quota_exceeded
 from turnmesh.server.turns import CancelReason, KeyUse, PendingTurn, SessionTurns, pending_bytes
+from turnmesh.server.webhooks import WebhookSender, check_destination
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -65,6 +68,7 @@ class SessionCore:
         limits: SessionLimits,
         ownership: SessionOwnership | None = None,
         turn_leases: TurnLeases | None = None,
+        webhooks: WebhookSender | None = None,
     ) -> None:
         self.store = store
         # Set when the turn quota is the whole mesh's (Redis): its leases.
@@ -79,9 +83,12 @@ class SessionCore:
             store,
             limits.event_log_max_bytes,
         )
-        # Background turns' records: written as each is accepted and ends.
-        self.records = turn_records.TurnRecords(store, limits.turn_record_ttl_seconds)
-        self.logs.on_background_end = self.records.turn_ended
+        # Turns' ends notified to the callers' URLs (None: none allowed).
+        self.webhooks = webhooks
+        # The records of background turns and of turns with a webhook:
+        # written as each is accepted and ends.
+        self.records = turn_records.TurnRecords(store, limits.turn_record_ttl_seconds, webhooks)
+        self.logs.on_recorded_end = self.records.turn_ended
         self._turns: dict[str, SessionTurns] = {}
         # Turns running or queued here, per principal (its turn quota).
         self._in_flight: Counter[str] = Counter()
@@ -225,10 +232,6 @@ class SessionCore:
         no caller (no disconnect cancels it), and record it in the store
         before answering: the turn as it was accepted."""
         tlog = await self.start_turn(request, session_id, background=True)
-        # Its state now (an idempotent retry's turn may have ended already):
-        # a record that says it ended is final, so this never undoes the end
-        # that the turn's own end writes meanwhile.
-        await self.records.save(tlog.session_id, turn_records.of_log(tlog))
         return turn_records.of_log(tlog)
 
     async def get_turn(self, session_id: str, turn_id: str) -> spb.Turn:
@@ -286,7 +289,33 @@ class SessionCore:
         """Place a turn of the session (its scoped id; the request's id if
         unset) under its policy; returns the log its caller follows.
         ``background``: the turn (or the one it joins) runs to its end
-        whoever leaves (StartTurn)."""
+        whoever leaves (StartTurn). A background turn, and one with a
+        webhook, is recorded in the store before this returns."""
+        if request.webhook_url:
+            self._check_webhook(request.webhook_url)
+        tlog = await self._start_turn(request, session_id, background)
+        if recorded(tlog):
+            # Its state now (an idempotent retry's turn may have ended
+            # already): a record that says it ended is final, so this never
+            # undoes the end that the turn's own end writes meanwhile.
+            await self.records.save(tlog.session_id, turn_records.of_log(tlog))
+        return tlog
+
+    def _check_webhook(self, url: str) -> None:
+        if self.webhooks is None or not self.webhooks.enabled:
+            raise InvalidArgument(
+                [
+                    FieldViolation(
+                        "webhook_url",
+                        "this server sends no webhooks (its --webhook-allow names no destination)",
+                    )
+                ]
+            )
+        check_destination(url, self.webhooks.settings.allow, "webhook_url")
+
+    async def _start_turn(
+        self, request: spb.TurnRequest, session_id: str, background: bool
+    ) -> TurnLog:
         if self.draining:
             raise Unavailable("this server is shutting down; retry on another")
         record = await self.get_record(session_id or request.session_id)
@@ -334,6 +363,7 @@ class SessionCore:
                     if not (tlog.done and tlog.state != spb.TURN_STATE_FINISHED):
                         turns.rejoin(earlier)
                         tlog.background |= background
+                        tlog.webhook = tlog.webhook or request.webhook_url
                         return tlog
                     # It failed or was cancelled, so it changed nothing: a
                     # retry runs the turn again (the key then names the new one).
@@ -351,9 +381,11 @@ class SessionCore:
             if lease is not None:
                 lease.release()
             raise
-        if background:
-            # Before any await: the turn may end (and be recorded) meanwhile.
-            (placed.log if isinstance(placed, PendingTurn) else placed).background = True
+        # Before any await: the turn may end (and be recorded) meanwhile. A
+        # turn joined (COLLECT) keeps the webhook it had, if any.
+        placed_log = placed.log if isinstance(placed, PendingTurn) else placed
+        placed_log.background |= background
+        placed_log.webhook = placed_log.webhook or request.webhook_url
         if lease is not None:
             if isinstance(placed, PendingTurn) and placed.on_end is None:
                 placed.on_end = lease.release  # a new turn: it holds the lease

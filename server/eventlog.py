@@ -81,6 +81,8 @@ class TurnLog:
         self.started_ms = 0.0
         self.end_event: event_pb2.Event | None = None
         self.background = False
+        # Where its end is notified (a request's webhook_url; "" if none).
+        self.webhook = ""
         # Rebuilt from a store's events: another server ran the turn.
         self.restored = False
 
@@ -279,6 +281,11 @@ class TurnLog:
         return event
 
 
+def recorded(log: TurnLog) -> bool:
+    """Whether the turn has a durable record (GetTurn after its events go)."""
+    return log.background or bool(log.webhook)
+
+
 class EventLogs:
     """The turn logs of every session this server owns; with a durable store,
     also the logs other servers wrote (loaded on demand).
@@ -310,8 +317,9 @@ class EventLogs:
         # key must not run it again (a few dozen bytes each, at most MAX_OUTCOMES).
         self._outcomes: OrderedDict[tuple[str, str], tuple[bool, float]] = OrderedDict()
         self._packing: set[asyncio.Task[None]] = set()
-        # Told when a background turn that ran here ends (its record's end).
-        self.on_background_end: Callable[[TurnLog], None] | None = None
+        # Told when a turn with a record (background, or with a webhook) that
+        # ran here ends: its record's end.
+        self.on_recorded_end: Callable[[TurnLog], None] | None = None
 
     @property
     def _sink(self) -> EventSink | None:
@@ -400,8 +408,8 @@ class EventLogs:
 
     def _ended(self, log: TurnLog) -> None:
         """A log's turn ended: packed, and last in line to go."""
-        if log.background and not log.restored and self.on_background_end is not None:
-            self.on_background_end(log)
+        if recorded(log) and not log.restored and self.on_recorded_end is not None:
+            self.on_recorded_end(log)
         if log.event_count > PACK_ON_LOOP_EVENTS:
             with contextlib.suppress(RuntimeError):  # no loop (a synchronous caller): inline
                 task = asyncio.get_running_loop().create_task(self._pack_off_loop(log))

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id
 from turnmesh.server.listing import Page, Position, position
+from turnmesh.server.webhooks import MemoryOutbox, Outbox
 from turnmesh.v1 import event_pb2, message_pb2
 
 # Turn records a session keeps at most; the oldest go first.
@@ -157,6 +158,9 @@ class SessionStore(Protocol):
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         """A turn's record, None if there is none (or it expired)."""
 
+    def outbox(self) -> Outbox:
+        """Where webhook notices wait to be delivered (as durable as the sessions)."""
+
     async def close(self) -> None: ...
 
 
@@ -196,6 +200,7 @@ class MemoryStore:
         self._turn_records: OrderedDict[tuple[str, str], _KeptTurn] = OrderedDict()
         self._turns_of: dict[str, dict[str, None]] = {}
         self._max_turn_records = max_turn_records
+        self._outbox = MemoryOutbox()  # lost with the process, as the sessions are
 
     @property
     def shared(self) -> bool:
@@ -331,6 +336,9 @@ class MemoryStore:
             order.pop(key[1], None)
             if not order:
                 del self._turns_of[key[0]]
+
+    def outbox(self) -> MemoryOutbox:
+        return self._outbox
 
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         kept = self._turn_records.get((session_id, turn_id))

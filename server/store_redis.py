@@ -45,7 +45,7 @@ import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis.asyncio as redis
 from redis import exceptions
@@ -63,6 +63,9 @@ from turnmesh.server.store import (
     session_quota_exceeded,
 )
 from turnmesh.v1 import event_pb2, message_pb2
+
+if TYPE_CHECKING:
+    from turnmesh.server.outbox_redis import RedisOutbox
 
 IDLE_SHARDS = 16
 LISTING_SHARDS = 8
@@ -583,6 +586,11 @@ class RedisStore(TurnCommits):
                 await self._redis.delete(*(keys.turn_record(_text(t)) for t in oldest))
                 await self._redis.zrem(keys.turn_records, *oldest)
         return bool(count > 0)
+
+    def outbox(self) -> RedisOutbox:
+        from turnmesh.server.outbox_redis import RedisOutbox
+
+        return RedisOutbox(self._redis)
 
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         record = await self._redis.hget(Keys(session_id).turn_record(turn_id), "turn")

@@ -49,11 +49,12 @@ from turnmesh.server.store import (
     TurnCommits,
     session_quota_exceeded,
 )
+from turnmesh.server.webhooks import Delivery
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -108,6 +109,14 @@ CREATE TABLE IF NOT EXISTS turn_records (
     PRIMARY KEY (session_id, turn_id)
 );
 CREATE INDEX IF NOT EXISTS turn_records_by_expiry ON turn_records (expire_at);
+CREATE TABLE IF NOT EXISTS webhook_outbox (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    body BLOB NOT NULL,
+    attempts INTEGER NOT NULL,
+    due REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS webhook_outbox_by_due ON webhook_outbox (due);
 """
 # Every table keyed by session id: a version-0 file's ids are renamed in all.
 SESSION_TABLES = (
@@ -182,7 +191,8 @@ class SqliteStore(TurnCommits):
                     if version < 2:
                         # Layout 2: what a session waits for from the client.
                         db.execute("ALTER TABLE sessions ADD COLUMN pause BLOB")
-                # Layout 3: turn records, a table of their own (the schema's).
+                # Layouts 3 and 4: turn records and the webhook outbox, tables
+                # of their own (the schema's).
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -480,6 +490,9 @@ class SqliteStore(TurnCommits):
         )
         return bytes(row[0]) if row else None
 
+    def outbox(self) -> SqliteOutbox:
+        return SqliteOutbox(self)
+
     async def close(self) -> None:
         def close(db: sqlite3.Connection) -> None:
             db.close()
@@ -566,3 +579,61 @@ def _insert_events(
         "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?)",
         [(session_id, turn_id, e.seq, written, e.SerializeToString()) for e in events],
     )
+
+
+class SqliteOutbox:
+    """Webhook notices in the store's file: they outlive a restart."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    async def add(self, delivery: Delivery, limit: int) -> bool:
+        def add(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                waiting = db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0]
+                if waiting >= limit:
+                    return False
+                db.execute(
+                    "INSERT OR IGNORE INTO webhook_outbox VALUES (?, ?, ?, ?, ?)",
+                    (delivery.id, delivery.url, delivery.body, delivery.attempts, delivery.due),
+                )
+            return True
+
+        return await self._store._run(add)
+
+    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
+        def claim(db: sqlite3.Connection) -> list[Delivery]:
+            with _transaction(db):
+                rows = db.execute(
+                    "SELECT id, url, body, attempts FROM webhook_outbox WHERE due <= ?"
+                    " ORDER BY due LIMIT ?",
+                    (now, limit),
+                ).fetchall()
+                db.executemany(
+                    "UPDATE webhook_outbox SET due = ? WHERE id = ?",
+                    [(now + lease_seconds, row[0]) for row in rows],
+                )
+            return [
+                Delivery(row[0], row[1], bytes(row[2]), row[3], now + lease_seconds)
+                for row in rows
+            ]
+
+        return await self._store._run(claim)
+
+    async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
+        def settle(db: sqlite3.Connection) -> None:
+            if retry_at is None:
+                db.execute("DELETE FROM webhook_outbox WHERE id = ?", (delivery.id,))
+            else:
+                db.execute(
+                    "UPDATE webhook_outbox SET attempts = ?, due = ? WHERE id = ?",
+                    (delivery.attempts, retry_at, delivery.id),
+                )
+
+        await self._store._run(settle)
+
+    async def next_due(self) -> float | None:
+        row = await self._store._run(
+            lambda db: db.execute("SELECT MIN(due) FROM webhook_outbox").fetchone()
+        )
+        return None if row is None or row[0] is None else float(row[0])

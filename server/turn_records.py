@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import TurnError, Unavailable
 from turnmesh.runtime.principals import public_id
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import SessionStore
+from turnmesh.server.webhooks import WebhookSender
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -55,6 +57,7 @@ def of_log(tlog: TurnLog, record: spb.Turn | None = None) -> spb.Turn:
         session_id=public_id(tlog.session_id),
         background=tlog.background or (record is not None and record.background),
         last_seq=tlog.last_seq,
+        webhook_url=tlog.webhook or (record.webhook_url if record is not None else ""),
     )
     if tlog.started_ms:
         turn.start_time.CopyFrom(_from_ms(tlog.started_ms))
@@ -81,6 +84,19 @@ def of_log(tlog: TurnLog, record: spb.Turn | None = None) -> spb.Turn:
     if end.HasField("problem"):
         turn.problem.CopyFrom(end.problem)
     return turn
+
+
+def notice_type(turn: spb.Turn) -> str:
+    """The webhook notice of a turn that ended."""
+    if turn.state == spb.TURN_STATE_FINISHED:
+        waits = turn.outcome.interrupts or turn.outcome.pending_tool_call_ids
+        return "turn.waiting" if waits else "turn.finished"
+    return "turn.cancelled" if turn.state == spb.TURN_STATE_CANCELLED else "turn.failed"
+
+
+def turn_json(turn: spb.Turn) -> dict[str, Any]:
+    """The turn as GetTurn's REST answer shows it."""
+    return json_format.MessageToDict(turn)
 
 
 def committed(record: spb.Turn, messages: list[message_pb2.Message]) -> spb.Turn:
@@ -114,9 +130,12 @@ def lost(record: spb.Turn) -> spb.Turn:
 class TurnRecords:
     """The session store's turn records, as protos, kept ``ttl_seconds``."""
 
-    def __init__(self, store: SessionStore, ttl_seconds: float) -> None:
+    def __init__(
+        self, store: SessionStore, ttl_seconds: float, webhooks: WebhookSender | None = None
+    ) -> None:
         self._store = store
         self._ttl = ttl_seconds
+        self._webhooks = webhooks
         # The ends being written, by (session, turn): a reader waits for its
         # turn's, so it never settles a turn whose end is on its way.
         self._writing: dict[tuple[str, str], asyncio.Task[bool]] = {}
@@ -128,7 +147,7 @@ class TurnRecords:
         fail the turn."""
         try:
             with metrics.STORE_SECONDS.labels("put_turn").time():
-                return await self._store.put_turn(
+                written = await self._store.put_turn(
                     session_id,
                     turn.turn_id,
                     turn.SerializeToString(),
@@ -140,6 +159,12 @@ class TurnRecords:
                 "could not record turn %s (%s)", turn.turn_id, spb.TurnState.Name(turn.state)
             )
             return False
+        # The record's end is written once (a record that says the turn ended
+        # is final): whoever wrote it, the owner or a reader that settled a
+        # lost turn, queues the one notice of it.
+        if written and ended(turn) and turn.webhook_url and self._webhooks is not None:
+            await self._webhooks.send(turn.webhook_url, notice_type(turn), turn_json(turn))
+        return written
 
     async def load(self, session_id: str, turn_id: str) -> spb.Turn | None:
         """The stored record, once an end this server is writing is in it."""

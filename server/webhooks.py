@@ -43,6 +43,7 @@ __all__ = [
     "WebhookSettings",
     "check_destination",
     "notice",
+    "settings_from",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,44 @@ class WebhookSettings:
     max_pending: int = 10_000
     # Deliveries in flight at once, from this server.
     concurrency: int = 8
+
+
+def settings_from(
+    allow: str | None,
+    secret_file: str | None,
+    max_attempts: int = 8,
+    first_retry_seconds: float = 1.0,
+    timeout_seconds: float = 10.0,
+) -> WebhookSettings:
+    """The server's webhook settings from its flags; ValueError, in words
+    for the operator, if they cannot work."""
+    prefixes = tuple(p.strip() for p in (allow or "").split(",") if p.strip())
+    for prefix in prefixes:
+        parts = urlsplit(prefix)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--webhook-allow: {prefix!r} is not an http(s) URL prefix")
+    secret = ""
+    if prefixes:
+        if not secret_file:
+            raise ValueError("--webhook-allow needs --webhook-secret-file (the signing secret)")
+        try:
+            with open(secret_file, encoding="utf-8") as file:
+                secret = file.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--webhook-secret-file: {exc.strerror}: {secret_file}") from None
+        try:
+            Webhook(secret)
+        except Exception:
+            raise ValueError(
+                "--webhook-secret-file: not a Standard Webhooks secret (whsec_<base64>)"
+            ) from None
+    return WebhookSettings(
+        allow=prefixes,
+        secret=secret,
+        max_attempts=max_attempts,
+        first_retry_seconds=first_retry_seconds,
+        timeout_seconds=timeout_seconds,
+    )
 
 
 def check_destination(url: str, allow: Sequence[str], field_name: str) -> str:
@@ -263,6 +302,13 @@ class WebhookSender:
                 await self._wake.wait()
 
     async def _deliver(self, delivery: Delivery) -> None:
+        if not any(_under(delivery.url, prefix) for prefix in self.settings.allow):
+            # Queued under an allow-list this server no longer has.
+            log.warning("webhook %s dropped: its URL is no longer allowed", delivery.id)
+            metrics.WEBHOOKS.labels("given_up").inc()
+            with contextlib.suppress(Exception):
+                await self.outbox.settle(delivery, None)
+            return
         delivery.attempts += 1
         status = await self._post(delivery)
         if status is not None and 200 <= status < 300:

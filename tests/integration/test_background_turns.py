@@ -17,9 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 from httpx_sse import aconnect_sse
+from standardwebhooks import Webhook
 
 from tests.conftest import SharedMesh
 from tests.support.mesh import Mesh, RedisServer, eventually, session_owned_by
+from tests.support.webhooks import SECRET, Receiver, receiving
 from turnmesh.client import (
     AsyncClient,
     AwaitingClientError,
@@ -390,14 +392,23 @@ async def test_the_record_outlives_the_turns_events(keyed: Keyed) -> None:
 
 
 async def test_a_background_turn_whose_owner_dies_is_failed_owner_lost(
-    mesh_factory: Mesh, redis_server: RedisServer
+    mesh_factory: Mesh, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    mesh = mesh_factory
+    async with receiving() as hooks:
+        await _owner_dies(mesh_factory, redis_server, tmp_path, hooks)
+
+
+async def _owner_dies(
+    mesh: Mesh, redis_server: RedisServer, tmp_path: Path, hooks: Receiver
+) -> None:
     mesh.start_router()
     workers = [mesh.spawn_worker("probe", "probe_agent:ProbeAgent")]
+    secret = tmp_path / "webhook.secret"
+    secret.write_text(SECRET)
+    webhooks = ["--webhook-allow", hooks.url, "--webhook-secret-file", str(secret)]
     # Short leases: a killed owner's sessions move within 2 s, not 6.
     servers = [
-        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
+        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2", *webhooks)
         for i in (1, 2)
     ]
     mesh.wait_ready(*workers, *servers)
@@ -419,7 +430,9 @@ async def test_a_background_turn_whose_owner_dies_is_failed_owner_lost(
         )
         # One background turn running on the owner, one queued behind it.
         gate, _ = _gate(mesh.probe_dir)
-        running = await client.start_turn(sid, "two", metadata={"gate": gate, "deltas": 2})
+        running = await client.start_turn(
+            sid, "two", metadata={"gate": gate, "deltas": 2}, webhook_url=hooks.url
+        )
         queued = await client.start_turn(sid, "three", policy="enqueue")
         assert queued.state == spb.TURN_STATE_QUEUED
         async with client.subscribe(sid, running.turn_id) as stream:
@@ -435,6 +448,15 @@ async def test_a_background_turn_whose_owner_dies_is_failed_owner_lost(
             True,
         )
         assert lost.HasField("start_time") and lost.HasField("end_time")
+        # The server that settled it sends its notice (from the shared outbox).
+        await hooks.requests(1)
+        ((headers, body),) = hooks.seen
+        notice = Webhook(SECRET).verify(body, headers)
+        assert notice["type"] == "turn.failed"
+        assert (notice["data"]["turnId"], notice["data"]["errorCode"]) == (
+            running.turn_id,
+            "owner_lost",
+        )
         never_ran = await client.get_turn(sid, queued.turn_id)
         assert (never_ran.state, never_ran.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")
         assert not never_ran.HasField("start_time")

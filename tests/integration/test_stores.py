@@ -6,7 +6,9 @@ layout."""
 from __future__ import annotations
 
 import asyncio
+import math
 import sqlite3
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from turnmesh.server.store import (
     open_store,
 )
 from turnmesh.server.store_redis import RedisStore
+from turnmesh.server.webhooks import Delivery
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -554,6 +557,42 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 4
     finally:
         db.close()
+
+
+async def test_the_webhook_outbox_leases_retries_and_is_bounded(store: SessionStore) -> None:
+    outbox = store.outbox()
+    # Empty first: one Redis serves this file's tests.
+    for left in await outbox.claim(math.inf, 0, 10_000):
+        await outbox.settle(left, None)
+    assert await outbox.next_due() is None
+    now = time.time()
+    a = Delivery("msg_a", "http://127.0.0.1:1/a", b'{"a":1}', 0, now - 2)
+    b = Delivery("msg_b", "http://127.0.0.1:1/b", b"\x00\xff not text", 0, now - 1)
+    c = Delivery("msg_c", "http://127.0.0.1:1/c", b"c", 0, now + 100)
+    for delivery in (a, b, c):
+        assert await outbox.add(delivery, limit=3)
+    assert not await outbox.add(Delivery("msg_d", "http://127.0.0.1:1/d", b"d"), limit=3)
+    assert await outbox.next_due() == pytest.approx(now - 2)
+    claimed = await outbox.claim(now, 30, 10)
+    assert [(d.id, d.url, d.body, d.attempts) for d in claimed] == [
+        (a.id, a.url, a.body, 0),
+        (b.id, b.url, b.body, 0),
+    ]
+    assert await outbox.claim(now, 30, 10) == []  # held for their lease
+    # The lease ends (a server died holding them): due again, for anyone.
+    again = {d.id: d for d in await outbox.claim(now + 31, 30, 10)}
+    assert set(again) == {a.id, b.id}
+    again[a.id].attempts = 1
+    await outbox.settle(again[a.id], now + 50)  # to be retried
+    await outbox.settle(again[b.id], None)  # delivered
+    due = await outbox.claim(now + 200, 30, 10)
+    assert {(d.id, d.attempts) for d in due} == {(a.id, 1), (c.id, 0)}
+    for delivery in due:
+        await outbox.settle(delivery, None)
+    assert await outbox.next_due() is None
+    assert await outbox.add(Delivery("msg_e", "http://127.0.0.1:1/e", b"e"), limit=1)
+    (last,) = await outbox.claim(math.inf, 0, 10)
+    await outbox.settle(last, None)

@@ -106,6 +106,7 @@ def test_turn_options_are_typed_keywords() -> None:
         "tools",
         "tool_results",
         "resume",
+        "webhook_url",
     }
     for cls in (Client, AsyncClient):
         for method in ("stream_turn", "send"):

@@ -5,16 +5,12 @@ same id until a 2xx, giving up, the allow-list and the outbox's bound."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import pytest
-from aiohttp import web
 from standardwebhooks import Webhook
 
+from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import InvalidArgument
 from turnmesh.server.webhooks import (
     Delivery,
@@ -23,46 +19,6 @@ from turnmesh.server.webhooks import (
     WebhookSettings,
     check_destination,
 )
-
-SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
-
-
-@dataclass
-class Receiver:
-    """Answers each request with the next status of ``script`` (then 200)."""
-
-    url: str = ""
-    script: list[int] = field(default_factory=list)
-    seen: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
-    arrived: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def handle(self, request: web.Request) -> web.Response:
-        self.seen.append((dict(request.headers), await request.read()))
-        self.arrived.set()
-        return web.Response(status=self.script.pop(0) if self.script else 200)
-
-    async def requests(self, count: int) -> None:
-        while True:
-            self.arrived.clear()  # before the check: a request in between sets it again
-            if len(self.seen) >= count:
-                return
-            await asyncio.wait_for(self.arrived.wait(), 30)
-
-
-@contextlib.asynccontextmanager
-async def receiving() -> AsyncIterator[Receiver]:
-    """A receiver on this test's own loop (an async fixture may run on another)."""
-    got = Receiver()
-    app = web.Application()
-    app.router.add_post("/hook", got.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    got.url = f"http://127.0.0.1:{port}/hook"
-    yield got
-    await runner.cleanup()
 
 
 def _settings(**kw: object) -> WebhookSettings:

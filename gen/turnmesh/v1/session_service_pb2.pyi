@@ -532,6 +532,7 @@ class TurnRequest(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     TOOL_RESULTS_FIELD_NUMBER: _builtins.int
     RESUME_FIELD_NUMBER: _builtins.int
+    WEBHOOK_URL_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     message: _builtins.str
     """The user's message: 1-10,000 characters, not blank. Optional on a turn
@@ -541,6 +542,14 @@ class TurnRequest(_message.Message):
     on_disconnect: Global___DisconnectPolicy.ValueType
     idempotency_key: _builtins.str
     """A retried Turn with the same key returns the original turn's events."""
+    webhook_url: _builtins.str
+    """Where to POST a signed notice when the turn ends: `turn.finished`,
+    `turn.waiting` (it waits for the client), `turn.failed` or
+    `turn.cancelled`, with the turn as GetTurn reports it. Only URLs under
+    the server's allow-list (`--webhook-allow`; none by default); delivered
+    at least once, with retries, never holding up or failing the turn. A
+    turn with a webhook has a durable record (GetTurn), as a background one.
+    """
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[_message_pb2.File]:
         """At most 10 files, 50 MB each, 100 MB in all."""
@@ -576,10 +585,11 @@ class TurnRequest(_message.Message):
         tools: _abc.Iterable[_message_pb2.ToolDefinition] | None = ...,
         tool_results: _abc.Iterable[_message_pb2.ToolResult] | None = ...,
         resume: _abc.Iterable[_message_pb2.ResumeEntry] | None = ...,
+        webhook_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "idempotency_key", b"idempotency_key", "message", b"message", "metadata", b"metadata", "on_disconnect", b"on_disconnect", "policy", b"policy", "resume", b"resume", "session_id", b"session_id", "tool_results", b"tool_results", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "idempotency_key", b"idempotency_key", "message", b"message", "metadata", b"metadata", "on_disconnect", b"on_disconnect", "policy", b"policy", "resume", b"resume", "session_id", b"session_id", "tool_results", b"tool_results", "tools", b"tools", "webhook_url", b"webhook_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -699,6 +709,7 @@ class Turn(_message.Message):
     PROBLEM_FIELD_NUMBER: _builtins.int
     OUTCOME_FIELD_NUMBER: _builtins.int
     LAST_SEQ_FIELD_NUMBER: _builtins.int
+    WEBHOOK_URL_FIELD_NUMBER: _builtins.int
     turn_id: _builtins.str
     session_id: _builtins.str
     """The session's id, as its caller names it."""
@@ -717,6 +728,8 @@ class Turn(_message.Message):
     """The seq of the turn's last event so far (0: none yet). SubscribeTurn
     with `after_seq` 0 replays them all, while they are kept.
     """
+    webhook_url: _builtins.str
+    """Where the turn's end is notified (its request's `webhook_url`)."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When the server accepted the turn (when it started, for a turn known
@@ -765,10 +778,11 @@ class Turn(_message.Message):
         problem: _event_pb2.Problem | None = ...,
         outcome: _event_pb2.RunOutcome | None = ...,
         last_seq: _builtins.int = ...,
+        webhook_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "outcome", b"outcome", "problem", b"problem", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["background", b"background", "create_time", b"create_time", "end_time", b"end_time", "error_code", b"error_code", "error_message", b"error_message", "last_seq", b"last_seq", "outcome", b"outcome", "problem", b"problem", "session_id", b"session_id", "start_time", b"start_time", "state", b"state", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["background", b"background", "create_time", b"create_time", "end_time", b"end_time", "error_code", b"error_code", "error_message", b"error_message", "last_seq", b"last_seq", "outcome", b"outcome", "problem", b"problem", "session_id", b"session_id", "start_time", b"start_time", "state", b"state", "turn_id", b"turn_id", "usage", b"usage", "webhook_url", b"webhook_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,122 @@
+"""Webhooks end to end: a real receiver on loopback gets a signed notice when
+a turn finishes, waits for the client or fails; a failing receiver is retried
+with the same id, across a SIGKILL and restart of a SQLite server; a Redis
+owner's death is notified by the server that settles its turn; a URL the
+allow-list does not admit is refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from standardwebhooks import Webhook
+
+from tests.support.mesh import Component, Mesh
+from tests.support.webhooks import SECRET, Receiver, receiving
+from turnmesh.client import AsyncClient, InvalidArgumentError
+from turnmesh.v1 import message_pb2
+from turnmesh.v1 import session_service_pb2 as spb
+
+WEATHER = message_pb2.ToolDefinition(name="get_weather", description="the weather in a city")
+
+
+def _flags(tmp_path: Path, receiver: Receiver) -> list[str]:
+    secret = tmp_path / "webhook.secret"
+    secret.write_text(SECRET + "\n")
+    allow = receiver.url.rsplit("/", 1)[0] + "/"  # http://127.0.0.1:PORT/
+    return [
+        "--webhook-allow",
+        allow,
+        "--webhook-secret-file",
+        str(secret),
+        "--webhook-retry-seconds",
+        "0.05",
+        "--webhook-timeout-seconds",
+        "2",
+    ]
+
+
+def _notices(receiver: Receiver) -> list[tuple[str, dict[str, Any]]]:
+    """Each request's webhook-id and body, its signature checked with the
+    Standard Webhooks library (it raises on a bad one)."""
+    verifier = Webhook(SECRET)
+    out = []
+    for headers, body in receiver.seen:
+        verifier.verify(body, headers)
+        out.append((headers["webhook-id"], json.loads(body)))
+    return out
+
+
+def _server(mesh: Mesh, name: str, store: str, flags: list[str]) -> Component:
+    return mesh.spawn_server(name, "--store", store, *flags)
+
+
+async def test_notices_are_signed_retried_and_survive_a_restart(
+    mesh_factory: Mesh, tmp_path: Path
+) -> None:
+    mesh = mesh_factory
+    store = f"sqlite:{tmp_path / 'sessions.db'}"
+    async with receiving() as hooks:
+        flags = _flags(tmp_path, hooks)
+        mesh.start_router()
+        worker = mesh.spawn_worker("demo", "demo")
+        first = _server(mesh, "server-a", store, flags)
+        mesh.wait_ready(worker, first)
+        async with AsyncClient(first.address) as client:
+            sid = (await client.create_session()).session_id
+            # Not under the allow-list: refused, nothing runs.
+            for url in ("http://127.0.0.2/hook", "ftp://127.0.0.1/x", "http://127.0.0.1:1/hook"):
+                with pytest.raises(InvalidArgumentError) as refused:
+                    await client.send(sid, "hi", webhook_url=url)
+                assert "webhook_url" in refused.value.violations
+            assert await client.history(sid) == []
+
+            # Finished (a background turn), after two failed attempts.
+            hooks.script = [500, 503]
+            started = await client.start_turn(sid, "hello", webhook_url=hooks.url + "?n=1")
+            await hooks.requests(3)
+            (done_id, done), *repeats = _notices(hooks)
+            assert {notice_id for notice_id, _ in repeats} == {done_id}  # one notice, retried
+            assert done["type"] == "turn.finished"
+            assert (done["data"]["turnId"], done["data"]["state"]) == (
+                started.turn_id,
+                "TURN_STATE_FINISHED",
+            )
+            assert done["data"]["webhookUrl"] == hooks.url + "?n=1"
+
+            # Waiting for the client (a streamed turn: it gets a record too).
+            paused = await client.send(
+                sid, "use get_weather for Oslo", tools=[WEATHER], webhook_url=hooks.url
+            )
+            assert paused.outcome is not None
+            await hooks.requests(4)
+            _, waiting = _notices(hooks)[3]
+            assert waiting["type"] == "turn.waiting"
+            assert waiting["data"]["outcome"]["pendingToolCallIds"] == list(
+                paused.outcome.pending_tool_call_ids
+            )
+            assert (await client.get_turn(sid, paused.turn_id)).webhook_url == hooks.url
+
+            # A receiver that keeps failing, and a server killed meanwhile.
+            (call_id,) = paused.outcome.pending_tool_call_ids
+            hooks.script = [500] * 1000
+            answer = [message_pb2.ToolResult(tool_call_id=call_id, content="cold")]
+            answered = await client.send(sid, "", tool_results=answer, webhook_url=hooks.url)
+            await hooks.requests(6)  # two failed attempts: it waits in the outbox
+        mesh.kill(first, signal.SIGKILL)
+
+        hooks.script = []
+        delivered = len(hooks.seen)
+        second = _server(mesh, "server-b", store, flags)
+        mesh.wait_ready(second)
+        await hooks.requests(delivered + 1)
+        after_restart = _notices(hooks)
+        last_id, last = after_restart[-1]
+        assert last["data"]["turnId"] == answered.turn_id and last["type"] == "turn.finished"
+        assert {i for i, b in after_restart if b["data"]["turnId"] == answered.turn_id} == {last_id}
+        async with AsyncClient(second.address) as client:
+            kept = await client.get_turn(sid, answered.turn_id)
+            assert (kept.state, kept.webhook_url) == (spb.TURN_STATE_FINISHED, hooks.url)
