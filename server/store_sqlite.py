@@ -614,8 +614,7 @@ class SqliteOutbox:
                     [(now + lease_seconds, row[0]) for row in rows],
                 )
             return [
-                Delivery(row[0], row[1], bytes(row[2]), row[3], now + lease_seconds)
-                for row in rows
+                Delivery(row[0], row[1], bytes(row[2]), row[3], now + lease_seconds) for row in rows
             ]
 
         return await self._store._run(claim)

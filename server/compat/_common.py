@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypedDict, TypeVar, Unpack
 
 import grpc
 from google.api import httpbody_pb2
@@ -101,6 +101,18 @@ class SessionCalls(Protocol):
     def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncGenerator[event_pb2.Event, None]: ...
+
+    async def StartTurn(
+        self, request: spb.StartTurnRequest, context: Context
+    ) -> spb.StartTurnResponse: ...
+
+    async def GetTurn(
+        self, request: spb.GetTurnRequest, context: Context
+    ) -> spb.GetTurnResponse: ...
+
+    async def CancelTurn(
+        self, request: spb.CancelTurnRequest, context: Context
+    ) -> spb.CancelTurnResponse: ...
 
 
 class Mesh:
@@ -201,44 +213,71 @@ class Mesh:
         self,
         session_id: str,
         message: str,
-        *,
-        files: Sequence[message_pb2.File] = (),
-        metadata: Mapping[str, Any] | None = None,
-        policy: spb.TurnPolicy.ValueType = spb.TURN_POLICY_COLLECT,
-        on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CONTINUE,
-        tools: Sequence[message_pb2.ToolDefinition] = (),
-        tool_results: Sequence[message_pb2.ToolResult] = (),
-        resume: Sequence[message_pb2.ResumeEntry] = (),
+        **options: Unpack[TurnArgs],
     ) -> AsyncIterator[AsyncIterator[event_pb2.Event]]:
         """A turn's events; leaving the block before the end is a disconnect,
         which cancels the turn or lets it go on as ``on_disconnect`` says.
         ``tools``, ``tool_results`` and ``resume``: as TurnRequest's (a turn
         that answers a pause may have no message)."""
-        request = spb.TurnRequest(
-            session_id=session_id,
-            message=message,
-            policy=policy,
-            on_disconnect=on_disconnect,
-            tools=tools,
-            tool_results=tool_results,
-            resume=resume,
-        )
-        if metadata:
-            json_format.ParseDict(dict(metadata), request.metadata)
-        for file in files:
-            if file.ByteSize() > _COPY_ON_LOOP_BYTES:
-                # Megabytes are copied in a thread: the loop runs between files.
-                await asyncio.to_thread(request.files.append, file)
-            else:
-                request.files.append(file)
-        # What the service's budget check reads first: this request's size,
-        # not the size of the surface's JSON body it was made from.
-        wire.note_received(request.ByteSize())
+        request = await _turn_request(session_id, message, options)
         events = self._svc.Turn(request, self._call)
         try:
             yield events
         finally:
             await events.aclose()
+
+    async def start_turn(
+        self, session_id: str, message: str, **options: Unpack[TurnArgs]
+    ) -> spb.Turn:
+        """A background turn (StartTurn): the turn as it was accepted."""
+        request = spb.StartTurnRequest(
+            session_id=session_id, turn=await _turn_request(session_id, message, options)
+        )
+        return (await self._unary(self._svc.StartTurn(request, self._call))).turn
+
+    async def get_turn(self, session_id: str, turn_id: str) -> spb.Turn:
+        request = spb.GetTurnRequest(session_id=session_id, turn_id=turn_id)
+        return (await self._unary(self._svc.GetTurn(request, self._call))).turn
+
+    async def cancel_turn(self, session_id: str, turn_id: str) -> None:
+        request = spb.CancelTurnRequest(session_id=session_id, turn_id=turn_id)
+        await self._unary(self._svc.CancelTurn(request, self._call))
+
+
+class TurnArgs(TypedDict, total=False):
+    """A surface's turn, as TurnRequest's fields."""
+
+    files: Sequence[message_pb2.File]
+    metadata: Mapping[str, Any] | None
+    policy: spb.TurnPolicy.ValueType
+    on_disconnect: spb.DisconnectPolicy.ValueType
+    tools: Sequence[message_pb2.ToolDefinition]
+    tool_results: Sequence[message_pb2.ToolResult]
+    resume: Sequence[message_pb2.ResumeEntry]
+
+
+async def _turn_request(session_id: str, message: str, options: TurnArgs) -> spb.TurnRequest:
+    request = spb.TurnRequest(
+        session_id=session_id,
+        message=message,
+        policy=options.get("policy", spb.TURN_POLICY_COLLECT),
+        on_disconnect=options.get("on_disconnect", spb.DISCONNECT_POLICY_CONTINUE),
+        tools=options.get("tools", ()),
+        tool_results=options.get("tool_results", ()),
+        resume=options.get("resume", ()),
+    )
+    if metadata := options.get("metadata"):
+        json_format.ParseDict(dict(metadata), request.metadata)
+    for file in options.get("files", ()):
+        if file.ByteSize() > _COPY_ON_LOOP_BYTES:
+            # Megabytes are copied in a thread: the loop runs between files.
+            await asyncio.to_thread(request.files.append, file)
+        else:
+            request.files.append(file)
+    # What the service's budget check reads first: this request's size,
+    # not the size of the surface's JSON body it was made from.
+    wire.note_received(request.ByteSize())
+    return request
 
 
 # A file bigger than this is copied into a turn's request in a thread.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
@@ -49,6 +50,7 @@ from turnmesh.server import pauses, validation
 from turnmesh.server.compat._common import (
     ContentPart,
     Mesh,
+    TurnArgs,
     check_message,
     from_pydantic,
     invalid,
@@ -232,6 +234,9 @@ class ResponseRequest(BaseModel):
     # Accepted: the agent decides how many calls it makes at once.
     parallel_tool_calls: bool | None = None
     resume: Annotated[list[ResumeParam], Field(max_length=pauses.MAX_ANSWERS)] | None = None
+    # Run with nobody waiting: answered at once ("queued"), polled with
+    # GET /v1/responses/{id}, cancelled with POST .../cancel.
+    background: bool = False
     _items: list[InputItem] = PrivateAttr(default_factory=list)
     _tools: list[FunctionTool] = PrivateAttr(default_factory=list)
     _turn_tools: list[FunctionTool] = PrivateAttr(default_factory=list)
@@ -401,6 +406,11 @@ async def parse(body: httpbody_pb2.HttpBody) -> ResponseRequest:
     request._turn_tools = _chosen(request, request._tools)
     if request.resume and not request.previous_response_id:
         raise invalid("resume", "answers a stored response's interrupts: send previous_response_id")
+    if request.background and request.stream:
+        raise invalid(
+            "stream",
+            "a background response is not streamed here: poll GET /v1/responses/{id} instead",
+        )
     return request
 
 
@@ -576,6 +586,7 @@ class Response:
             "text": {"format": {"type": "text"}},
             "truncation": "disabled",
             "store": True,
+            "background": self.request.background,
         }
         if self.interrupts:
             body["interrupts"] = [
@@ -865,43 +876,60 @@ async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputItem]:
 async def _events(mesh: Mesh, response: Response) -> AsyncIterator[event_pb2.Event]:
     started = False
     try:
-        async for event in _turn_events(mesh, response):
-            started = True
-            yield event
-    except TurnmeshError:
-        if response.made and not started:
-            await mesh.drop_session(response.session_id)
-        raise
+        async with mesh.turn(response.session_id, response.message, **_turn_args(response)) as (
+            stream
+        ):
+            async for event in stream:
+                started = True
+                response.feed(event)
+                yield event
+    except TurnmeshError as exc:
+        if started:
+            raise
+        raise await _refused(mesh, response, exc) from None
 
 
-async def _turn_events(mesh: Mesh, response: Response) -> AsyncIterator[event_pb2.Event]:
+async def _start_background(mesh: Mesh, response: Response) -> Response:
+    """The response's turn started in the background (StartTurn): the
+    response as it was accepted, queued or in progress."""
+    try:
+        turn = await mesh.start_turn(response.session_id, response.message, **_turn_args(response))
+    except TurnmeshError as exc:
+        raise await _refused(mesh, response, exc) from None
+    response.started(turn.turn_id)
+    response.status = _STATUSES.get(turn.state, "in_progress")
+    return response
+
+
+def _turn_args(response: Response) -> TurnArgs:
     metadata: dict[str, Any] = dict(response.request.metadata or {})
     if response.request.instructions and response.request.previous_response_id:
         metadata["instructions"] = response.request.instructions
     answers = response.answers
-    try:
-        async with mesh.turn(
-            response.session_id,
-            response.message,
-            metadata=metadata,
-            files=response.files,
-            on_disconnect=response.on_disconnect,
-            # One response per request: never coalesced with another's turn.
-            policy=spb.TURN_POLICY_ENQUEUE,
-            tools=response.request.turn_tools(),
-            tool_results=answers.tool_results if answers else (),
-            resume=answers.resume if answers else (),
-        ) as stream:
-            async for event in stream:
-                response.feed(event)
-                yield event
-    # The turn's refusals, in this API's words and names.
-    except AwaitingClient as exc:
-        raise await _awaiting(mesh, response, exc) from None
-    except NotWaiting as exc:
-        raise _not_waiting(response, exc) from None
-    except InvalidArgument as exc:
-        raise _answers_as_input(exc, response) from None
+    return {
+        "metadata": metadata,
+        "files": response.files,
+        "on_disconnect": response.on_disconnect,
+        # One response per request: never coalesced with another's turn.
+        "policy": spb.TURN_POLICY_ENQUEUE,
+        "tools": response.request.turn_tools(),
+        "tool_results": answers.tool_results if answers else (),
+        "resume": answers.resume if answers else (),
+    }
+
+
+async def _refused(mesh: Mesh, response: Response, exc: TurnmeshError) -> TurnmeshError:
+    """A turn refused before it started, in this API's words and names; a
+    session the request made for it goes again."""
+    if isinstance(exc, AwaitingClient):
+        exc = await _awaiting(mesh, response, exc)
+    elif isinstance(exc, NotWaiting):
+        exc = _not_waiting(response, exc)
+    elif isinstance(exc, InvalidArgument):
+        exc = _answers_as_input(exc, response)
+    if response.made:
+        await mesh.drop_session(response.session_id)
+    return exc
 
 
 async def _awaiting(mesh: Mesh, response: Response, exc: AwaitingClient) -> AwaitingClient:
@@ -987,6 +1015,8 @@ async def create(
 ) -> httpbody_pb2.HttpBody:
     response = await open_response(mesh, request)
     response.on_disconnect = on_disconnect
+    if request.background:
+        return json_body((await _start_background(mesh, response)).body())
     async for event in _events(mesh, response):
         if event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
@@ -1126,21 +1156,49 @@ def _finished(
     return frames
 
 
+# A turn's state as a response's status (FINISHED: what it answered says).
+_STATUSES = {
+    spb.TURN_STATE_QUEUED: "queued",
+    spb.TURN_STATE_RUNNING: "in_progress",
+    spb.TURN_STATE_FAILED: "failed",
+    spb.TURN_STATE_CANCELLED: "cancelled",
+}
+
+
 async def get(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
+    return json_body((await _stored(mesh, response_id_value)).body())
+
+
+async def _stored(mesh: Mesh, response_id_value: str) -> Response:
+    """A response as the store keeps it: its answer from the history, or,
+    before it has one (a background response queued or running, or one
+    that failed), its turn's state."""
     session_id, turn_id = parse_response_id(response_id_value, "response_id")
+    missing = NotFound(f"response {response_id_value!r} not found")
     try:
         session = await mesh.get_session(session_id)
         history = await mesh.history(session_id)
     except NotFound as exc:
-        raise NotFound(f"response {response_id_value!r} not found") from exc
-    messages = [m for m in history if m.turn_id == turn_id]
-    if not messages or messages[-1].role != "assistant":
-        raise NotFound(f"response {response_id_value!r} not found")
-    final = messages[-1]
+        raise missing from exc
     # The model a response was made with is the session's agent.
     request = ResponseRequest(model=session.agent_name, input="")
     response = Response(request, session_id)
     response.started(turn_id)
+    turn = await _turn(mesh, session_id, turn_id)
+    request.background = turn is not None and turn.background
+    messages = [m for m in history if m.turn_id == turn_id]
+    if not messages or messages[-1].role != "assistant":
+        if turn is None or turn.state not in _STATUSES:
+            raise missing
+        response.status = _STATUSES[turn.state]
+        response.created_at = turn.create_time.seconds
+        if turn.state == spb.TURN_STATE_FAILED:
+            response.error = {
+                "code": turn.error_code or "server_error",
+                "message": turn.error_message or "the response failed",
+            }
+        return response
+    final = messages[-1]
     response.created_at = final.created_at.seconds
     # The stored answer, folded as the live one was.
     response.feed(event_pb2.Event(type=event_pb2.TEXT_MESSAGE_CONTENT, delta=final.content))
@@ -1155,4 +1213,27 @@ async def get(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
     response.feed(
         event_pb2.Event(type=event_pb2.RUN_FINISHED, usage=[final.usage], outcome=outcome)
     )
-    return json_body(response.body())
+    return response
+
+
+async def _turn(mesh: Mesh, session_id: str, turn_id: str) -> spb.Turn | None:
+    """The turn, if the server still knows it (a background one: for days)."""
+    try:
+        return await mesh.get_turn(session_id, turn_id)
+    except (NotFound, InvalidArgument):
+        return None
+
+
+async def cancel(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
+    """Cancel a background response (OpenAI's rule: only those); a response
+    that ended already is answered as it ended."""
+    session_id, turn_id = parse_response_id(response_id_value, "response_id")
+    turn = await _turn(mesh, session_id, turn_id)
+    if turn is None:
+        raise NotFound(f"response {response_id_value!r} not found")
+    if not turn.background:
+        raise invalid("response_id", "only a background response can be cancelled")
+    if turn.state in (spb.TURN_STATE_QUEUED, spb.TURN_STATE_RUNNING):
+        with contextlib.suppress(NotFound):  # it ended meanwhile
+            await mesh.cancel_turn(session_id, turn_id)
+    return await get(mesh, response_id_value)

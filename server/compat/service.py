@@ -84,6 +84,12 @@ class CompatServicer(CompatServiceServicer):
         mesh = self._mesh.for_caller(context.invocation_metadata())
         return await openai_responses.get(mesh, request.response_id)
 
+    async def CancelResponse(
+        self, request: cpb.CancelResponseRequest, context: ServicerContext
+    ) -> httpbody_pb2.HttpBody:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
+        return await openai_responses.cancel(mesh, request.response_id)
+
     async def ListModels(
         self, request: cpb.ListModelsRequest, context: ServicerContext
     ) -> httpbody_pb2.HttpBody:

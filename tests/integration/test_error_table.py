@@ -77,6 +77,15 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
     async def GetHealth(self, *args: object) -> spb.GetHealthResponse:
         return self._raise()  # type: ignore[no-any-return]
 
+    async def StartTurn(self, *args: object) -> spb.StartTurnResponse:
+        return self._raise()  # type: ignore[no-any-return]
+
+    async def GetTurn(self, *args: object) -> spb.GetTurnResponse:
+        return self._raise()  # type: ignore[no-any-return]
+
+    async def CancelTurn(self, *args: object) -> spb.CancelTurnResponse:
+        return self._raise()  # type: ignore[no-any-return]
+
     async def Turn(self, *args: object) -> AsyncGenerator[Any, None]:
         self._raise()
         yield  # pragma: no cover

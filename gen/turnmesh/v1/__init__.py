@@ -14,6 +14,7 @@ from turnmesh.v1 import worker_service_pb2
 from turnmesh.v1 import worker_service_pb2_grpc
 
 from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
+from turnmesh.v1.compat_service_pb2 import CancelResponseRequest as CancelResponseRequest
 from turnmesh.v1.compat_service_pb2 import ListModelsRequest as ListModelsRequest
 from turnmesh.v1.compat_service_pb2 import GetModelRequest as GetModelRequest
 from turnmesh.v1.compat_service_pb2 import GetChatHealthRequest as GetChatHealthRequest
@@ -109,6 +110,7 @@ from turnmesh.v1.worker_service_pb2_grpc import add_WorkerServiceServicer_to_ser
 from turnmesh.v1.worker_service_pb2_grpc import WorkerService as WorkerService
 
 __all__ = [
+    "CancelResponseRequest",
     "CancelTurnRequest",
     "CancelTurnResponse",
     "ChatHealth",

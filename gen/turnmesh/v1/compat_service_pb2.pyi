@@ -41,6 +41,25 @@ class GetResponseRequest(_message.Message):
 Global___GetResponseRequest: _TypeAlias = GetResponseRequest  # noqa: Y015
 
 @_typing.final
+class CancelResponseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        response_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response_id", b"response_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelResponseRequest: _TypeAlias = CancelResponseRequest  # noqa: Y015
+
+@_typing.final
 class ListModelsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

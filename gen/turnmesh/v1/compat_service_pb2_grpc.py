@@ -59,6 +59,11 @@ class CompatServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.GetResponseRequest.SerializeToString,
                 response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
                 _registered_method=True)
+        self.CancelResponse = channel.unary_unary(
+                '/turnmesh.v1.CompatService/CancelResponse',
+                request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.CancelResponseRequest.SerializeToString,
+                response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/turnmesh.v1.CompatService/ListModels',
                 request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.ListModelsRequest.SerializeToString,
@@ -123,7 +128,17 @@ class CompatServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetResponse(self, request, context):
-        """A stored OpenAI response.
+        """A stored OpenAI response; a background one (`"background": true`) is
+        `queued` or `in_progress` until it ends (poll it), then `completed`,
+        `incomplete`, `failed` or `cancelled`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelResponse(self, request, context):
+        """Cancel a background response (only those, as OpenAI's API); the
+        response as it then is. One that ended already is answered as it ended.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -195,6 +210,11 @@ def add_CompatServiceServicer_to_server(servicer, server):
             'GetResponse': grpc.unary_unary_rpc_method_handler(
                     servicer.GetResponse,
                     request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.GetResponseRequest.FromString,
+                    response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
+            ),
+            'CancelResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelResponse,
+                    request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.CancelResponseRequest.FromString,
                     response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
@@ -316,6 +336,33 @@ class CompatService:
             target,
             '/turnmesh.v1.CompatService/GetResponse',
             turnmesh_dot_v1_dot_compat__service__pb2.GetResponseRequest.SerializeToString,
+            google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.CompatService/CancelResponse',
+            turnmesh_dot_v1_dot_compat__service__pb2.CancelResponseRequest.SerializeToString,
             google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
             options,
             channel_credentials,

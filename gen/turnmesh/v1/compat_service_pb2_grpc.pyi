@@ -56,7 +56,14 @@ class CompatServiceStub:
     `response.*` event sequence. `previous_response_id` continues a session.
     """
     GetResponse: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.GetResponseRequest, _httpbody_pb2.HttpBody]
-    """A stored OpenAI response."""
+    """A stored OpenAI response; a background one (`"background": true`) is
+    `queued` or `in_progress` until it ends (poll it), then `completed`,
+    `incomplete`, `failed` or `cancelled`.
+    """
+    CancelResponse: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.CancelResponseRequest, _httpbody_pb2.HttpBody]
+    """Cancel a background response (only those, as OpenAI's API); the
+    response as it then is. One that ended already is answered as it ended.
+    """
     ListModels: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.ListModelsRequest, _httpbody_pb2.HttpBody]
     """OpenAI's model list: the agents the mesh serves now (a live worker runs
     each), as `{"object": "list", "data": [{"id", "object": "model",
@@ -109,7 +116,14 @@ class CompatServiceAsyncStub(CompatServiceStub):
     `response.*` event sequence. `previous_response_id` continues a session.
     """
     GetResponse: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.GetResponseRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
-    """A stored OpenAI response."""
+    """A stored OpenAI response; a background one (`"background": true`) is
+    `queued` or `in_progress` until it ends (poll it), then `completed`,
+    `incomplete`, `failed` or `cancelled`.
+    """
+    CancelResponse: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.CancelResponseRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
+    """Cancel a background response (only those, as OpenAI's API); the
+    response as it then is. One that ended already is answered as it ended.
+    """
     ListModels: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.ListModelsRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
     """OpenAI's model list: the agents the mesh serves now (a live worker runs
     each), as `{"object": "list", "data": [{"id", "object": "model",
@@ -177,7 +191,20 @@ class CompatServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _compat_service_pb2.GetResponseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_httpbody_pb2.HttpBody, _abc.Awaitable[_httpbody_pb2.HttpBody]]:
-        """A stored OpenAI response."""
+        """A stored OpenAI response; a background one (`"background": true`) is
+        `queued` or `in_progress` until it ends (poll it), then `completed`,
+        `incomplete`, `failed` or `cancelled`.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelResponse(
+        self,
+        request: _compat_service_pb2.CancelResponseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_httpbody_pb2.HttpBody, _abc.Awaitable[_httpbody_pb2.HttpBody]]:
+        """Cancel a background response (only those, as OpenAI's API); the
+        response as it then is. One that ended already is answered as it ended.
+        """
 
     @_abc_1.abstractmethod
     def ListModels(
