@@ -79,9 +79,13 @@ def test_an_aborted_responses_stream_cancels_its_turn(
     stream.close()  # the client's abort
     turn = _turn_of(response_id)
     wait_for((_probe(shared_mesh) / f"{turn}.cancelled").exists, what="the agent's cancel")
-    # Nothing was saved: the response does not exist, the session's history
-    # holds no turn the client never saw.
-    assert http.get(f"/v1/responses/{response_id}").status_code == 404
+    # Nothing was saved: the response is cancelled, with no output, and the
+    # session's history holds no turn the client never saw.
+    wait_for(
+        lambda: http.get(f"/v1/responses/{response_id}").json()["status"] == "cancelled",
+        what="the response to say it was cancelled",
+    )
+    assert http.get(f"/v1/responses/{response_id}").json()["output"] == []
     follow = client.sdk.responses.create(
         model="probe",
         input="next",
@@ -134,7 +138,7 @@ def test_continue_lets_an_aborted_turn_finish_and_be_saved(
     stream.close()
     (_probe(shared_mesh) / f"gate-{gate}").write_text("open")
     wait_for(
-        lambda: http.get(f"/v1/responses/{response_id}").status_code == 200,
+        lambda: http.get(f"/v1/responses/{response_id}").json()["status"] == "completed",
         what="the turn to finish without its client",
     )
     saved = client.sdk.responses.retrieve(response_id)
