@@ -17,8 +17,10 @@ from turnmesh.server.webhooks import Delivery
 DUE = "tm:{webhooks}:due"
 NOTICE = "tm:{webhooks}:n:"
 
-# KEYS: due, notice. ARGV: limit, id, url, body, attempts, due.
+# KEYS: due, notice. ARGV: limit, id, url, body, attempts, due. A notice
+# kept already stays as it is.
 ADD = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[2], 'url', ARGV[3], 'body', ARGV[4], 'attempts', ARGV[5])
 redis.call('ZADD', KEYS[1], ARGV[6], ARGV[2])

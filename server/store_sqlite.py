@@ -590,11 +590,14 @@ class SqliteOutbox:
     async def add(self, delivery: Delivery, limit: int) -> bool:
         def add(db: sqlite3.Connection) -> bool:
             with _transaction(db):
+                kept = "SELECT 1 FROM webhook_outbox WHERE id = ?"
+                if db.execute(kept, (delivery.id,)).fetchone() is not None:
+                    return True  # kept already, as it is
                 waiting = db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0]
                 if waiting >= limit:
                     return False
                 db.execute(
-                    "INSERT OR IGNORE INTO webhook_outbox VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO webhook_outbox VALUES (?, ?, ?, ?, ?)",
                     (delivery.id, delivery.url, delivery.body, delivery.attempts, delivery.due),
                 )
             return True

@@ -145,6 +145,14 @@ class TurnRecords:
         False if it was not written. A store that fails is logged: the record
         is what GetTurn reads once the events are gone, never a reason to
         fail the turn."""
+        if ended(turn) and turn.webhook_url and self._webhooks is not None:
+            # Queued before the record's end, under the turn's own id: a
+            # crash between the two loses nothing, and every writer of the
+            # end (the owner, a reader that settles a lost turn) queues the
+            # same notice, which the outbox keeps once.
+            await self._webhooks.send(
+                turn.webhook_url, notice_type(turn), turn_json(turn), f"msg_{turn.turn_id}"
+            )
         try:
             with metrics.STORE_SECONDS.labels("put_turn").time():
                 written = await self._store.put_turn(
@@ -159,11 +167,6 @@ class TurnRecords:
                 "could not record turn %s (%s)", turn.turn_id, spb.TurnState.Name(turn.state)
             )
             return False
-        # The record's end is written once (a record that says the turn ended
-        # is final): whoever wrote it, the owner or a reader that settled a
-        # lost turn, queues the one notice of it.
-        if written and ended(turn) and turn.webhook_url and self._webhooks is not None:
-            await self._webhooks.send(turn.webhook_url, notice_type(turn), turn_json(turn))
         return written
 
     async def load(self, session_id: str, turn_id: str) -> spb.Turn | None:

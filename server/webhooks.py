@@ -139,10 +139,10 @@ def _under(url: str, prefix: str) -> bool:
     return prefix.endswith("/") or rest == "" or rest[0] in ":/?#"
 
 
-def notice(kind: str, data: Mapping[str, Any]) -> tuple[str, bytes]:
-    """A notice's id and body: ``{"type", "timestamp", "data"}`` (kind:
-    ``turn.finished``, ``turn.failed``, ``turn.waiting``)."""
-    notice_id = f"msg_{new_id()}"
+def notice(kind: str, data: Mapping[str, Any], notice_id: str = "") -> tuple[str, bytes]:
+    """A notice's id (a new one unless given) and body: ``{"type",
+    "timestamp", "data"}`` (kind: ``turn.finished``, ``turn.failed``...)."""
+    notice_id = notice_id or f"msg_{new_id()}"
     body = {
         "type": kind,
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
@@ -166,7 +166,8 @@ class Outbox(Protocol):
     """Where notices wait to be delivered (each store has one)."""
 
     async def add(self, delivery: Delivery, limit: int) -> bool:
-        """Keep the notice; False (nothing kept) if ``limit`` are waiting."""
+        """Keep the notice (one with its id kept already stays as it is);
+        False (nothing kept) if ``limit`` are waiting."""
 
     async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
         """Notices due by ``now``, each held for ``lease_seconds`` (a server
@@ -186,6 +187,8 @@ class MemoryOutbox:
         self._waiting: dict[str, Delivery] = {}
 
     async def add(self, delivery: Delivery, limit: int) -> bool:
+        if delivery.id in self._waiting:
+            return True
         if len(self._waiting) >= limit:
             return False
         self._waiting[delivery.id] = delivery
@@ -246,10 +249,14 @@ class WebhookSender:
         self._task = None
         await self._client.aclose()
 
-    async def send(self, url: str, kind: str, data: Mapping[str, Any]) -> str | None:
-        """Put a notice in the outbox; its id, or None if the outbox is full
-        or unreachable (the turn goes on either way)."""
-        notice_id, body = notice(kind, data)
+    async def send(
+        self, url: str, kind: str, data: Mapping[str, Any], notice_id: str = ""
+    ) -> str | None:
+        """Put a notice in the outbox (``notice_id``: its id, when the caller
+        makes the same notice more than once; the outbox keeps one); its id,
+        or None if the outbox is full or unreachable (the turn goes on
+        either way)."""
+        notice_id, body = notice(kind, data, notice_id)
         try:
             kept = await self.outbox.add(Delivery(notice_id, url, body), self.settings.max_pending)
         except Exception:  # the store failing must not fail the turn

@@ -575,6 +575,8 @@ async def test_the_webhook_outbox_leases_retries_and_is_bounded(store: SessionSt
     for delivery in (a, b, c):
         assert await outbox.add(delivery, limit=3)
     assert not await outbox.add(Delivery("msg_d", "http://127.0.0.1:1/d", b"d"), limit=3)
+    # The same notice again (another writer of the turn's end): kept once, as it was.
+    assert await outbox.add(Delivery("msg_a", "http://127.0.0.1:1/x", b"again"), limit=3)
     assert await outbox.next_due() == pytest.approx(now - 2)
     claimed = await outbox.claim(now, 30, 10)
     assert [(d.id, d.url, d.body, d.attempts) for d in claimed] == [
