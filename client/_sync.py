@@ -78,9 +78,13 @@ class Client:
         agent: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         messages: Sequence[message_pb2.Message] = (),
+        webhook_url: str = "",
     ) -> spb.Session:
-        """Create a session; ``messages`` is an optional history to start from."""
+        """Create a session; ``messages`` is an optional history to start
+        from; ``webhook_url``: where the end of each of its turns is
+        notified (a URL the server's --webhook-allow admits)."""
         request = build_create_request(session_id, agent, metadata, messages)
+        request.webhook_url = webhook_url
         with map_rpc_errors():
             response: spb.CreateSessionResponse = self._stub.CreateSession(
                 request, metadata=self._metadata, timeout=self._timeout

@@ -123,9 +123,10 @@ class SessionCore:
         agent_name: str,
         metadata: struct_pb2.Struct,
         messages: list[message_pb2.Message] | None = None,
+        webhook_url: str = "",
     ) -> spb.Session:
         try:
-            return await self._create(session_id, agent_name, metadata, messages)
+            return await self._create(session_id, agent_name, metadata, messages, webhook_url)
         except AlreadyExists:
             raise
         except Exception:
@@ -157,7 +158,10 @@ class SessionCore:
         agent_name: str,
         metadata: struct_pb2.Struct,
         messages: list[message_pb2.Message] | None,
+        webhook_url: str,
     ) -> spb.Session:
+        if webhook_url:
+            self.check_webhook(webhook_url)
         agent = await self.require_agent(agent_name)
         if not self.store.shared:  # a shared store's counts were checked before routing
             await self._has_room(principal_of(session_id))
@@ -169,6 +173,7 @@ class SessionCore:
             last_activity=t,
             metadata=json_format.MessageToDict(metadata),
             owner=self.ownership.new_token(),
+            webhook_url=webhook_url,
         )
         if messages and (pause := pauses.seeded(messages, self.limits.pause_timeout_seconds)):
             record.pause = pause.SerializeToString()
@@ -292,7 +297,7 @@ class SessionCore:
         whoever leaves (StartTurn). A background turn, and one with a
         webhook, is recorded in the store before this returns."""
         if request.webhook_url:
-            self._check_webhook(request.webhook_url)
+            self.check_webhook(request.webhook_url)
         tlog = await self._start_turn(request, session_id, background)
         if recorded(tlog):
             # Its state now (an idempotent retry's turn may have ended
@@ -301,7 +306,7 @@ class SessionCore:
             await self.records.save(tlog.session_id, turn_records.of_log(tlog))
         return tlog
 
-    def _check_webhook(self, url: str) -> None:
+    def check_webhook(self, url: str) -> None:
         if self.webhooks is None or not self.webhooks.enabled:
             raise InvalidArgument(
                 [
@@ -363,7 +368,7 @@ class SessionCore:
                     if not (tlog.done and tlog.state != spb.TURN_STATE_FINISHED):
                         turns.rejoin(earlier)
                         tlog.background |= background
-                        tlog.webhook = tlog.webhook or request.webhook_url
+                        tlog.webhook = tlog.webhook or request.webhook_url or record.webhook_url
                         return tlog
                     # It failed or was cancelled, so it changed nothing: a
                     # retry runs the turn again (the key then names the new one).
@@ -385,7 +390,7 @@ class SessionCore:
         # turn joined (COLLECT) keeps the webhook it had, if any.
         placed_log = placed.log if isinstance(placed, PendingTurn) else placed
         placed_log.background |= background
-        placed_log.webhook = placed_log.webhook or request.webhook_url
+        placed_log.webhook = placed_log.webhook or request.webhook_url or record.webhook_url
         if lease is not None:
             if isinstance(placed, PendingTurn) and placed.on_end is None:
                 placed.on_end = lease.release  # a new turn: it holds the lease
@@ -637,6 +642,7 @@ class SessionCore:
             message_count=record.message_count,
             turn_running=running is not None,
             running_turn_id=running.turn_id if running else "",
+            webhook_url=record.webhook_url,
         )
         session.created_at.CopyFrom(_ts(record.created_at))
         session.last_activity.CopyFrom(_ts(record.last_activity))

@@ -231,12 +231,18 @@ class SessionServicer:
             request.session_id = new_id()
         sid = principals.scoped(principals.current().name, request.session_id)
         # Before an owner is assigned, so a refused create costs the router nothing.
+        if request.webhook_url:
+            self._core.check_webhook(request.webhook_url)
         await self._core.require_agent(request.agent_name)
         await self._core.check_capacity(principals.principal_of(sid))
 
         async def local() -> spb.CreateSessionResponse:
             session = await self._core.create_session(
-                sid, request.agent_name, request.metadata, list(request.messages)
+                sid,
+                request.agent_name,
+                request.metadata,
+                list(request.messages),
+                request.webhook_url,
             )
             return spb.CreateSessionResponse(session=session)
 
@@ -348,6 +354,7 @@ class SessionServicer:
             session_id=request.new_session_id,
             agent_name=source.agent_name,
             messages=up_to_turn(list(history.messages), request.at_turn_id),
+            webhook_url=source.webhook_url,
         )
         create.metadata.CopyFrom(
             request.metadata if request.HasField("metadata") else source.metadata

@@ -55,6 +55,8 @@ class SessionRecord:
     # What the session waits for from the client: a serialized
     # ``turnmesh.v1.Pause``, empty when it waits for nothing.
     pause: bytes = b""
+    # Where its turns' ends are notified, unless a turn names its own.
+    webhook_url: str = ""
 
 
 class SessionStore(Protocol):

@@ -106,14 +106,15 @@ Client = redis.Redis | RedisCluster
 log = logging.getLogger(__name__)
 
 # KEYS: record, history. ARGV: agent, created, activity, metadata, n, owner,
-# the pause ('' for none), messages...
+# the pause ('' for none), the webhook URL ('' for none), messages...
 CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'agent_name', ARGV[1], 'created_at', ARGV[2],
            'last_activity', ARGV[3], 'metadata', ARGV[4], 'message_count', ARGV[5],
            'owner', ARGV[6])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'pause', ARGV[7]) end
-for i = 8, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'webhook_url', ARGV[8]) end
+for i = 9, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1
 """
 
@@ -358,6 +359,7 @@ class RedisStore(TurnCommits):
                 len(initial),
                 record.owner,
                 record.pause,
+                record.webhook_url,
                 *(m.SerializeToString() for m in initial),
             ],
         )
@@ -662,6 +664,7 @@ def _record(session_id: str, fields: dict[bytes, bytes]) -> SessionRecord | None
         message_count=int(fields[b"message_count"]),
         owner=fields.get(b"owner", b"").decode(),
         pause=fields.get(b"pause", b""),
+        webhook_url=fields.get(b"webhook_url", b"").decode(),
     )
 
 

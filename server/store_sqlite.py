@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     message_count INTEGER NOT NULL,
     principal TEXT NOT NULL,
     created_ns INTEGER NOT NULL,
-    pause BLOB
+    pause BLOB,
+    webhook_url TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_activity);
 CREATE INDEX IF NOT EXISTS sessions_by_principal
@@ -130,7 +131,7 @@ SESSION_TABLES = (
 SESSION_COLUMNS = "session_id, agent_name, created_at, last_activity, metadata, message_count"
 # What a record is read from (a pause is written by a create that seeds one,
 # and by commits).
-READ_COLUMNS = f"{SESSION_COLUMNS}, pause"
+READ_COLUMNS = f"{SESSION_COLUMNS}, pause, webhook_url"
 
 
 class SqliteStore(TurnCommits):
@@ -191,6 +192,9 @@ class SqliteStore(TurnCommits):
                     if version < 2:
                         # Layout 2: what a session waits for from the client.
                         db.execute("ALTER TABLE sessions ADD COLUMN pause BLOB")
+                    if version < 4:
+                        # Layout 4: where its turns' ends are notified.
+                        db.execute("ALTER TABLE sessions ADD COLUMN webhook_url TEXT")
                 # Layouts 3 and 4: turn records and the webhook outbox, tables
                 # of their own (the schema's).
                 for statement in filter(str.strip, SCHEMA.split(";")):
@@ -222,7 +226,7 @@ class SqliteStore(TurnCommits):
                 try:
                     db.execute(
                         f"INSERT INTO sessions ({READ_COLUMNS}, principal, created_ns)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             record.session_id,
                             record.agent_name,
@@ -231,6 +235,7 @@ class SqliteStore(TurnCommits):
                             json.dumps(record.metadata),
                             len(initial),
                             record.pause or None,
+                            record.webhook_url or None,
                             principal,
                             position(record.created_at, record.session_id)[0],
                         ),
@@ -402,7 +407,7 @@ class SqliteStore(TurnCommits):
                 (*args, limit + 1),  # one more: are there others below the page?
             ).fetchall()
         )
-        items = [((row[7], public_id(row[0])), _record(row)) for row in rows[:limit]]
+        items = [((row[8], public_id(row[0])), _record(row)) for row in rows[:limit]]
         return Page(items, items[-1][0] if len(rows) > limit and items else None)
 
     async def count_of(self, principal: str) -> int:
@@ -505,7 +510,14 @@ class SqliteStore(TurnCommits):
 
 def _record(row: tuple[Any, ...]) -> SessionRecord:
     return SessionRecord(
-        row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], pause=row[6] or b""
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        json.loads(row[4]),
+        row[5],
+        pause=row[6] or b"",
+        webhook_url=row[7] or "",
     )
 
 

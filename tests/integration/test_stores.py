@@ -88,6 +88,12 @@ async def test_create_get_and_duplicate(store: SessionStore) -> None:
     with pytest.raises(AlreadyExists):
         await store.create(_record(sid))
     assert await store.get(_sid()) is None
+    assert got.webhook_url == ""
+    hooked = _record(_sid())
+    hooked.webhook_url = "https://hooks.example.com/turns?x=1"
+    await store.create(hooked)
+    kept = await store.get(hooked.session_id)
+    assert kept is not None and kept.webhook_url == hooked.webhook_url
 
 
 async def test_commit_appends_a_turn_and_its_final_event(store: SessionStore) -> None:
@@ -540,10 +546,12 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
     first = open_store(f"sqlite:{path}", 600)
     await first.create(_record(sid), [_message("user", "kept")])
     await first.close()
-    # As a version-2 server left it: no turn_records table.
+    # As a version-2 server left it: no turn records, outbox or webhook column.
     db = sqlite3.connect(path)
     try:
         db.execute("DROP TABLE turn_records")
+        db.execute("DROP TABLE webhook_outbox")
+        db.execute("ALTER TABLE sessions DROP COLUMN webhook_url")
         db.execute("PRAGMA user_version = 2")
         db.commit()
     finally:
@@ -553,6 +561,12 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         assert [m.content for m in await again.history(sid)] == ["kept"]
         assert await again.put_turn(sid, "t1", b"x", ended=False, ttl_seconds=600)
         assert await again.get_turn(sid, "t1") == b"x"
+        assert (await again.get(sid)).webhook_url == ""  # type: ignore[union-attr]
+        hooked = _record(_sid())
+        hooked.webhook_url = "https://hooks.example.com/t"
+        await again.create(hooked)
+        assert (await again.get(hooked.session_id)).webhook_url == hooked.webhook_url  # type: ignore[union-attr]
+        assert await again.outbox().add(Delivery("msg_v2", "http://127.0.0.1:1/", b"{}"), 10)
     finally:
         await again.close()
     db = sqlite3.connect(path)

@@ -16,7 +16,7 @@ from standardwebhooks import Webhook
 
 from tests.support.mesh import Component, Mesh
 from tests.support.webhooks import SECRET, Receiver, receiving
-from turnmesh.client import AsyncClient, InvalidArgumentError
+from turnmesh.client import AsyncClient, InvalidArgumentError, NotFoundError
 from turnmesh.v1 import message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -120,3 +120,41 @@ async def test_notices_are_signed_retried_and_survive_a_restart(
         async with AsyncClient(second.address) as client:
             kept = await client.get_turn(sid, answered.turn_id)
             assert (kept.state, kept.webhook_url) == (spb.TURN_STATE_FINISHED, hooks.url)
+
+
+async def test_a_sessions_webhook_notifies_each_turn_unless_a_turn_names_its_own(
+    mesh_factory: Mesh, tmp_path: Path
+) -> None:
+    mesh = mesh_factory
+    async with receiving() as hooks:
+        mesh.start_router()
+        worker = mesh.spawn_worker("demo", "demo")
+        server = mesh.spawn_server("server", *_flags(tmp_path, hooks))  # the memory store
+        mesh.wait_ready(worker, server)
+        async with AsyncClient(server.address) as client:
+            with pytest.raises(InvalidArgumentError) as refused:
+                await client.create_session("not-made", webhook_url="http://127.0.0.2/h")
+            assert "webhook_url" in refused.value.violations
+            with pytest.raises(NotFoundError):
+                await client.get_session("not-made")
+
+            session = await client.create_session(webhook_url=hooks.url + "?session")
+            sid = session.session_id
+            assert session.webhook_url == hooks.url + "?session"
+            first = await client.send(sid, "one")
+            await hooks.requests(1)
+            own = await client.send(sid, "two", webhook_url=hooks.url + "?turn")
+            await hooks.requests(2)
+            fork = await client.fork_session(sid, first.turn_id)
+            assert fork.webhook_url == session.webhook_url
+            forked = await client.send(fork.session_id, "three")
+            await hooks.requests(3)
+        urls = [(body["data"]["turnId"], body["data"]["webhookUrl"]) for _, body in _notices(hooks)]
+        assert urls == [
+            (first.turn_id, hooks.url + "?session"),
+            (own.turn_id, hooks.url + "?turn"),
+            (forked.turn_id, hooks.url + "?session"),
+        ]
+        assert [headers["webhook-id"] for headers, _ in hooks.seen] == [
+            f"msg_{t}" for t in (first.turn_id, own.turn_id, forked.turn_id)
+        ]

@@ -155,6 +155,7 @@ class Session(_message.Message):
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     PAUSE_FIELD_NUMBER: _builtins.int
+    WEBHOOK_URL_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     agent_name: _builtins.str
     """The agent this session's turns run on."""
@@ -163,6 +164,10 @@ class Session(_message.Message):
     """Whether a turn is running now."""
     running_turn_id: _builtins.str
     """The running turn, if any."""
+    webhook_url: _builtins.str
+    """Where the end of each of its turns is notified, unless a turn names its
+    own (`TurnRequest.webhook_url`); set when the session is created.
+    """
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -193,10 +198,11 @@ class Session(_message.Message):
         expire_time: _timestamp_pb2.Timestamp | None = ...,
         metadata: _struct_pb2.Struct | None = ...,
         pause: _message_pb2.Pause | None = ...,
+        webhook_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "expire_time", b"expire_time", "last_activity", b"last_activity", "metadata", b"metadata", "pause", b"pause"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "created_at", b"created_at", "expire_time", b"expire_time", "last_activity", b"last_activity", "message_count", b"message_count", "metadata", b"metadata", "pause", b"pause", "running_turn_id", b"running_turn_id", "session_id", b"session_id", "turn_running", b"turn_running"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "created_at", b"created_at", "expire_time", b"expire_time", "last_activity", b"last_activity", "message_count", b"message_count", "metadata", b"metadata", "pause", b"pause", "running_turn_id", b"running_turn_id", "session_id", b"session_id", "turn_running", b"turn_running", "webhook_url", b"webhook_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -210,10 +216,16 @@ class CreateSessionRequest(_message.Message):
     AGENT_NAME_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    WEBHOOK_URL_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Optional; 1-128 characters of [A-Za-z0-9._:-]. A ULID is minted if unset."""
     agent_name: _builtins.str
     """Optional; the mesh's default agent if unset."""
+    webhook_url: _builtins.str
+    """Where the end of each turn of the session is notified (a turn's own
+    `webhook_url` wins): a URL under the server's `--webhook-allow`. A fork
+    keeps its source's.
+    """
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
     @_builtins.property
@@ -229,10 +241,11 @@ class CreateSessionRequest(_message.Message):
         agent_name: _builtins.str = ...,
         metadata: _struct_pb2.Struct | None = ...,
         messages: _abc.Iterable[_message_pb2.Message] | None = ...,
+        webhook_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "messages", b"messages", "metadata", b"metadata", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name", "messages", b"messages", "metadata", b"metadata", "session_id", b"session_id", "webhook_url", b"webhook_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
