@@ -37,7 +37,7 @@ from turnmesh.server.ownership import SessionOwnership
 from turnmesh.server.runner import TurnRunner
 from turnmesh.server.store import SessionRecord, SessionStore, now, session_quota_exceeded
 from turnmesh.server.turns import CancelReason, KeyUse, PendingTurn, SessionTurns, pending_bytes
-from turnmesh.server.webhooks import WebhookSender, check_destination
+from turnmesh.server.webhooks import WebhookSender, allowed, check_destination
 from turnmesh.server.workers import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -281,7 +281,11 @@ class SessionCore:
         # The commit status expires with the events: the history says too.
         mine = [m for m in await self.store.history(session_id) if m.turn_id == turn_id]
         if mine or not lost:
-            turn = turn_records.committed(record, mine)
+            session = await self.store.get(session_id)
+            pause = (
+                message_pb2.Pause.FromString(session.pause) if session and session.pause else None
+            )
+            turn = turn_records.committed(record, mine, pause)
         else:
             log.info("background turn %s was lost with the server running it", turn_id)
             turn = turn_records.lost(record)
@@ -305,6 +309,9 @@ class SessionCore:
             # undoes the end that the turn's own end writes meanwhile.
             await self.records.save(tlog.session_id, turn_records.of_log(tlog))
         return tlog
+
+    def webhook_allowed(self, url: str) -> bool:
+        return self.webhooks is not None and allowed(url, self.webhooks.settings.allow)
 
     def check_webhook(self, url: str) -> None:
         if self.webhooks is None or not self.webhooks.enabled:

@@ -354,7 +354,10 @@ class SessionServicer:
             session_id=request.new_session_id,
             agent_name=source.agent_name,
             messages=up_to_turn(list(history.messages), request.at_turn_id),
-            webhook_url=source.webhook_url,
+            # A URL the allow-list no longer admits is not carried over.
+            webhook_url=source.webhook_url
+            if self._core.webhook_allowed(source.webhook_url)
+            else "",
         )
         create.metadata.CopyFrom(
             request.metadata if request.HasField("metadata") else source.metadata

@@ -23,7 +23,7 @@ from turnmesh.runtime.errors import TurnError, Unavailable
 from turnmesh.runtime.principals import public_id
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import SessionStore
-from turnmesh.server.webhooks import WebhookSender
+from turnmesh.server.webhooks import WebhookSender, allowed
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -99,12 +99,23 @@ def turn_json(turn: spb.Turn) -> dict[str, Any]:
     return json_format.MessageToDict(turn)
 
 
-def committed(record: spb.Turn, messages: list[message_pb2.Message]) -> spb.Turn:
+def committed(
+    record: spb.Turn, messages: list[message_pb2.Message], pause: message_pb2.Pause | None = None
+) -> spb.Turn:
     """A turn whose commit is known while its events are not: FINISHED, with
-    the usage and time its last message in the history carries."""
+    the usage and time its last message in the history carries, and, if the
+    session's pause is the turn's, what it waits for."""
     turn = spb.Turn()
     turn.CopyFrom(record)
     turn.state = spb.TURN_STATE_FINISHED
+    if pause is not None and pause.turn_id == record.turn_id:
+        turn.outcome.CopyFrom(
+            event_pb2.RunOutcome(
+                type="interrupt" if pause.interrupts else "success",
+                interrupts=pause.interrupts,
+                pending_tool_call_ids=[call.id for call in pause.tool_calls],
+            )
+        )
     if messages:
         last = messages[-1]
         if last.HasField("usage"):
@@ -145,12 +156,18 @@ class TurnRecords:
         False if it was not written. A store that fails is logged: the record
         is what GetTurn reads once the events are gone, never a reason to
         fail the turn."""
-        if ended(turn) and turn.webhook_url and self._webhooks is not None:
+        webhooks = self._webhooks
+        if (
+            ended(turn)
+            and turn.webhook_url
+            and webhooks is not None
+            and allowed(turn.webhook_url, webhooks.settings.allow)
+        ):
             # Queued before the record's end, under the turn's own id: a
             # crash between the two loses nothing, and every writer of the
             # end (the owner, a reader that settles a lost turn) queues the
             # same notice, which the outbox keeps once.
-            await self._webhooks.send(
+            await webhooks.send(
                 turn.webhook_url, notice_type(turn), turn_json(turn), f"msg_{turn.turn_id}"
             )
         try:

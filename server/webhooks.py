@@ -41,6 +41,7 @@ __all__ = [
     "Outbox",
     "WebhookSender",
     "WebhookSettings",
+    "allowed",
     "check_destination",
     "notice",
     "settings_from",
@@ -110,33 +111,54 @@ def settings_from(
 
 def check_destination(url: str, allow: Sequence[str], field_name: str) -> str:
     """The webhook URL, if the server's allow-list lets notices go there."""
-    problem = ""
-    parts = urlsplit(url)
-    if len(url) > MAX_URL_CHARS:
-        problem = f"at most {MAX_URL_CHARS} characters"
-    elif parts.scheme not in ("http", "https") or not parts.hostname:
-        problem = "must be an http or https URL"
-    elif parts.username or parts.password:
-        problem = "must not carry credentials"
-    elif not any(_under(url, prefix) for prefix in allow):
-        problem = (
-            "is not a destination this server sends webhooks to (its allow-list is empty)"
-            if not allow
-            else "is not a destination this server sends webhooks to (see its allow-list)"
-        )
+    problem = _problem(url, allow)
     if problem:
         raise InvalidArgument([FieldViolation(field_name, problem)])
     return url
 
 
+def allowed(url: str, allow: Sequence[str]) -> bool:
+    return not _problem(url, allow)
+
+
+# Path segments a client may normalise away (httpx does), which would take a
+# request out of the allowed prefix: "/team-a/../admin" is "/admin".
+_DOT_SEGMENTS = frozenset({".", "..", "%2e", "%2e%2e", ".%2e", "%2e."})
+
+
+def _problem(url: str, allow: Sequence[str]) -> str:
+    if len(url) > MAX_URL_CHARS:
+        return f"at most {MAX_URL_CHARS} characters"
+    if "\\" in url or any(c.isspace() or not c.isprintable() for c in url):
+        return "must not hold spaces, control characters or backslashes"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not one
+        httpx.URL(url)  # what the sender will make of it
+    except (ValueError, httpx.InvalidURL):
+        return "must be an http or https URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http or https URL"
+    if parts.username or parts.password:
+        return "must not carry credentials"
+    if any(segment.lower() in _DOT_SEGMENTS for segment in parts.path.split("/")):
+        return "must not hold . or .. path segments"
+    if not any(_under(url, prefix) for prefix in allow):
+        if not allow:
+            return "is not a destination this server sends webhooks to (its allow-list is empty)"
+        return "is not a destination this server sends webhooks to (see its allow-list)"
+    return ""
+
+
 def _under(url: str, prefix: str) -> bool:
     # A prefix that ends at a host must end there: an allowed
-    # "https://hooks.example.com" admits its ports and paths, never
-    # "https://hooks.example.com.evil".
+    # "https://hooks.example.com" admits its paths on the default port, never
+    # "https://hooks.example.com.evil" nor "https://hooks.example.com:6379"
+    # (a port must be named: "https://hooks.example.com:8443").
     if not url.startswith(prefix):
         return False
     rest = url[len(prefix) :]
-    return prefix.endswith("/") or rest == "" or rest[0] in ":/?#"
+    return prefix.endswith("/") or rest == "" or rest[0] in "/?#"
 
 
 def notice(kind: str, data: Mapping[str, Any], notice_id: str = "") -> tuple[str, bytes]:
@@ -276,12 +298,17 @@ class WebhookSender:
         in_flight = self._in_flight
         while True:
             room = self.settings.concurrency - len(in_flight)
+            if room <= 0:
+                # Every slot busy: only a delivery that ends makes room (and
+                # sets the event); the outbox is not asked until then.
+                self._wake.clear()
+                await self._wake.wait()
+                continue
             claimed: list[Delivery] = []
-            if room > 0:
-                try:
-                    claimed = await self.outbox.claim(time.time(), self._lease_seconds(), room)
-                except Exception:
-                    log.warning("webhook outbox unreachable; trying again", exc_info=True)
+            try:
+                claimed = await self.outbox.claim(time.time(), self._lease_seconds(), room)
+            except Exception:
+                log.warning("webhook outbox unreachable; trying again", exc_info=True)
             for delivery in claimed:
                 task = asyncio.create_task(self._deliver(delivery))
                 in_flight.add(task)
@@ -309,15 +336,15 @@ class WebhookSender:
                 await self._wake.wait()
 
     async def _deliver(self, delivery: Delivery) -> None:
-        if not any(_under(delivery.url, prefix) for prefix in self.settings.allow):
-            # Queued under an allow-list this server no longer has.
-            log.warning("webhook %s dropped: its URL is no longer allowed", delivery.id)
-            metrics.WEBHOOKS.labels("given_up").inc()
-            with contextlib.suppress(Exception):
-                await self.outbox.settle(delivery, None)
-            return
         delivery.attempts += 1
-        status = await self._post(delivery)
+        if allowed(delivery.url, self.settings.allow):
+            status = await self._post(delivery)
+        else:
+            # Queued by a server whose allow-list admits it (a mesh whose
+            # servers' lists differ, for a while): an attempt that failed
+            # here, left for a server that may send it.
+            log.info("webhook %s: its URL is not on this server's allow-list", delivery.id)
+            status = None
         if status is not None and 200 <= status < 300:
             outcome, retry_at = "delivered", None
         elif status == 410 or delivery.attempts >= self.settings.max_attempts:
@@ -356,7 +383,7 @@ class WebhookSender:
             )
         try:
             response = await self._client.post(delivery.url, content=delivery.body, headers=headers)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # never left unsettled
             log.info(
                 "webhook %s attempt %d: %s", delivery.id, delivery.attempts, type(exc).__name__
             )

@@ -21,6 +21,8 @@ from turnmesh.runtime import bodies, wire
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
     AwaitingClient,
+    Cancelled,
+    DeadlineExceeded,
     FieldViolation,
     InvalidArgument,
     NotFound,
@@ -190,10 +192,20 @@ class Mesh:
         request = spb.DeleteSessionRequest(session_id=session_id)
         await self._unary(self._svc.DeleteSession(request, self._call))
 
-    async def drop_session(self, session_id: str) -> None:
+    async def drop_session(
+        self, session_id: str, refusal: TurnmeshError, seeded: int | None = None
+    ) -> None:
         """Delete a session this request made, whose turn was refused before
-        it started: a refused request leaves nothing behind."""
+        it started: a refused request leaves nothing behind. Kept when the
+        refusal may not be one (the owner was unreachable: the turn may run)
+        or when another request uses the session now (a turn runs there, or
+        it holds more than the ``seeded`` messages it was made with)."""
+        if isinstance(refusal, (Unavailable, DeadlineExceeded, Cancelled)):
+            return
         with contextlib.suppress(TurnmeshError):  # it would expire anyway
+            session = await self.get_session(session_id)
+            if session.turn_running or (seeded is not None and session.message_count > seeded):
+                return
             await self.delete_session(session_id)
 
     async def health(self) -> spb.GetHealthResponse:
@@ -239,9 +251,10 @@ class Mesh:
         request = spb.GetTurnRequest(session_id=session_id, turn_id=turn_id)
         return (await self._unary(self._svc.GetTurn(request, self._call))).turn
 
-    async def cancel_turn(self, session_id: str, turn_id: str) -> None:
+    async def cancel_turn(self, session_id: str, turn_id: str) -> spb.TurnState.ValueType:
+        """The turn's state after the call: CANCELLED, or how it had ended."""
         request = spb.CancelTurnRequest(session_id=session_id, turn_id=turn_id)
-        await self._unary(self._svc.CancelTurn(request, self._call))
+        return (await self._unary(self._svc.CancelTurn(request, self._call))).state
 
 
 class TurnArgs(TypedDict, total=False):

@@ -342,6 +342,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
         raise InvalidArgument(violations)  # before a new thread is made
     session = await _session(mesh, thread)
     made = False  # this run made the thread: a refused run deletes it again
+    seed: list[message_pb2.Message] = []
     if session is None:
         seed_end = _seed_until(messages, indices)
         if resume:
@@ -390,7 +391,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
                     yield sse_body(payload)
     except TurnmeshError as exc:
         if made:
-            await mesh.drop_session(thread)
+            await mesh.drop_session(thread, exc, len(seed))
         if isinstance(exc, InvalidArgument):
             raise _renamed(exc, indices, last) from None
         raise

@@ -20,6 +20,7 @@ header), and any other request on it is 409 ``awaiting_client``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
@@ -325,6 +326,7 @@ class Turn:
         # This request made the session: a turn refused before it started
         # deletes it again, as it does a throwaway one.
         self.made = False
+        self.seeded = 0
         self.metadata: dict[str, str] = {}
         self.on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CANCEL
         self.id = ""
@@ -471,6 +473,7 @@ async def _open(
         )
         turn = Turn(session_id, throwaway=not session_header)
         turn.made = True
+        turn.seeded = len(history)
         turn.files = files
     turn.tools = tools
     turn.calls = ClientCalls({t.name for t in tools})
@@ -571,7 +574,8 @@ async def parse(body: httpbody_pb2.HttpBody) -> ChatCompletionRequest:
 
 async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb2.Event]:
     """The turn's events, each folded into ``turn.answer`` first."""
-    started = ended = refused = False
+    started = ended = False
+    refusal: TurnmeshError | None = None
     try:
         async with mesh.turn(
             turn.session_id,
@@ -593,7 +597,7 @@ async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb
                     turn.outcome.CopyFrom(event.outcome)
                 yield event
     except TurnmeshError as exc:
-        refused = not started
+        refusal = None if started else exc
         if isinstance(exc, InvalidArgument):
             raise _renamed(exc, turn.results_at, turn.last) from None
         if isinstance(exc, AwaitingClient):
@@ -608,8 +612,11 @@ async def events(mesh: Mesh, turn: Turn, message: str) -> AsyncIterator[event_pb
         # pause for tool calls is seeded again from the next conversation).
         left_to_run = started and not ended and turn.on_disconnect == spb.DISCONNECT_POLICY_CONTINUE
         waits = bool(turn.outcome.interrupts)
-        if (turn.throwaway or (turn.made and refused)) and not left_to_run and not waits:
-            await mesh.drop_session(turn.session_id)
+        if turn.throwaway and not left_to_run and not waits:
+            with contextlib.suppress(TurnmeshError):  # it would expire anyway
+                await mesh.delete_session(turn.session_id)
+        elif turn.made and refusal is not None:
+            await mesh.drop_session(turn.session_id, refusal, turn.seeded)
 
 
 def error_payload(event: event_pb2.Event) -> dict[str, Any]:

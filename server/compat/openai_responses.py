@@ -477,8 +477,9 @@ class Response:
         self.message = ""
         self.answers: _Answers | None = None
         # This request made the session (seeded or forked): a refused turn
-        # deletes it again.
+        # deletes it again. How many messages it was seeded with, if known.
         self.made = False
+        self.seeded: int | None = None
         # The turn's tool calls (id: [name, arguments]) and what it waits for.
         self.calls: dict[str, list[str]] = {}
         self.pending: list[str] = []
@@ -623,12 +624,15 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
     message = request.message()
     answers = _Answers(request)
     if request.previous_response_id:
+        # Decoded first: a request refused for its files makes no fork.
+        files = []
+        if message is not None:
+            where = request.field(len(request.items()) - 1)
+            files = await decode(message.files(where))
         session_id, forked = await _continued(mesh, request.previous_response_id)
         response = Response(request, session_id)
         response.made = forked
-        if message is not None:
-            where = request.field(len(request.items()) - 1)
-            response.files = await decode(message.files(where))
+        response.files = files
     else:
         resolved = await _resolved(mesh, request)
         history, origins = _history(request, resolved[: request.answers_at])
@@ -649,6 +653,7 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
             raise _as_input(exc, origins) from None
         response = Response(request, session_id)
         response.made = True
+        response.seeded = len(history)
         response.files = files
     response.message = message.text() if message is not None else ""
     response.answers = answers
@@ -928,7 +933,7 @@ async def _refused(mesh: Mesh, response: Response, exc: TurnmeshError) -> Turnme
     elif isinstance(exc, InvalidArgument):
         exc = _answers_as_input(exc, response)
     if response.made:
-        await mesh.drop_session(response.session_id)
+        await mesh.drop_session(response.session_id, exc, response.seeded)
     return exc
 
 
@@ -1019,7 +1024,10 @@ async def create(
         return json_body((await _start_background(mesh, response)).body())
     async for event in _events(mesh, response):
         if event.type == event_pb2.RUN_ERROR:
-            raise turn_error(event)
+            error = turn_error(event)
+            if isinstance(error, AwaitingClient):  # queued behind a turn that then paused
+                error = await _awaiting(mesh, response, error)
+            raise error
     return json_body(response.body())
 
 
@@ -1175,6 +1183,9 @@ async def _stored(mesh: Mesh, response_id_value: str) -> Response:
     that failed), its turn's state."""
     session_id, turn_id = parse_response_id(response_id_value, "response_id")
     missing = NotFound(f"response {response_id_value!r} not found")
+    # The turn first: one that says it finished committed before, so the
+    # history read next holds its answer.
+    turn = await _turn(mesh, session_id, turn_id)
     try:
         session = await mesh.get_session(session_id)
         history = await mesh.history(session_id)
@@ -1184,7 +1195,6 @@ async def _stored(mesh: Mesh, response_id_value: str) -> Response:
     request = ResponseRequest(model=session.agent_name, input="")
     response = Response(request, session_id)
     response.started(turn_id)
-    turn = await _turn(mesh, session_id, turn_id)
     request.background = turn is not None and turn.background
     messages = [m for m in history if m.turn_id == turn_id]
     if not messages or messages[-1].role != "assistant":
@@ -1233,7 +1243,12 @@ async def cancel(mesh: Mesh, response_id_value: str) -> httpbody_pb2.HttpBody:
         raise NotFound(f"response {response_id_value!r} not found")
     if not turn.background:
         raise invalid("response_id", "only a background response can be cancelled")
+    cancelled = False
     if turn.state in (spb.TURN_STATE_QUEUED, spb.TURN_STATE_RUNNING):
         with contextlib.suppress(NotFound):  # it ended meanwhile
-            await mesh.cancel_turn(session_id, turn_id)
-    return await get(mesh, response_id_value)
+            state = await mesh.cancel_turn(session_id, turn_id)
+            cancelled = state == spb.TURN_STATE_CANCELLED
+    response = await _stored(mesh, response_id_value)
+    if cancelled and response.status in ("queued", "in_progress"):
+        response.status = "cancelled"  # its end (RUN_ERROR) is on its way
+    return json_body(response.body())

@@ -89,7 +89,7 @@ async def test_a_running_background_response_is_cancelled(
         async for event in stream:
             if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
                 break  # running
-    await sdk.responses.cancel(started.id)
+    assert (await sdk.responses.cancel(started.id)).status == "cancelled"
     assert (await _ended(client, started.id)).type == event_pb2.RUN_ERROR
     cancelled = await sdk.responses.retrieve(started.id)
     assert (cancelled.status, cancelled.output) == ("cancelled", [])

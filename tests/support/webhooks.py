@@ -22,10 +22,14 @@ class Receiver:
     script: list[int] = field(default_factory=list)
     seen: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set: each request waits for it before it is answered.
+    hold: asyncio.Event | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((dict(request.headers), await request.read()))
         self.arrived.set()
+        if self.hold is not None:
+            await self.hold.wait()
         return web.Response(status=self.script.pop(0) if self.script else 200)
 
     async def requests(self, count: int) -> None:

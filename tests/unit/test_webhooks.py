@@ -53,7 +53,7 @@ async def test_a_notice_is_signed_and_retried_with_its_id_until_delivered() -> N
     async with receiving() as receiver:
         receiver.script = [500, 503]
         outbox = WatchedOutbox()
-        sender = WebhookSender(_settings(), outbox)
+        sender = WebhookSender(_settings(allow=(receiver.url,)), outbox)
         sender.start()
         try:
             notice_id = await sender.send(
@@ -80,7 +80,7 @@ async def test_a_receiver_that_keeps_failing_is_given_up() -> None:
     async with receiving() as receiver:
         receiver.script = [500] * 10
         outbox = WatchedOutbox()
-        sender = WebhookSender(_settings(max_attempts=3), outbox)
+        sender = WebhookSender(_settings(max_attempts=3, allow=(receiver.url,)), outbox)
         sender.start()
         try:
             await sender.send(receiver.url, "turn.failed", {"turn_id": "t1"})
@@ -94,7 +94,7 @@ async def test_410_gone_stops_at_once() -> None:
     async with receiving() as receiver:
         receiver.script = [410, 200]
         outbox = WatchedOutbox()
-        sender = WebhookSender(_settings(), outbox)
+        sender = WebhookSender(_settings(allow=(receiver.url,)), outbox)
         sender.start()
         try:
             await sender.send(receiver.url, "turn.waiting", {"turn_id": "t1"})
@@ -107,7 +107,7 @@ async def test_410_gone_stops_at_once() -> None:
 async def test_an_unreachable_receiver_is_retried_without_blocking_sends() -> None:
     outbox = WatchedOutbox()
     # Nothing listens on port 9 of loopback: each attempt fails at once.
-    sender = WebhookSender(_settings(max_attempts=2), outbox)
+    sender = WebhookSender(_settings(max_attempts=2, allow=("http://127.0.0.1:9",)), outbox)
     sender.start()
     try:
         ids = [await sender.send("http://127.0.0.1:9/hook", "turn.finished", {}) for _ in range(5)]
@@ -115,6 +115,58 @@ async def test_an_unreachable_receiver_is_retried_without_blocking_sends() -> No
         await _settled(outbox)
     finally:
         await sender.stop()
+
+
+class CountedOutbox(WatchedOutbox):
+    """Counts how often the sender asks it anything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
+        self.asked += 1
+        return await super().claim(now, lease_seconds, limit)
+
+    async def next_due(self) -> float | None:
+        self.asked += 1
+        return await super().next_due()
+
+
+async def test_a_sender_with_every_slot_busy_waits_without_asking_the_outbox() -> None:
+    async with receiving() as receiver:
+        receiver.hold = asyncio.Event()
+        outbox = CountedOutbox()
+        sender = WebhookSender(_settings(allow=(receiver.url,), concurrency=1), outbox)
+        sender.start()
+        try:
+            for n in range(3):  # one in flight, two due behind it
+                await sender.send(receiver.url, "turn.finished", {"n": n})
+            await receiver.requests(1)
+            asked = outbox.asked
+            for _ in range(200):  # the loop runs many times: the sender must not
+                await asyncio.sleep(0)
+            assert outbox.asked == asked
+            receiver.hold.set()
+            await receiver.requests(3)
+            await _settled(outbox)
+        finally:
+            receiver.hold.set()
+            await sender.stop()
+        assert len(receiver.seen) == 3
+
+
+async def test_a_notice_this_server_may_not_send_is_tried_then_given_up() -> None:
+    outbox = WatchedOutbox()
+    # Queued by a server whose allow-list admitted it; this one's does not.
+    await outbox.add(Delivery("m1", "http://127.0.0.2/hook", b"{}"), limit=10)
+    sender = WebhookSender(_settings(max_attempts=3, allow=("http://127.0.0.1:9",)), outbox)
+    sender.start()
+    try:
+        await _settled(outbox)
+    finally:
+        await sender.stop()
+    assert await outbox.next_due() is None
 
 
 async def test_the_outbox_is_bounded_and_a_full_one_drops_the_notice() -> None:
@@ -145,6 +197,14 @@ async def test_a_claimed_notice_is_held_for_its_lease_only() -> None:
         ("http://127.0.0.1.evil.example/hook", "allow-list"),
         ("https://127.0.0.1/hook", "allow-list"),  # another scheme is another origin
         ("http://127.0.0.1/" + "x" * 3000, "at most"),
+        ("http://127.0.0.1:6379/", "allow-list"),  # a port the prefix does not name
+        ("http://127.0.0.1:abc/", "http or https"),  # not a port
+        ("http://[x/hook", "http or https"),
+        ("http://127.0.0.1/hook\t", "control characters"),
+        ("http://127.0.0.1/a b", "spaces"),
+        ("http://127.0.0.1\\@evil.example/", "backslashes"),
+        ("http://127.0.0.1/ok/../admin", ". or .."),
+        ("http://127.0.0.1/ok/%2E%2e/admin", ". or .."),
     ],
 )
 def test_destinations_outside_the_allow_list_are_refused(url: str, problem: str) -> None:
@@ -155,8 +215,11 @@ def test_destinations_outside_the_allow_list_are_refused(url: str, problem: str)
 
 
 def test_allowed_destinations_pass() -> None:
-    allow = ("http://127.0.0.1", "https://hooks.example.com/team-a/")
+    allow = ("http://127.0.0.1", "http://127.0.0.1:8080", "https://hooks.example.com/team-a/")
+    assert check_destination("http://127.0.0.1/x?y=1", allow, "f")
     assert check_destination("http://127.0.0.1:8080/x", allow, "f").startswith("http://127")
+    with pytest.raises(InvalidArgument):
+        check_destination("http://127.0.0.1:80801/x", allow, "f")
     assert check_destination("https://hooks.example.com/team-a/in", allow, "f")
     with pytest.raises(InvalidArgument):
         check_destination("https://hooks.example.com/team-b/in", allow, "f")
