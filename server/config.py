@@ -188,8 +188,8 @@ class ServerConfig(MemberConfig, SessionLimits):
         default=None,
         description=(
             "comma-separated URL prefixes a turn's webhook_url may start with"
-            " (https://hooks.example.com admits its paths and ports, never"
-            " hooks.example.com.other); unset: no webhooks"
+            " (https://hooks.example.com admits its paths on the default port, not"
+            " hooks.example.com:6379 nor hooks.example.com.other); unset: no webhooks"
         ),
     )
     webhook_secret_file: str | None = Field(
