@@ -142,6 +142,7 @@ SERVER_FLAGS = (
     ServerFlag("--pause-timeout", "pause_timeout_seconds", up=True),
     ServerFlag("--metrics-principal-label", "metrics_principal_label"),
     ServerFlag("--grace-seconds", "grace_seconds"),
+    ServerFlag("--turn-sweep-seconds", "turn_sweep_seconds", up=True),
     ServerFlag("--webhook-allow", "webhook_allow", up=True),
     ServerFlag("--webhook-secret-file", "webhook_secret_file", up=True),
     ServerFlag("--webhook-max-attempts", "webhook_max_attempts", up=True),

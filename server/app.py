@@ -240,6 +240,7 @@ class SessionServer:
         self._tasks.append(asyncio.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(asyncio.create_task(self._expire_loop(), name="expiry"))
         self._tasks.append(asyncio.create_task(self._event_log_sweep(), name="event-logs"))
+        self._tasks.append(asyncio.create_task(self._turn_sweep(), name="turn-sweep"))
         self._tasks.append(asyncio.create_task(watch_loop_lag(), name="loop-lag"))
         log.info("session server %s listening on %s", self.member_id, address)
 
@@ -271,6 +272,20 @@ class SessionServer:
                     log.info("session %s expired after being idle", session_id)
             except Exception:
                 log.warning("could not expire idle sessions; trying again", exc_info=True)
+
+    async def _turn_sweep(self) -> None:
+        """Once ready, then every --turn-sweep-seconds: turns lost with the
+        server that ran them are recorded failed (and notified)."""
+        assert self._membership is not None
+        await self._membership.registered.wait()
+        while True:
+            try:
+                settled = await self.core.settle_open_turns()
+                if settled:
+                    log.info("settled %d turns lost with the server running them", settled)
+            except Exception:
+                log.warning("could not settle lost turns; trying again", exc_info=True)
+            await asyncio.sleep(self.config.turn_sweep_seconds)
 
     async def _event_log_sweep(self) -> None:
         """Finished turns' events go when they expire, even in sessions no

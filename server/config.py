@@ -184,6 +184,14 @@ class ServerConfig(MemberConfig, SessionLimits):
     grace_seconds: float = Field(
         default=30.0, ge=0, description="how long SIGTERM waits for running turns"
     )
+    turn_sweep_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "how often the server settles recorded turns whose server died before"
+            " recording their end (failed owner_lost, their webhooks sent); also once at start"
+        ),
+    )
     webhook_allow: str | None = Field(
         default=None,
         description=(

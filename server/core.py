@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Open turn records looked at per sweep (SessionCore.settle_open_turns).
+SWEEP_BATCH = 100
+
+
 @dataclass(frozen=True)
 class Health:
     """What GetHealth reports of the core."""
@@ -271,6 +275,26 @@ class SessionCore:
             return turn
         assert record is not None
         return await self._settle(session_id, record)
+
+    async def settle_open_turns(self, limit: int = SWEEP_BATCH) -> int:
+        """Settle recorded turns whose server died before it recorded their
+        end (no reader need ask for them first: their webhooks are sent now).
+        Only turns of sessions placed here, and not running here: a live
+        owner records its own turns' ends. How many were settled."""
+        settled = 0
+        for session_id, turn_id in await self.store.open_turns(limit):
+            if self.logs.peek(session_id, turn_id) is not None:
+                continue  # it runs here, or ran here: its end is recorded here
+            try:
+                # Ours, or taken over from a holder whose lease lapsed; a live
+                # holder records its own turns' ends.
+                if not await self.ownership.holds_or_takes(session_id):
+                    continue
+                turn = await self.get_turn(session_id, turn_id)
+            except (NotFound, Unavailable):
+                continue
+            settled += turn_records.ended(turn)
+        return settled
 
     async def _settle(self, session_id: str, record: spb.Turn) -> spb.Turn:
         """A recorded turn that this owner does not run and that left no

@@ -208,6 +208,17 @@ class SessionOwnership:
                 },
             )
 
+    async def holds_or_takes(self, session_id: str) -> bool:
+        """Whether the session is this server's, taking it over if its
+        holder's lease lapsed (a store of one server: every session in it is
+        ours). Asks the store, not the router: the router may still name a
+        holder that died, until its heartbeats are missed."""
+        if self._leases is None:
+            return True
+        if session_id in self._owned and self._leases.fresh():
+            return True
+        return isinstance(await self._take(session_id), Mine)
+
     def held_by(self, session_id: str, owner: Owner) -> Placement:
         """Another server said ``owner`` holds the session (by its lease):
         route there from now on."""

@@ -160,6 +160,11 @@ class SessionStore(Protocol):
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         """A turn's record, None if there is none (or it expired)."""
 
+    async def open_turns(self, limit: int) -> list[tuple[str, str]]:
+        """(session, turn) of at most ``limit`` turn records that do not say
+        their turn ended, oldest first: turns running, or lost with the
+        server that ran them (``SessionCore.settle_open_turns``)."""
+
     def outbox(self) -> Outbox:
         """Where webhook notices wait to be delivered (as durable as the sessions)."""
 
@@ -341,6 +346,13 @@ class MemoryStore:
 
     def outbox(self) -> MemoryOutbox:
         return self._outbox
+
+    async def open_turns(self, limit: int) -> list[tuple[str, str]]:
+        now = time.monotonic()
+        open_ = [
+            k for k, kept in self._turn_records.items() if not kept.ended and kept.expires > now
+        ]
+        return open_[:limit]
 
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         kept = self._turn_records.get((session_id, turn_id))

@@ -568,6 +568,11 @@ class RedisStore(TurnCommits):
         self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
     ) -> bool:
         keys = Keys(session_id)
+        member = _open_member(session_id, turn_id)
+        if not ended:
+            # Indexed before the record is written (another slot: no script
+            # spans both): an entry without an open record is dropped when read.
+            await self._redis.zadd(OPEN_TURNS, {member: time.time()}, nx=True)
         count = await self._put_turn_script(
             keys=[keys.record, keys.turn_record(turn_id), keys.turn_records],
             args=[
@@ -587,7 +592,23 @@ class RedisStore(TurnCommits):
             if oldest:
                 await self._redis.delete(*(keys.turn_record(_text(t)) for t in oldest))
                 await self._redis.zrem(keys.turn_records, *oldest)
+        if ended or count < 0:
+            await self._redis.zrem(OPEN_TURNS, member)
         return bool(count > 0)
+
+    async def open_turns(self, limit: int) -> list[tuple[str, str]]:
+        # Entries whose record ended, expired or went with its session are
+        # dropped as they are read: at most four pages of them a call.
+        members = cast(list[bytes], await self._redis.zrange(OPEN_TURNS, 0, 4 * limit - 1))
+        found: list[tuple[str, str]] = []
+        for raw in members:
+            session_id, _, turn_id = _text(raw).partition("\n")
+            ended = await self._redis.hget(Keys(session_id).turn_record(turn_id), "ended")
+            if ended != b"0":
+                await self._redis.zrem(OPEN_TURNS, raw)
+            elif len(found) < limit:
+                found.append((session_id, turn_id))
+        return found
 
     def outbox(self) -> RedisOutbox:
         from turnmesh.server.outbox_redis import RedisOutbox
@@ -666,6 +687,15 @@ def _record(session_id: str, fields: dict[bytes, bytes]) -> SessionRecord | None
         pause=fields.get(b"pause", b""),
         webhook_url=fields.get(b"webhook_url", b"").decode(),
     )
+
+
+# The turn records that do not say their turn ended, mesh-wide: members
+# "SESSION\nTURN", scored by when they were first written.
+OPEN_TURNS = "tm:{turns}:open"
+
+
+def _open_member(session_id: str, turn_id: str) -> str:
+    return f"{session_id}\n{turn_id}"
 
 
 def _text(value: object) -> str:

@@ -110,6 +110,7 @@ CREATE TABLE IF NOT EXISTS turn_records (
     PRIMARY KEY (session_id, turn_id)
 );
 CREATE INDEX IF NOT EXISTS turn_records_by_expiry ON turn_records (expire_at);
+CREATE INDEX IF NOT EXISTS turn_records_open ON turn_records (ended, created_at);
 CREATE TABLE IF NOT EXISTS webhook_outbox (
     id TEXT PRIMARY KEY,
     url TEXT NOT NULL,
@@ -497,6 +498,16 @@ class SqliteStore(TurnCommits):
 
     def outbox(self) -> SqliteOutbox:
         return SqliteOutbox(self)
+
+    async def open_turns(self, limit: int) -> list[tuple[str, str]]:
+        rows = await self._run(
+            lambda db: db.execute(
+                "SELECT session_id, turn_id FROM turn_records WHERE ended = 0 AND expire_at >= ?"
+                " ORDER BY created_at LIMIT ?",
+                (time.time(), limit),
+            ).fetchall()
+        )
+        return [(row[0], row[1]) for row in rows]
 
     async def close(self) -> None:
         def close(db: sqlite3.Connection) -> None:

@@ -405,7 +405,14 @@ async def _owner_dies(
     workers = [mesh.spawn_worker("probe", "probe_agent:ProbeAgent")]
     secret = tmp_path / "webhook.secret"
     secret.write_text(SECRET)
-    webhooks = ["--webhook-allow", hooks.url, "--webhook-secret-file", str(secret)]
+    webhooks = [
+        "--webhook-allow",
+        hooks.url,
+        "--webhook-secret-file",
+        str(secret),
+        "--turn-sweep-seconds",
+        "0.2",
+    ]
     # Short leases: a killed owner's sessions move within 2 s, not 6.
     servers = [
         mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2", *webhooks)
@@ -435,6 +442,16 @@ async def _owner_dies(
         )
         queued = await client.start_turn(sid, "three", policy="enqueue")
         assert queued.state == spb.TURN_STATE_QUEUED
+        # Another session's background turn that nobody asks about again.
+        unread_sid = await session_owned_by(client, mesh, victim, "probe")
+        unread_gate, _ = _gate(mesh.probe_dir)
+        unread = await client.start_turn(
+            unread_sid, "four", metadata={"gate": unread_gate}, webhook_url=hooks.url
+        )
+        async with client.subscribe(unread_sid, unread.turn_id) as stream:
+            async for event in stream:
+                if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+                    break
         async with client.subscribe(sid, running.turn_id) as stream:
             async for event in stream:
                 if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
@@ -448,14 +465,14 @@ async def _owner_dies(
             True,
         )
         assert lost.HasField("start_time") and lost.HasField("end_time")
-        # The server that settled it sends its notice (from the shared outbox).
-        await hooks.requests(1)
-        ((headers, body),) = hooks.seen
-        notice = Webhook(SECRET).verify(body, headers)
-        assert notice["type"] == "turn.failed"
-        assert (notice["data"]["turnId"], notice["data"]["errorCode"]) == (
-            running.turn_id,
-            "owner_lost",
+        # The survivor sends their notices (from the shared outbox): the
+        # unread turn's too, settled by its sweep with nobody asking.
+        await hooks.requests(2)
+        notices = [Webhook(SECRET).verify(body, headers) for headers, body in hooks.seen]
+        assert sorted(
+            (n["type"], n["data"]["turnId"], n["data"]["errorCode"]) for n in notices
+        ) == sorted(
+            ("turn.failed", turn_id, "owner_lost") for turn_id in (running.turn_id, unread.turn_id)
         )
         never_ran = await client.get_turn(sid, queued.turn_id)
         assert (never_ran.state, never_ran.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")

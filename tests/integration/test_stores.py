@@ -612,3 +612,20 @@ async def test_the_webhook_outbox_leases_retries_and_is_bounded(store: SessionSt
     assert await outbox.add(Delivery("msg_e", "http://127.0.0.1:1/e", b"e"), limit=1)
     (last,) = await outbox.claim(math.inf, 0, 10)
     await outbox.settle(last, None)
+
+
+async def test_open_turn_records_are_listed_until_they_say_the_turn_ended(
+    store: SessionStore,
+) -> None:
+    sid = _sid()
+    await store.create(_record(sid))
+    assert await store.put_turn(sid, "t1", b"running", ended=False, ttl_seconds=600)
+    assert await store.put_turn(sid, "t2", b"running", ended=False, ttl_seconds=600)
+    assert await store.put_turn(sid, "t3", b"done", ended=True, ttl_seconds=600)
+    mine = [t for s, t in await store.open_turns(10_000) if s == sid]
+    assert sorted(mine) == ["t1", "t2"]
+    assert await store.put_turn(sid, "t1", b"done", ended=True, ttl_seconds=600)
+    assert [t for s, t in await store.open_turns(10_000) if s == sid] == ["t2"]
+    # Gone with its session.
+    assert await store.delete(sid)
+    assert all(s != sid for s, _ in await store.open_turns(10_000))

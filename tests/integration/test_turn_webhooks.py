@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from standardwebhooks import Webhook
 from tests.support.mesh import Component, Mesh
 from tests.support.webhooks import SECRET, Receiver, receiving
 from turnmesh.client import AsyncClient, InvalidArgumentError, NotFoundError
-from turnmesh.v1 import message_pb2
+from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 WEATHER = message_pb2.ToolDefinition(name="get_weather", description="the weather in a city")
@@ -158,3 +159,45 @@ async def test_a_sessions_webhook_notifies_each_turn_unless_a_turn_names_its_own
         assert [headers["webhook-id"] for headers, _ in hooks.seen] == [
             f"msg_{t}" for t in (first.turn_id, own.turn_id, forked.turn_id)
         ]
+
+
+async def test_a_turn_lost_with_its_server_is_notified_after_the_restart(
+    mesh_factory: Mesh, tmp_path: Path
+) -> None:
+    """Nobody asks for the turn: the restarted server finds its record open
+    and settles it (failed, owner_lost), and its webhook is sent."""
+    mesh = mesh_factory
+    store = f"sqlite:{tmp_path / 'sessions.db'}"
+    async with receiving() as hooks:
+        flags = _flags(tmp_path, hooks)
+        mesh.start_router()
+        worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
+        first = _server(mesh, "server-a", store, flags)
+        mesh.wait_ready(worker, first)
+        async with AsyncClient(first.address) as client:
+            sid = (await client.create_session(agent="probe")).session_id
+            gate = uuid.uuid4().hex  # never opened: it runs until its server dies
+            started = await client.start_turn(
+                sid, "go", metadata={"gate": gate, "deltas": 2}, webhook_url=hooks.url
+            )
+            async with client.subscribe(sid, started.turn_id) as stream:
+                async for event in stream:
+                    if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+                        break  # running
+        mesh.kill(first, signal.SIGKILL)
+        assert hooks.seen == []
+
+        second = _server(mesh, "server-b", store, flags)
+        mesh.wait_ready(second)
+        await hooks.requests(1)
+        ((notice_id, notice),) = _notices(hooks)
+        assert notice_id == f"msg_{started.turn_id}"
+        assert notice["type"] == "turn.failed"
+        assert (notice["data"]["turnId"], notice["data"]["errorCode"]) == (
+            started.turn_id,
+            "owner_lost",
+        )
+        async with AsyncClient(second.address) as client:
+            lost = await client.get_turn(sid, started.turn_id)
+            assert (lost.state, lost.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")
+            assert await client.history(sid) == []
