@@ -92,6 +92,7 @@ bench: install
 	$(PY) -m bench.paced
 	$(PY) -m bench.compat_cost
 	$(PY) -m bench.retention
+	$(PY) -m bench.webhooks
 
 # 64 conversations for 90 s while workers, a server and the router are killed;
 # writes chaos-report.json and fails if a turn was lost or duplicated.

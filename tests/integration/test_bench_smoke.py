@@ -83,6 +83,13 @@ def test_compat_cost_bench_smoke_run() -> None:
     assert report["server_cpu_ratio_to_native_rest"]["native-rest"] == 1.0
 
 
+def test_webhooks_bench_smoke_run() -> None:
+    output = _run("bench.webhooks", "--turns", "10", "--stores", "memory")
+    row = json.loads(output.strip().splitlines()[-1])
+    assert (row["store"], row["turns"]) == ("memory", 10)
+    assert row["ratio_to_turn"] > 0 and row["notice_after_end_p50_ms"] >= 0
+
+
 def test_retention_bench_smoke_run() -> None:
     report = _bench(
         "bench.retention", "--turns", "200", "--sessions", "20", "--window", "1"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -21,12 +22,15 @@ class Receiver:
     url: str = ""
     script: list[int] = field(default_factory=list)
     seen: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    # When each request arrived (Unix seconds), beside ``seen``.
+    times: list[float] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     # Set: each request waits for it before it is answered.
     hold: asyncio.Event | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((dict(request.headers), await request.read()))
+        self.times.append(time.time())
         self.arrived.set()
         if self.hold is not None:
             await self.hold.wait()
