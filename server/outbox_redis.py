@@ -16,14 +16,20 @@ from turnmesh.server.webhooks import Delivery
 
 DUE = "tm:{webhooks}:due"
 NOTICE = "tm:{webhooks}:n:"
+# Notices waiting, by owner (the principal whose turn each tells of).
+OWNERS = "tm:{webhooks}:owners"
 
-# KEYS: due, notice. ARGV: limit, id, url, body, attempts, due. A notice
-# kept already stays as it is.
+# KEYS: due, notice, owners. ARGV: limit, id, url, body, attempts, due,
+# owner, owner limit ('' : none). A notice kept already stays as it is.
 ADD = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[2], 'url', ARGV[3], 'body', ARGV[4], 'attempts', ARGV[5])
+if ARGV[8] ~= '' and tonumber(redis.call('HGET', KEYS[3], ARGV[7]) or '0') >= tonumber(ARGV[8]) then
+  return 0
+end
+redis.call('HSET', KEYS[2], 'url', ARGV[3], 'body', ARGV[4], 'attempts', ARGV[5], 'owner', ARGV[7])
 redis.call('ZADD', KEYS[1], ARGV[6], ARGV[2])
+redis.call('HINCRBY', KEYS[3], ARGV[7], 1)
 return 1
 """
 
@@ -44,10 +50,13 @@ end
 return out
 """
 
-# KEYS: due, notice. ARGV: id, attempts, retry at ('' : gone).
+# KEYS: due, notice, owners. ARGV: id, attempts, retry at ('' : gone).
 SETTLE = """
 if ARGV[3] == '' then
-  redis.call('DEL', KEYS[2])
+  local owner = redis.call('HGET', KEYS[2], 'owner')
+  if redis.call('DEL', KEYS[2]) == 1 and owner then
+    if redis.call('HINCRBY', KEYS[3], owner, -1) <= 0 then redis.call('HDEL', KEYS[3], owner) end
+  end
   redis.call('ZREM', KEYS[1], ARGV[1])
 elseif redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('HSET', KEYS[2], 'attempts', ARGV[2])
@@ -65,10 +74,19 @@ class RedisOutbox:
         self._claim = client.register_script(CLAIM)
         self._settle = client.register_script(SETTLE)
 
-    async def add(self, delivery: Delivery, limit: int) -> bool:
+    async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
         added = await self._add(
-            keys=[DUE, NOTICE + delivery.id],
-            args=[limit, delivery.id, delivery.url, delivery.body, delivery.attempts, delivery.due],
+            keys=[DUE, NOTICE + delivery.id, OWNERS],
+            args=[
+                limit,
+                delivery.id,
+                delivery.url,
+                delivery.body,
+                delivery.attempts,
+                delivery.due,
+                delivery.owner,
+                "" if owner_limit is None else owner_limit,
+            ],
         )
         return bool(added)
 
@@ -83,7 +101,7 @@ class RedisOutbox:
 
     async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
         await self._settle(
-            keys=[DUE, NOTICE + delivery.id],
+            keys=[DUE, NOTICE + delivery.id, OWNERS],
             args=[delivery.id, delivery.attempts, "" if retry_at is None else retry_at],
         )
 

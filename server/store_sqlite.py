@@ -116,9 +116,11 @@ CREATE TABLE IF NOT EXISTS webhook_outbox (
     url TEXT NOT NULL,
     body BLOB NOT NULL,
     attempts INTEGER NOT NULL,
-    due REAL NOT NULL
+    due REAL NOT NULL,
+    owner TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS webhook_outbox_by_due ON webhook_outbox (due);
+CREATE INDEX IF NOT EXISTS webhook_outbox_by_owner ON webhook_outbox (owner);
 """
 # Every table keyed by session id: a version-0 file's ids are renamed in all.
 SESSION_TABLES = (
@@ -610,7 +612,7 @@ class SqliteOutbox:
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
 
-    async def add(self, delivery: Delivery, limit: int) -> bool:
+    async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
         def add(db: sqlite3.Connection) -> bool:
             with _transaction(db):
                 kept = "SELECT 1 FROM webhook_outbox WHERE id = ?"
@@ -619,9 +621,22 @@ class SqliteOutbox:
                 waiting = db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0]
                 if waiting >= limit:
                     return False
+                if owner_limit is not None:
+                    of_owner = db.execute(
+                        "SELECT COUNT(*) FROM webhook_outbox WHERE owner = ?", (delivery.owner,)
+                    ).fetchone()[0]
+                    if of_owner >= owner_limit:
+                        return False
                 db.execute(
-                    "INSERT INTO webhook_outbox VALUES (?, ?, ?, ?, ?)",
-                    (delivery.id, delivery.url, delivery.body, delivery.attempts, delivery.due),
+                    "INSERT INTO webhook_outbox VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        delivery.id,
+                        delivery.url,
+                        delivery.body,
+                        delivery.attempts,
+                        delivery.due,
+                        delivery.owner,
+                    ),
                 )
             return True
 

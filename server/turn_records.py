@@ -20,7 +20,7 @@ from google.protobuf import json_format, timestamp_pb2
 
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import TurnError, Unavailable
-from turnmesh.runtime.principals import public_id
+from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import SessionStore
 from turnmesh.server.webhooks import WebhookSender, allowed
@@ -168,7 +168,11 @@ class TurnRecords:
             # end (the owner, a reader that settles a lost turn) queues the
             # same notice, which the outbox keeps once.
             await webhooks.send(
-                turn.webhook_url, notice_type(turn), turn_json(turn), f"msg_{turn.turn_id}"
+                turn.webhook_url,
+                notice_type(turn),
+                turn_json(turn),
+                f"msg_{turn.turn_id}",
+                principal_of(session_id),
             )
         try:
             with metrics.STORE_SECONDS.labels("put_turn").time():

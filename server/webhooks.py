@@ -22,6 +22,7 @@ import json
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,8 +66,10 @@ class WebhookSettings:
     first_retry_seconds: float = 1.0
     max_retry_seconds: float = 600.0
     timeout_seconds: float = 10.0
-    # Notices waiting in the outbox, at most.
+    # Notices waiting in the outbox, at most; of one principal's turns, at
+    # most (one tenant's failing receiver cannot crowd the others out).
     max_pending: int = 10_000
+    max_pending_per_owner: int = 1_000
     # Deliveries in flight at once, from this server.
     concurrency: int = 8
 
@@ -182,14 +185,17 @@ class Delivery:
     body: bytes
     attempts: int = 0
     due: float = field(default_factory=time.time)
+    # The principal whose turn it tells of (its share of the outbox).
+    owner: str = ""
 
 
 class Outbox(Protocol):
     """Where notices wait to be delivered (each store has one)."""
 
-    async def add(self, delivery: Delivery, limit: int) -> bool:
+    async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
         """Keep the notice (one with its id kept already stays as it is);
-        False (nothing kept) if ``limit`` are waiting."""
+        False (nothing kept) if ``limit`` are waiting, or ``owner_limit`` of
+        its owner's."""
 
     async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
         """Notices due by ``now``, each held for ``lease_seconds`` (a server
@@ -207,13 +213,17 @@ class MemoryOutbox:
 
     def __init__(self) -> None:
         self._waiting: dict[str, Delivery] = {}
+        self._owners: Counter[str] = Counter()
 
-    async def add(self, delivery: Delivery, limit: int) -> bool:
+    async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
         if delivery.id in self._waiting:
             return True
         if len(self._waiting) >= limit:
             return False
+        if owner_limit is not None and self._owners[delivery.owner] >= owner_limit:
+            return False
         self._waiting[delivery.id] = delivery
+        self._owners[delivery.owner] += 1
         return True
 
     async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
@@ -224,7 +234,10 @@ class MemoryOutbox:
 
     async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
         if retry_at is None:
-            self._waiting.pop(delivery.id, None)
+            if (gone := self._waiting.pop(delivery.id, None)) is not None:
+                self._owners[gone.owner] -= 1
+                if self._owners[gone.owner] <= 0:
+                    del self._owners[gone.owner]
         elif (kept := self._waiting.get(delivery.id)) is not None:
             kept.attempts, kept.due = delivery.attempts, retry_at
 
@@ -272,15 +285,19 @@ class WebhookSender:
         await self._client.aclose()
 
     async def send(
-        self, url: str, kind: str, data: Mapping[str, Any], notice_id: str = ""
+        self, url: str, kind: str, data: Mapping[str, Any], notice_id: str = "", owner: str = ""
     ) -> str | None:
         """Put a notice in the outbox (``notice_id``: its id, when the caller
-        makes the same notice more than once; the outbox keeps one); its id,
-        or None if the outbox is full or unreachable (the turn goes on
-        either way)."""
+        makes the same notice more than once; the outbox keeps one;
+        ``owner``: the principal it counts against); its id, or None if the
+        outbox is full or unreachable (the turn goes on either way)."""
         notice_id, body = notice(kind, data, notice_id)
         try:
-            kept = await self.outbox.add(Delivery(notice_id, url, body), self.settings.max_pending)
+            kept = await self.outbox.add(
+                Delivery(notice_id, url, body, owner=owner),
+                self.settings.max_pending,
+                self.settings.max_pending_per_owner,
+            )
         except Exception:  # the store failing must not fail the turn
             log.warning("webhook %s for %s not queued: the outbox failed", notice_id, kind)
             kept = False

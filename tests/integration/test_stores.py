@@ -612,6 +612,16 @@ async def test_the_webhook_outbox_leases_retries_and_is_bounded(store: SessionSt
     assert await outbox.add(Delivery("msg_e", "http://127.0.0.1:1/e", b"e"), limit=1)
     (last,) = await outbox.claim(math.inf, 0, 10)
     await outbox.settle(last, None)
+    # One owner's share is bounded; a notice that goes makes room in it.
+    acme = [Delivery(f"msg_o{n}", "http://127.0.0.1:1/", b"o", owner="acme") for n in range(3)]
+    assert [await outbox.add(d, limit=10, owner_limit=2) for d in acme] == [True, True, False]
+    other = Delivery("msg_p", "http://127.0.0.1:1/", b"p", owner="other")
+    assert await outbox.add(other, limit=10, owner_limit=2)
+    await outbox.settle(acme[0], None)  # delivered
+    assert await outbox.add(acme[2], limit=10, owner_limit=2)
+    for left in await outbox.claim(math.inf, 0, 10):
+        await outbox.settle(left, None)
+    assert await outbox.next_due() is None
 
 
 async def test_open_turn_records_are_listed_until_they_say_the_turn_ended(

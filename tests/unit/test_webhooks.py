@@ -240,3 +240,16 @@ def test_a_notice_body_is_compact_json() -> None:
     parsed = json.loads(body)
     assert parsed["type"] == "turn.finished" and parsed["timestamp"].endswith("Z")
     assert b" " not in body
+
+
+async def test_one_owner_cannot_fill_the_outbox() -> None:
+    outbox = WatchedOutbox()
+    sender = WebhookSender(_settings(max_pending=10, max_pending_per_owner=2), outbox)
+    try:  # not started: nothing drains
+        url = "http://127.0.0.1:9/hook"
+        flood = [await sender.send(url, "turn.finished", {}, owner="acme") for _ in range(4)]
+        other = await sender.send(url, "turn.finished", {}, owner="globex")
+    finally:
+        await sender.stop()
+    assert [n is not None for n in flood] == [True, True, False, False]
+    assert other is not None
