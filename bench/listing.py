@@ -111,7 +111,7 @@ async def measure(store: str, sessions: int, workdir: Path) -> dict[str, Any]:
             redis.stop()
 
 
-def _machine_speed() -> float:
+def machine_speed() -> float:
     """Pure-Python loop iterations per microsecond: a rough speed of this
     machine, printed beside the figures."""
     started = time.perf_counter()
@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"])
     args = parser.parse_args()
-    speed = _machine_speed()
+    speed = machine_speed()
     print(f"machine: {os.cpu_count()} cores, {speed} M loop iterations/s", flush=True)
     asyncio.run(main_async(args))
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.listing import _machine_speed
+from bench.listing import machine_speed
 from tests.support.mesh import Mesh, RedisServer
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.client import AsyncClient
@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"])
     args = parser.parse_args()
-    speed = _machine_speed()
+    speed = machine_speed()
     print(f"machine: {os.cpu_count()} cores, {speed} M loop iterations/s", flush=True)
     asyncio.run(main_async(args))
 

@@ -164,8 +164,7 @@ class SessionCore:
         messages: list[message_pb2.Message] | None,
         webhook_url: str,
     ) -> spb.Session:
-        if webhook_url:
-            self.check_webhook(webhook_url)
+        # webhook_url was checked by the service before the create was routed.
         agent = await self.require_agent(agent_name)
         if not self.store.shared:  # a shared store's counts were checked before routing
             await self._has_room(principal_of(session_id))
