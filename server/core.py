@@ -48,8 +48,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# Open turn records looked at per sweep (SessionCore.settle_open_turns).
+# Open turn records looked at per page of a sweep, and pages per sweep
+# (SessionCore.settle_open_turns): a sweep's work is bounded, and the next
+# one goes on from where it stopped, so records that stay open (running on
+# live servers, or unreadable) never hide the ones behind them.
 SWEEP_BATCH = 100
+SWEEP_PAGES = 10
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class SessionCore:
         # written as each is accepted and ends.
         self.records = turn_records.TurnRecords(store, limits.turn_record_ttl_seconds, webhooks)
         self.logs.on_recorded_end = self.records.turn_ended
+        self._sweep_cursor = 0  # where settle_open_turns goes on
         self._turns: dict[str, SessionTurns] = {}
         # Turns running or queued here, per principal (its turn quota).
         self._in_flight: Counter[str] = Counter()
@@ -275,25 +280,39 @@ class SessionCore:
         assert record is not None
         return await self._settle(session_id, record)
 
-    async def settle_open_turns(self, limit: int = SWEEP_BATCH) -> int:
+    async def settle_open_turns(self, limit: int = SWEEP_BATCH, pages: int = SWEEP_PAGES) -> int:
         """Settle recorded turns whose server died before it recorded their
         end (no reader need ask for them first: their webhooks are sent now).
         Only turns of sessions placed here, and not running here: a live
-        owner records its own turns' ends. How many were settled."""
+        owner records its own turns' ends. At most ``pages`` pages of
+        ``limit`` records, from where the last call stopped. How many were
+        settled."""
         settled = 0
-        for session_id, turn_id in await self.store.open_turns(limit):
-            if self.logs.peek(session_id, turn_id) is not None:
-                continue  # it runs here, or ran here: its end is recorded here
-            try:
-                # Ours, or taken over from a holder whose lease lapsed; a live
-                # holder records its own turns' ends.
-                if not await self.ownership.holds_or_takes(session_id):
-                    continue
-                turn = await self.get_turn(session_id, turn_id)
-            except (NotFound, Unavailable):
-                continue
-            settled += turn_records.ended(turn)
+        for _ in range(pages):
+            page, cursor = await self.store.open_turns(limit, self._sweep_cursor)
+            done = 0
+            for session_id, turn_id in page:
+                done += await self._settle_open(session_id, turn_id)
+            settled += done
+            # Those settled left the open records: the next page is that
+            # much nearer the start.
+            self._sweep_cursor = max(0, cursor - done) if cursor else 0
+            if not self._sweep_cursor:
+                break
         return settled
+
+    async def _settle_open(self, session_id: str, turn_id: str) -> bool:
+        if self.logs.peek(session_id, turn_id) is not None:
+            return False  # it runs here, or ran here: its end is recorded here
+        try:
+            # Ours, or taken over from a holder whose lease lapsed; a live
+            # holder records its own turns' ends.
+            if not await self.ownership.holds_or_takes(session_id):
+                return False
+            turn = await self.get_turn(session_id, turn_id)
+        except (NotFound, Unavailable):
+            return False
+        return turn_records.ended(turn)
 
     async def _settle(self, session_id: str, record: spb.Turn) -> spb.Turn:
         """A recorded turn that this owner does not run and that left no

@@ -596,19 +596,29 @@ class RedisStore(TurnCommits):
             await self._redis.zrem(OPEN_TURNS, member)
         return bool(count > 0)
 
-    async def open_turns(self, limit: int) -> list[tuple[str, str]]:
-        # Entries whose record ended, expired or went with its session are
-        # dropped as they are read: at most four pages of them a call.
-        members = cast(list[bytes], await self._redis.zrange(OPEN_TURNS, 0, 4 * limit - 1))
+    async def open_turns(self, limit: int, cursor: int = 0) -> tuple[list[tuple[str, str]], int]:
+        members = cast(
+            list[bytes], await self._redis.zrange(OPEN_TURNS, cursor, cursor + limit - 1)
+        )
+        if not members:
+            return [], 0
+        keys = [_text(raw).partition("\n") for raw in members]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for session_id, _, turn_id in keys:
+                pipe.hget(Keys(session_id).turn_record(turn_id), "ended")
+            flags: list[bytes | None] = await pipe.execute()
         found: list[tuple[str, str]] = []
-        for raw in members:
-            session_id, _, turn_id = _text(raw).partition("\n")
-            ended = await self._redis.hget(Keys(session_id).turn_record(turn_id), "ended")
-            if ended != b"0":
-                await self._redis.zrem(OPEN_TURNS, raw)
-            elif len(found) < limit:
+        stale: list[bytes] = []
+        for raw, (session_id, _, turn_id), ended in zip(members, keys, flags, strict=True):
+            if ended == b"0":
                 found.append((session_id, turn_id))
-        return found
+            else:  # its record ended, expired or went with its session
+                stale.append(raw)
+        if stale:
+            await self._redis.zrem(OPEN_TURNS, *stale)
+        # The stale entries are gone: the next page starts that much sooner.
+        more = len(members) == limit
+        return found, cursor + len(found) if more else 0
 
     def outbox(self) -> RedisOutbox:
         from turnmesh.server.outbox_redis import RedisOutbox

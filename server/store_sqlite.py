@@ -501,15 +501,16 @@ class SqliteStore(TurnCommits):
     def outbox(self) -> SqliteOutbox:
         return SqliteOutbox(self)
 
-    async def open_turns(self, limit: int) -> list[tuple[str, str]]:
+    async def open_turns(self, limit: int, cursor: int = 0) -> tuple[list[tuple[str, str]], int]:
         rows = await self._run(
             lambda db: db.execute(
                 "SELECT session_id, turn_id FROM turn_records WHERE ended = 0 AND expire_at >= ?"
-                " ORDER BY created_at LIMIT ?",
-                (time.time(), limit),
+                " ORDER BY created_at, session_id, turn_id LIMIT ? OFFSET ?",
+                (time.time(), limit + 1, cursor),
             ).fetchall()
         )
-        return [(row[0], row[1]) for row in rows]
+        more = len(rows) > limit
+        return [(row[0], row[1]) for row in rows[:limit]], cursor + limit if more else 0
 
     async def close(self) -> None:
         def close(db: sqlite3.Connection) -> None:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import json_format, message, timestamp_pb2
 
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import TurnError, Unavailable
@@ -195,7 +195,15 @@ class TurnRecords:
         if (writing := self._writing.get((session_id, turn_id))) is not None:
             await asyncio.wait([writing])
         stored = await self._store.get_turn(session_id, turn_id)
-        return spb.Turn.FromString(stored) if stored else None
+        if not stored:
+            return None
+        try:
+            return spb.Turn.FromString(stored)
+        except message.DecodeError:
+            # Not a record this mesh wrote (a damaged or foreign store): as
+            # if there were none, so neither GetTurn nor a sweep fails on it.
+            log.warning("turn %s has a record that does not parse; ignored", turn_id)
+            return None
 
     def turn_ended(self, tlog: TurnLog) -> None:
         """A background turn ended here: its record's end, written in the

@@ -632,10 +632,43 @@ async def test_open_turn_records_are_listed_until_they_say_the_turn_ended(
     assert await store.put_turn(sid, "t1", b"running", ended=False, ttl_seconds=600)
     assert await store.put_turn(sid, "t2", b"running", ended=False, ttl_seconds=600)
     assert await store.put_turn(sid, "t3", b"done", ended=True, ttl_seconds=600)
-    mine = [t for s, t in await store.open_turns(10_000) if s == sid]
-    assert sorted(mine) == ["t1", "t2"]
+    assert sorted(await _open_of(store, sid)) == ["t1", "t2"]
     assert await store.put_turn(sid, "t1", b"done", ended=True, ttl_seconds=600)
-    assert [t for s, t in await store.open_turns(10_000) if s == sid] == ["t2"]
+    assert await _open_of(store, sid) == ["t2"]
     # Gone with its session.
     assert await store.delete(sid)
-    assert all(s != sid for s, _ in await store.open_turns(10_000))
+    assert await _open_of(store, sid) == []
+
+
+async def test_open_turn_records_are_read_in_pages_that_reach_every_one(
+    store: SessionStore,
+) -> None:
+    # A session deleted with its turns open (Redis keeps their index entries
+    # until read), then one whose turns stay open: small pages reach them all.
+    gone, kept = _sid(), _sid()
+    for sid in (gone, kept):
+        await store.create(_record(sid))
+        for n in range(5):
+            assert await store.put_turn(sid, f"t{n}", b"running", ended=False, ttl_seconds=600)
+    assert await store.delete(gone)
+    page, cursor = await store.open_turns(2)
+    seen = {(s, t) for s, t in page}
+    while cursor:
+        page, cursor = await store.open_turns(2, cursor)
+        assert len(page) <= 2
+        seen.update(page)
+    assert {(kept, f"t{n}") for n in range(5)} <= seen
+    assert not any(s == gone for s, _ in seen)
+    assert await store.delete(kept)
+
+
+async def _open_of(store: SessionStore, sid: str, limit: int = 1000) -> list[str]:
+    """The session's open turn records, read page by page to the end (the
+    store may hold other tests' too)."""
+    found: list[str] = []
+    page, cursor = await store.open_turns(limit)
+    while True:
+        found.extend(t for s, t in page if s == sid)
+        if not cursor:
+            return found
+        page, cursor = await store.open_turns(limit, cursor)

@@ -440,3 +440,39 @@ async def test_a_server_stops_before_it_starts_and_starts_once() -> None:
     assert never.state == spb.LIFECYCLE_STATE_STOPPED
     with pytest.raises(RuntimeError, match="starts once"):
         await never.start()
+
+
+# The sweep of turns lost with their server --------------------------------------
+
+
+async def test_the_sweep_reaches_every_lost_turn_past_unreadable_and_running_ones(
+    core: SessionCore, runner: FakeRunner
+) -> None:
+    """Records that stay open (a turn running here, a record that does not
+    parse) fill the first pages; the sweep goes on past them, a page at a
+    time, and settles every lost turn behind them."""
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    running = await core.start_turn(request(), "s1", background=True)
+    await spin_until(lambda: running.turn_id in runner.started)
+    store = core.store
+    assert await store.put_turn("s1", "garbled", b"\xff\xff\xff", ended=False, ttl_seconds=600)
+    lost = [f"lost{n}" for n in range(5)]
+    for turn_id in lost:
+        record = spb.Turn(turn_id=turn_id, session_id="s1", state=spb.TURN_STATE_RUNNING)
+        await store.put_turn(
+            "s1", turn_id, record.SerializeToString(), ended=False, ttl_seconds=600
+        )
+    # Pages of two, one page a sweep: the first page holds the running turn
+    # and the record that does not parse, and settles nothing; each next one
+    # settles what it holds, and none is skipped as the settled ones leave.
+    assert await core.settle_open_turns(limit=2, pages=1) == 0
+    assert [await core.settle_open_turns(limit=2, pages=1) for _ in range(3)] == [2, 2, 1]
+    for turn_id in lost:
+        turn = await core.get_turn("s1", turn_id)
+        assert (turn.state, turn.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")
+    # The running turn is left to its owner; the unreadable record is no turn.
+    assert (await core.get_turn("s1", running.turn_id)).state == spb.TURN_STATE_RUNNING
+    with pytest.raises(NotFound):
+        await core.get_turn("s1", "garbled")
+    runner.finish(turn_of(core, running))
+    await core._turns["s1"].wait_idle()
