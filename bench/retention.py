@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -33,6 +34,18 @@ async def gauge(url: str, name: str) -> float:
     return float("nan")
 
 
+async def expired(url: str, window: float) -> None:
+    """Until the server's event logs are empty: every finished turn's events
+    went (a window after the last turn, and a sweep); at most ten windows
+    and a minute, on a machine however busy."""
+    await asyncio.sleep(window)  # none can go sooner
+    deadline = time.monotonic() + 10 * window + 60
+    while await gauge(url, "turnmesh_event_log_bytes") > 0:
+        if time.monotonic() > deadline:
+            return  # reported as it is: event_log_bytes_after_window says so
+        await asyncio.sleep(min(0.2, window / 10))
+
+
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, object]:
     server_args = ("--event-log-ttl", str(args.window), "--metrics-port", "0")
     bench = Bench(workdir, turns=0, smoke=False, server_args=server_args)
@@ -44,7 +57,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         # One turn a session first: every session has a history and a worker cache entry.
         concurrency = min(64, args.sessions)
         await bench.grpc_cell("mesh-grpc", concurrency, args.sessions, sessions)
-        await asyncio.sleep(args.window + 2)  # the warm-up's events expire too
+        await expired(metrics, args.window)  # the warm-up's events expire too
         pids = {"server": bench.server.pid, "worker": bench.worker.pid}
         before = {name: rss_bytes(pid) for name, pid in pids.items()}
         cell = await bench.grpc_cell("mesh-grpc", concurrency, args.turns, sessions)
@@ -53,7 +66,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         log_bytes = await gauge(metrics, "turnmesh_event_log_bytes")
         # The last turn's events expire one window after it ended, and the
         # server sweeps a tenth of a window later at most.
-        await asyncio.sleep(args.window * 1.2 + 2)
+        await expired(metrics, args.window)
         after_window = {name: rss_bytes(pid) for name, pid in pids.items()}
         log_bytes_after = await gauge(metrics, "turnmesh_event_log_bytes")
     finally:
