@@ -46,7 +46,17 @@ class RedisCluster:
                     RedisServer(
                         node_dir,
                         port=port,
-                        extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+                        extra=[
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            # A busy machine may starve a node for seconds:
+                            # never long enough for the others to mark it
+                            # failed (no replicas: the cluster would go down).
+                            "--cluster-node-timeout",
+                            "120000",
+                        ],
                     )
                 )
             subprocess.run(
