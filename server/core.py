@@ -294,16 +294,20 @@ class SessionCore:
             for session_id, turn_id in page:
                 done += await self._settle_open(session_id, turn_id)
             settled += done
+            if cursor is None:  # the last page: the next sweep starts over
+                self._sweep_cursor = 0
+                break
             # Those settled left the open records: the next page is that
             # much nearer the start.
-            self._sweep_cursor = max(0, cursor - done) if cursor else 0
-            if not self._sweep_cursor:
-                break
+            self._sweep_cursor = max(0, cursor - done)
         return settled
 
     async def _settle_open(self, session_id: str, turn_id: str) -> bool:
-        if self.logs.peek(session_id, turn_id) is not None:
+        tlog = self.logs.peek(session_id, turn_id)
+        if tlog is not None and not tlog.restored:
             return False  # it runs here, or ran here: its end is recorded here
+        # A log restored from the store (a SubscribeTurn found the turn lost)
+        # records nothing by itself: settled here like any other.
         try:
             # Ours, or taken over from a holder whose lease lapsed; a live
             # holder records its own turns' ends.

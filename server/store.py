@@ -160,14 +160,16 @@ class SessionStore(Protocol):
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         """A turn's record, None if there is none (or it expired)."""
 
-    async def open_turns(self, limit: int, cursor: int = 0) -> tuple[list[tuple[str, str]], int]:
+    async def open_turns(
+        self, limit: int, cursor: int = 0
+    ) -> tuple[list[tuple[str, str]], int | None]:
         """A page of turn records that do not say their turn ended, oldest
         first (turns running, or lost with the server that ran them:
         ``SessionCore.settle_open_turns``): (session, turn) of at most
-        ``limit`` from ``cursor`` (0: the first page), and the next page's
-        cursor (0: none). A cursor is a position, not a bookmark: records
-        that end meanwhile may shift a later page, never lose an open one
-        for good (the next pass starts again at 0)."""
+        ``limit`` from position ``cursor`` (0: the first page), and the next
+        page's position (None: this was the last). A position, not a
+        bookmark: records that end meanwhile may shift a later page, never
+        hide an open one for good (the next pass starts again at 0)."""
 
     def outbox(self) -> Outbox:
         """Where webhook notices wait to be delivered (as durable as the sessions)."""
@@ -351,13 +353,15 @@ class MemoryStore:
     def outbox(self) -> MemoryOutbox:
         return self._outbox
 
-    async def open_turns(self, limit: int, cursor: int = 0) -> tuple[list[tuple[str, str]], int]:
+    async def open_turns(
+        self, limit: int, cursor: int = 0
+    ) -> tuple[list[tuple[str, str]], int | None]:
         now = time.monotonic()
         open_ = [
             k for k, kept in self._turn_records.items() if not kept.ended and kept.expires > now
         ]
         end = cursor + limit
-        return open_[cursor:end], end if end < len(open_) else 0
+        return open_[cursor:end], end if end < len(open_) else None
 
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         kept = self._turn_records.get((session_id, turn_id))

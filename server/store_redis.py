@@ -596,12 +596,14 @@ class RedisStore(TurnCommits):
             await self._redis.zrem(OPEN_TURNS, member)
         return bool(count > 0)
 
-    async def open_turns(self, limit: int, cursor: int = 0) -> tuple[list[tuple[str, str]], int]:
+    async def open_turns(
+        self, limit: int, cursor: int = 0
+    ) -> tuple[list[tuple[str, str]], int | None]:
         members = cast(
             list[bytes], await self._redis.zrange(OPEN_TURNS, cursor, cursor + limit - 1)
         )
         if not members:
-            return [], 0
+            return [], None
         keys = [_text(raw).partition("\n") for raw in members]
         async with self._redis.pipeline(transaction=False) as pipe:
             for session_id, _, turn_id in keys:
@@ -616,9 +618,10 @@ class RedisStore(TurnCommits):
                 stale.append(raw)
         if stale:
             await self._redis.zrem(OPEN_TURNS, *stale)
-        # The stale entries are gone: the next page starts that much sooner.
+        # The stale entries are gone: the next page starts that much sooner
+        # (where this one did, if all were stale).
         more = len(members) == limit
-        return found, cursor + len(found) if more else 0
+        return found, cursor + len(found) if more else None
 
     def outbox(self) -> RedisOutbox:
         from turnmesh.server.outbox_redis import RedisOutbox

@@ -501,7 +501,9 @@ class SqliteStore(TurnCommits):
     def outbox(self) -> SqliteOutbox:
         return SqliteOutbox(self)
 
-    async def open_turns(self, limit: int, cursor: int = 0) -> tuple[list[tuple[str, str]], int]:
+    async def open_turns(
+        self, limit: int, cursor: int = 0
+    ) -> tuple[list[tuple[str, str]], int | None]:
         rows = await self._run(
             lambda db: db.execute(
                 "SELECT session_id, turn_id FROM turn_records WHERE ended = 0 AND expire_at >= ?"
@@ -510,7 +512,7 @@ class SqliteStore(TurnCommits):
             ).fetchall()
         )
         more = len(rows) > limit
-        return [(row[0], row[1]) for row in rows[:limit]], cursor + limit if more else 0
+        return [(row[0], row[1]) for row in rows[:limit]], cursor + limit if more else None
 
     async def close(self) -> None:
         def close(db: sqlite3.Connection) -> None:

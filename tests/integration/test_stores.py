@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as redis
 
 from tests.support.mesh import RedisServer, eventually
 from tests.support.redis_cluster import RedisCluster
@@ -32,6 +33,10 @@ from turnmesh.server.store_redis import RedisStore
 from turnmesh.server.webhooks import Delivery
 from turnmesh.v1 import event_pb2, message_pb2
 
+# A database of its own, emptied for each test: the records these tests
+# write by hand are not the meshes' of other tests on the shared server.
+DB = 7
+
 
 @pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
 async def store(
@@ -39,12 +44,13 @@ async def store(
 ) -> AsyncIterator[SessionStore]:
     if request.param == "redis-cluster":
         url = request.getfixturevalue("redis_cluster").url
+    elif request.param == "redis":
+        url = redis_server.url.rpartition("/")[0] + f"/{DB}"
+        raw = redis.Redis.from_url(url)
+        await raw.flushdb()
+        await raw.aclose()
     else:
-        url = {
-            "memory": "memory",
-            "sqlite": f"sqlite:{tmp_path / 'sessions.db'}",
-            "redis": redis_server.url,
-        }[request.param]
+        url = {"memory": "memory", "sqlite": f"sqlite:{tmp_path / 'sessions.db'}"}[request.param]
     opened = open_store(url, event_ttl_seconds=600)
     await opened.open()
     yield opened
@@ -417,8 +423,6 @@ async def test_a_cluster_spreads_sessions_over_its_nodes(redis_cluster: RedisClu
 async def test_a_store_of_the_old_layout_is_moved(redis_server: RedisServer) -> None:
     """Data written before hash tags (layout 1) is renamed in place when the
     first server opens the store, and reads back whole."""
-    import redis.asyncio as redis
-
     raw = redis.Redis.from_url(redis_server.url)
     sid = f"old:{uuid.uuid4().hex}"
     final = _final(sid, "T1", seq=5)
@@ -653,7 +657,7 @@ async def test_open_turn_records_are_read_in_pages_that_reach_every_one(
     assert await store.delete(gone)
     page, cursor = await store.open_turns(2)
     seen = {(s, t) for s, t in page}
-    while cursor:
+    while cursor is not None:
         page, cursor = await store.open_turns(2, cursor)
         assert len(page) <= 2
         seen.update(page)
@@ -669,6 +673,6 @@ async def _open_of(store: SessionStore, sid: str, limit: int = 1000) -> list[str
     page, cursor = await store.open_turns(limit)
     while True:
         found.extend(t for s, t in page if s == sid)
-        if not cursor:
+        if cursor is None:
             return found
         page, cursor = await store.open_turns(limit, cursor)

@@ -4,7 +4,9 @@ fake worker pool and the fake runner (no worker is ever called)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from google.protobuf import struct_pb2
@@ -16,7 +18,9 @@ from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import MemoryStore, SessionRecord, now
+from turnmesh.server.store_sqlite import SqliteStore
 from turnmesh.server.turns import CancelReason, PendingTurn
+from turnmesh.server.webhooks import WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -476,3 +480,51 @@ async def test_the_sweep_reaches_every_lost_turn_past_unreadable_and_running_one
         await core.get_turn("s1", "garbled")
     runner.finish(turn_of(core, running))
     await core._turns["s1"].wait_idle()
+
+
+async def test_one_sweep_goes_on_past_pages_it_settled_whole(core: SessionCore) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    lost = [f"lost{n}" for n in range(7)]
+    for turn_id in lost:
+        record = spb.Turn(turn_id=turn_id, session_id="s1", state=spb.TURN_STATE_RUNNING)
+        await core.store.put_turn(
+            "s1", turn_id, record.SerializeToString(), ended=False, ttl_seconds=600
+        )
+    # The first page is settled whole (its records leave the open ones):
+    # that is not the end.
+    assert await core.settle_open_turns(limit=2, pages=10) == len(lost)
+    assert await core.settle_open_turns(limit=2, pages=10) == 0
+
+
+async def test_a_lost_turn_a_subscriber_found_is_still_settled_by_the_sweep(
+    tmp_path: Path,
+) -> None:
+    """SubscribeTurn ends a lost turn's restored log with owner_lost; the
+    record and its notice are the sweep's to write, with nobody asking."""
+    store = SqliteStore(str(tmp_path / "s.db"), 600)
+    await store.create(SessionRecord("s1", "demo", 1.0, 1.0))
+    record = spb.Turn(
+        turn_id="t1",
+        session_id="s1",
+        background=True,
+        state=spb.TURN_STATE_RUNNING,
+        webhook_url="http://127.0.0.1:9/hook",
+    )
+    await store.put_turn("s1", "t1", record.SerializeToString(), ended=False, ttl_seconds=600)
+    started = event_pb2.Event(type=ET.RUN_STARTED, seq=1, run_id="t1")
+    await store.append_events("s1", "t1", [started])
+    secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+    hooks = WebhookSender(
+        WebhookSettings(allow=("http://127.0.0.1:9",), secret=secret), store.outbox()
+    )
+    core = SessionCore(store, FakePool("demo"), "demo", SessionLimits(), webhooks=hooks)  # type: ignore[arg-type]
+    try:
+        events = [e async for e in await core.subscribe("s1", "t1", 0)]
+        assert events[-1].code == "owner_lost"
+        assert await core.settle_open_turns() == 1
+        stored = spb.Turn.FromString(await store.get_turn("s1", "t1") or b"")
+        assert (stored.state, stored.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")
+        assert await store.outbox().next_due() is not None  # its notice waits
+    finally:
+        await hooks.stop()
+        await store.close()
