@@ -30,6 +30,7 @@ __all__ = [
     "answers_violations",
     "check_answers",
     "expired",
+    "gated_results",
     "lead_messages",
     "make_pause",
     "parse",
@@ -47,6 +48,7 @@ MAX_ID_CHARS = 256
 RESUME_STATUSES = ("resolved", "cancelled")
 EXPIRED = "the client did not answer before the pause expired"
 CANCELLED = "the client cancelled the pause"
+NO_RESULT = "the agent reported no result for this call"
 
 
 class Answers:
@@ -272,3 +274,36 @@ def lead_messages(
         )
         for result in answers.tool_results
     ]
+
+
+def gated_results(
+    answering: message_pb2.Pause | None,
+    built: list[message_pb2.Message],
+    turn_id: str,
+    created: timestamp_pb2.Timestamp,
+) -> tuple[list[message_pb2.Message], list[message_pb2.Message]]:
+    """The results of the calls an answered pause's approvals gated, apart
+    from the rest of what the turn built: they answer the paused assistant
+    message, so they go before the turn's user message (a chat model takes
+    a tool message only right after the calls it answers). A gated call the
+    agent left without a result gets an error one, so history stays
+    well-formed whatever the agent did."""
+    gated = [i.tool_call_id for i in (answering.interrupts if answering else ()) if i.tool_call_id]
+    if not gated:
+        return [], built
+    wanted = set(gated)
+    results: dict[str, message_pb2.Message] = {}
+    rest: list[message_pb2.Message] = []
+    for message in built:
+        if message.role == "tool" and message.tool_call_id in wanted:
+            results.setdefault(message.tool_call_id, message)  # a repeat is dropped
+        else:
+            rest.append(message)
+    hoisted = [
+        results.get(call_id)
+        or message_pb2.Message(
+            role="tool", tool_call_id=call_id, error=NO_RESULT, turn_id=turn_id, created_at=created
+        )
+        for call_id in dict.fromkeys(gated)
+    ]
+    return hoisted, rest

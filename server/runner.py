@@ -169,10 +169,13 @@ class TurnRunner:
         tlog = run.turn.log
         created = timestamp_pb2.Timestamp()
         created.GetCurrentTime()
+        built = run.builder.finish(created, end.result, paused=end.outcome is not None)
+        gated, built = pauses.gated_results(run.turn.answering, built, run.turn.turn_id, created)
         messages = (
             pauses.lead_messages(run.turn.turn_id, run.turn.answers, created)
+            + gated
             + self._user_messages(run, created)
-            + run.builder.finish(created, end.result, paused=end.outcome is not None)
+            + built
         )
         pause = None
         if end.outcome is not None:

@@ -145,6 +145,41 @@ async def test_an_approval_granted_runs_the_tool_and_one_denied_does_not(
         assert history[1].tool_calls[0].id == history[2].tool_call_id
 
 
+async def test_an_approval_answered_with_a_message_or_cancelled_keeps_history_well_formed(
+    client: AsyncClient,
+) -> None:
+    """The gated call's result answers the message that made the call: it
+    comes before the turn's user message (a chat model refuses a tool
+    message anywhere else), whether the approval came with a message, was
+    cancelled, or expired into the server's own answer."""
+
+    async def paused() -> tuple[str, message_pb2.Interrupt]:
+        sid = (await client.create_session(agent="demo")).session_id
+        first = await client.send(sid, "What is 6*7, with approval?")
+        assert first.outcome is not None
+        (interrupt,) = first.outcome.interrupts
+        return sid, interrupt
+
+    sid, interrupt = await paused()
+    yes = message_pb2.ResumeEntry(
+        interrupt_id=interrupt.id, status="resolved", payload=_value({"approved": True})
+    )
+    await client.send(sid, "go ahead please", resume=[yes])
+    history = await client.history(sid)
+    assert [m.role for m in history] == ["user", "assistant", "tool", "user", "assistant"]
+    assert history[2].tool_call_id == interrupt.tool_call_id and history[2].content == "42"
+    assert history[3].content == "go ahead please"
+
+    sid, interrupt = await paused()
+    turn_id = (await client.get_session(sid)).pause.turn_id
+    await client.cancel_turn(sid, turn_id)
+    await client.send(sid, "never mind")
+    history = await client.history(sid)
+    assert [m.role for m in history] == ["user", "assistant", "tool", "user", "assistant"]
+    assert history[2].tool_call_id == interrupt.tool_call_id
+    assert "not approved" in history[2].content + history[2].error
+
+
 async def test_a_question_is_answered_with_a_payload(client: AsyncClient) -> None:
     sid = (await client.create_session(agent="demo")).session_id
     first = await client.send(sid, "please ask me something")

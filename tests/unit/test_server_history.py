@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
+from turnmesh.server import pauses
 from turnmesh.server.history import HistoryBuilder
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -195,3 +196,26 @@ def test_metadata_goes_on_the_added_empty_final_message() -> None:
 def test_empty_or_missing_metadata_leaves_the_field_unset() -> None:
     assert not build(text("a"), struct_pb2.Struct())[-1].HasField("metadata")
     assert not build(text("a"), None)[-1].HasField("metadata")
+
+
+def test_a_gated_calls_result_goes_first_and_a_missing_one_is_an_error() -> None:
+    pause = message_pb2.Pause(turn_id="t1")
+    pause.interrupts.add(id="int_a", reason="tool_approval", tool_call_id="call_a")
+    pause.interrupts.add(id="int_b", reason="tool_approval", tool_call_id="call_b")
+    pause.interrupts.add(id="int_q", reason="question")
+    at = timestamp_pb2.Timestamp(seconds=1)
+    built = [
+        message_pb2.Message(role="assistant", content="running it"),
+        message_pb2.Message(role="tool", tool_call_id="call_a", content="42"),
+        message_pb2.Message(role="tool", tool_call_id="call_a", content="again"),
+        message_pb2.Message(role="assistant", content="done"),
+    ]
+    gated, rest = pauses.gated_results(pause, built, "t2", at)
+    assert [(m.tool_call_id, m.content, m.error) for m in gated] == [
+        ("call_a", "42", ""),
+        ("call_b", "", pauses.NO_RESULT),
+    ]
+    assert gated[1].turn_id == "t2" and gated[1].created_at == at
+    assert [m.content for m in rest] == ["running it", "done"]
+    # No approvals answered: the turn's messages as they were.
+    assert pauses.gated_results(None, built, "t2", at) == ([], built)
