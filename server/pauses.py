@@ -31,6 +31,7 @@ __all__ = [
     "check_answers",
     "expired",
     "gated_results",
+    "keep_interrupts",
     "lead_messages",
     "make_pause",
     "parse",
@@ -117,14 +118,41 @@ def seeded(
     messages: Sequence[message_pb2.Message], timeout_seconds: float
 ) -> message_pb2.Pause | None:
     """The pause a session created with history starts in: the calls of a
-    last assistant message that no tool message answers yet. This is how a
-    stateless caller (chat completions, Responses, a new AG-UI thread) that
-    resends the whole conversation continues a tool loop: history up to the
-    calls seeds the session, and the trailing tool messages answer them."""
-    if not messages or messages[-1].role != "assistant" or not messages[-1].tool_calls:
+    last assistant message that no tool message answers yet, and what it
+    asked (its ``interrupts``: a fork or branch of a turn that paused). This
+    is how a stateless caller (chat completions, Responses, a new AG-UI
+    thread) that resends the whole conversation continues a tool loop:
+    history up to the calls seeds the session, and the trailing tool
+    messages answer them. A call an approval gates is the agent's: it waits
+    for the approval, never for a result from the client."""
+    if not messages or messages[-1].role != "assistant":
         return None
     last = messages[-1]
-    return make_pause(last.turn_id, event_pb2.RunOutcome(), {}, timeout_seconds, last.tool_calls)
+    if not last.tool_calls and not last.interrupts:
+        return None
+    gated = {i.tool_call_id for i in last.interrupts if i.tool_call_id}
+    outcome = event_pb2.RunOutcome(type="interrupt" if last.interrupts else "success")
+    for interrupt in last.interrupts:
+        outcome.interrupts.add().CopyFrom(interrupt)
+    client_calls = [c for c in last.tool_calls if c.id not in gated]
+    return make_pause(last.turn_id, outcome, {}, timeout_seconds, client_calls)
+
+
+def keep_interrupts(
+    built: list[message_pb2.Message],
+    interrupts: Sequence[event_pb2.Interrupt],
+    turn_id: str,
+    created: timestamp_pb2.Timestamp,
+) -> None:
+    """Record what a paused turn asked on its last assistant message (one
+    more, empty, if the turn ended on something else), so that history
+    alone says what the turn waits for (``seeded``)."""
+    if not built or built[-1].role != "assistant":
+        built.append(message_pb2.Message(role="assistant", turn_id=turn_id, created_at=created))
+    for interrupt in interrupts:
+        kept = built[-1].interrupts.add()
+        kept.CopyFrom(interrupt)
+        kept.ClearField("expires_at")  # the pause's, renewed by whatever seeds from it
 
 
 def _since(pause: message_pb2.Pause) -> str:

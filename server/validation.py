@@ -32,6 +32,9 @@ MAX_SEED_MESSAGES = 10_000
 MAX_SEED_MESSAGE_CHARS = 100_000
 SEED_ROLES = frozenset({"user", "assistant", "system", "tool"})
 MAX_SEED_TOOL_CALLS = 128
+# As many and as big as an agent's own (worker/pause.py).
+MAX_SEED_INTERRUPTS = 16
+MAX_SEED_INTERRUPT_BYTES = 64 * 1024
 MAX_SEED_BYTES = 64 * 2**20
 
 
@@ -141,11 +144,62 @@ def _seed_parts_violations(at: str, message: message_pb2.Message) -> list[FieldV
                 f"arguments must be at most {MAX_SEED_MESSAGE_CHARS} characters",
             )
         )
+    violations += _seed_call_id_violations(at, message)
+    violations += _seed_interrupt_violations(at, message)
     if message.metadata.ByteSize() > MAX_METADATA_BYTES:
         violations.append(
             FieldViolation(f"{at}.metadata", f"must be at most {MAX_METADATA_BYTES} bytes")
         )
     return violations
+
+
+def _seed_call_id_violations(at: str, message: message_pb2.Message) -> list[FieldViolation]:
+    """Each call has an id a tool message (or a pause's answer) can name:
+    one that is missing, repeated or too long would leave a session waiting
+    for an answer nobody can give."""
+    out: list[FieldViolation] = []
+    seen: set[str] = set()
+    for n, call in enumerate(message.tool_calls[:MAX_SEED_TOOL_CALLS]):
+        where = f"{at}.tool_calls[{n}].id"
+        if not call.id:
+            out.append(FieldViolation(where, "required"))
+        elif len(call.id) > pauses.MAX_ID_CHARS:
+            out.append(FieldViolation(where, f"must be at most {pauses.MAX_ID_CHARS} characters"))
+        elif call.id in seen:
+            out.append(FieldViolation(where, f"repeats call id {call.id!r}"))
+        seen.add(call.id)
+    return out
+
+
+def _seed_interrupt_violations(at: str, message: message_pb2.Message) -> list[FieldViolation]:
+    """What a paused turn asked, as a turn could have recorded it."""
+    if not message.interrupts:
+        return []
+    if message.role != "assistant":
+        return [FieldViolation(f"{at}.interrupts", "only an assistant message asks")]
+    if len(message.interrupts) > MAX_SEED_INTERRUPTS:
+        return [FieldViolation(f"{at}.interrupts", f"at most {MAX_SEED_INTERRUPTS} interrupts")]
+    out: list[FieldViolation] = []
+    calls = {call.id for call in message.tool_calls}
+    seen: set[str] = set()
+    for n, interrupt in enumerate(message.interrupts):
+        where = f"{at}.interrupts[{n}]"
+        if not interrupt.id:
+            out.append(FieldViolation(f"{where}.id", "required"))
+        elif len(interrupt.id) > pauses.MAX_ID_CHARS:
+            out.append(
+                FieldViolation(f"{where}.id", f"must be at most {pauses.MAX_ID_CHARS} characters")
+            )
+        elif interrupt.id in seen:
+            out.append(FieldViolation(f"{where}.id", f"repeats interrupt id {interrupt.id!r}"))
+        seen.add(interrupt.id)
+        if interrupt.tool_call_id and interrupt.tool_call_id not in calls:
+            out.append(FieldViolation(f"{where}.tool_call_id", "not a call of this message"))
+        if len(interrupt.reason) > 64 or len(interrupt.message) > MAX_MESSAGE_CHARS:
+            out.append(FieldViolation(where, "reason or message too long"))
+        if interrupt.ByteSize() > MAX_SEED_INTERRUPT_BYTES:
+            out.append(FieldViolation(where, f"must be at most {MAX_SEED_INTERRUPT_BYTES} bytes"))
+    return out
 
 
 def validate_subscribe(request: spb.SubscribeTurnRequest) -> None:

@@ -22,6 +22,7 @@ __all__ = ["MAX_INTERRUPTS", "BadPause", "check_checkpoint", "outcome"]
 # A turn asks at most this many things at once (each a client's answer).
 MAX_INTERRUPTS = 16
 MAX_TEXT = 10_000
+MAX_INTERRUPT_BYTES = 64 * 1024
 
 
 class BadPause(ValueError):
@@ -32,8 +33,15 @@ def outcome(
     response: AgentResponse, unanswered: Mapping[str, str], client_tools: set[str]
 ) -> event_pb2.RunOutcome | None:
     """The turn's outcome, or None for a plain success."""
-    pending = [call_id for call_id, name in unanswered.items() if name in client_tools]
     interrupts = list(response.interrupts or ())
+    # A call an approval gates is the agent's own, whatever its name: a
+    # caller's tool of the same name does not make it the client's to run.
+    gated = {getattr(asked, "tool_call_id", None) for asked in interrupts}
+    pending = [
+        call_id
+        for call_id, name in unanswered.items()
+        if name in client_tools and call_id not in gated
+    ]
     if not interrupts and not pending:
         return None
     if len(interrupts) > MAX_INTERRUPTS:
@@ -66,6 +74,9 @@ def outcome(
             interrupt.response_schema.CopyFrom(_struct(asked.response_schema))
         if asked.metadata:
             interrupt.metadata.CopyFrom(_struct(dict(asked.metadata)))
+        # Kept with the pause, in history and in webhook notices: bounded.
+        if interrupt.ByteSize() > MAX_INTERRUPT_BYTES:
+            raise BadPause(f"interrupt {interrupt.id!r} is over {MAX_INTERRUPT_BYTES} bytes")
     return result
 
 

@@ -251,6 +251,29 @@ async def test_an_approval_is_an_mcp_approval_request(sdk: openai.AsyncOpenAI) -
         assert expected in answer.output_text
 
 
+async def test_an_answered_approval_is_answered_again_in_a_branch(
+    sdk: openai.AsyncOpenAI,
+) -> None:
+    """Approved once; then, from the same response, denied: the branch waits
+    for the approval the paused response asked, as the first time."""
+    first = await sdk.responses.create(model="demo", input="What is 6*7, with approval?")
+    (request,) = [item for item in first.output if item.type == "mcp_approval_request"]
+
+    def answer(approve: bool) -> list[Any]:
+        return [
+            {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": approve}
+        ]
+
+    approved = await sdk.responses.create(
+        model="demo", previous_response_id=first.id, input=answer(True)
+    )
+    assert "Approved: calculator returned 42" in approved.output_text
+    denied = await sdk.responses.create(
+        model="demo", previous_response_id=first.id, input=answer(False)
+    )
+    assert "did not" in denied.output_text
+
+
 async def test_a_streamed_approval_request(sdk: openai.AsyncOpenAI) -> None:
     async with sdk.responses.stream(model="demo", input="What is 2+3 with approval") as stream:
         events = [event async for event in stream]

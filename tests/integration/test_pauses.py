@@ -153,7 +153,7 @@ async def test_an_approval_answered_with_a_message_or_cancelled_keeps_history_we
     message anywhere else), whether the approval came with a message, was
     cancelled, or expired into the server's own answer."""
 
-    async def paused() -> tuple[str, message_pb2.Interrupt]:
+    async def paused() -> tuple[str, event_pb2.Interrupt]:
         sid = (await client.create_session(agent="demo")).session_id
         first = await client.send(sid, "What is 6*7, with approval?")
         assert first.outcome is not None
@@ -178,6 +178,81 @@ async def test_an_approval_answered_with_a_message_or_cancelled_keeps_history_we
     assert [m.role for m in history] == ["user", "assistant", "tool", "user", "assistant"]
     assert history[2].tool_call_id == interrupt.tool_call_id
     assert "not approved" in history[2].content + history[2].error
+
+
+async def test_a_fork_of_a_paused_approval_waits_for_the_approval_again(
+    client: AsyncClient,
+) -> None:
+    """History keeps what a paused turn asked: a fork at that turn waits for
+    the same approval (never for a result of the agent's own call), and
+    answering it there runs the agent's tool."""
+    sid = (await client.create_session(agent="demo")).session_id
+    first = await client.send(sid, "What is 6*7, with approval?")
+    assert first.outcome is not None
+    (interrupt,) = first.outcome.interrupts
+    history = await client.history(sid)
+    assert [i.id for i in history[-1].interrupts] == [interrupt.id]
+    assert not history[-1].interrupts[0].HasField("expires_at")
+    # Answered in the source first: the fork at the paused turn still asks.
+    yes = message_pb2.ResumeEntry(
+        interrupt_id=interrupt.id, status="resolved", payload=_value({"approved": True})
+    )
+    await client.send(sid, "", resume=[yes])
+    fork = await client.fork_session(sid, at_turn_id=first.turn_id)
+    pause = fork.pause
+    assert [i.id for i in pause.interrupts] == [interrupt.id]
+    assert pause.interrupts[0].tool_call_id == interrupt.tool_call_id
+    assert list(pause.tool_calls) == []  # the calculator's call is the agent's
+    assert pause.interrupts[0].HasField("expires_at")
+    fake = message_pb2.ToolResult(tool_call_id=interrupt.tool_call_id, content="666")
+    with pytest.raises(InvalidArgumentError):
+        await client.send(fork.session_id, "", tool_results=[fake])
+    no = message_pb2.ResumeEntry(
+        interrupt_id=interrupt.id, status="resolved", payload=_value({"approved": False})
+    )
+    denied = await client.send(fork.session_id, "", resume=[no])
+    assert "did not" in denied.text
+    roles = [m.role for m in await client.history(fork.session_id)]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_an_approval_of_a_call_named_like_a_client_tool_is_asked(
+    client: AsyncClient,
+) -> None:
+    """The agent's own tool wins a name clash with the caller's: its call
+    waits for approval, as it would without the caller's tool."""
+    sid = (await client.create_session(agent="demo")).session_id
+    calculator = message_pb2.ToolDefinition(name="calculator", description="the client's")
+    first = await client.send(sid, "What is 6*7, with approval?", tools=[calculator])
+    assert first.outcome is not None and first.outcome.type == "interrupt"
+    assert list(first.outcome.pending_tool_call_ids) == []
+    (interrupt,) = first.outcome.interrupts
+    yes = message_pb2.ResumeEntry(
+        interrupt_id=interrupt.id, status="resolved", payload=_value({"approved": True})
+    )
+    assert "42" in (await client.send(sid, "", resume=[yes])).text
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [message_pb2.ToolCall(id="", function=message_pb2.FunctionCall(name="x"))],
+        [message_pb2.ToolCall(id="c" * 257, function=message_pb2.FunctionCall(name="x"))],
+        [
+            message_pb2.ToolCall(id="c1", function=message_pb2.FunctionCall(name="x")),
+            message_pb2.ToolCall(id="c1", function=message_pb2.FunctionCall(name="y")),
+        ],
+    ],
+)
+async def test_seeded_calls_nobody_could_answer_are_refused(
+    client: AsyncClient, calls: list[message_pb2.ToolCall]
+) -> None:
+    history = [
+        message_pb2.Message(role="user", content="hi"),
+        message_pb2.Message(role="assistant", tool_calls=calls),
+    ]
+    with pytest.raises(InvalidArgumentError, match=r"messages\[1\]\.tool_calls"):
+        await client.create_session(agent="demo", messages=history)
 
 
 async def test_a_question_is_answered_with_a_payload(client: AsyncClient) -> None:

@@ -35,6 +35,18 @@ def test_interrupts_get_ids_and_reasons() -> None:
     assert second.metadata["k"] == 1
 
 
+def test_an_approved_call_is_the_agents_even_if_a_client_tool_has_its_name() -> None:
+    """The agent's own tool wins a name clash: the call it gates waits for
+    the approval, and is not one the client must run."""
+    unanswered = {"c1": "calculator", "c2": "calculator"}
+    done = outcome(
+        AgentResponse(interrupts=[Interrupt(tool_call_id="c1")]), unanswered, {"calculator"}
+    )
+    assert done is not None and done.type == "interrupt"
+    assert list(done.pending_tool_call_ids) == ["c2"]  # the ungated one is the client's
+    assert done.interrupts[0].tool_call_id == "c1"
+
+
 @pytest.mark.parametrize(
     ("interrupts", "unanswered", "client_tools"),
     [
@@ -42,10 +54,10 @@ def test_interrupts_get_ids_and_reasons() -> None:
         ([Interrupt(id="x"), Interrupt(id="x")], {}, set()),
         ([Interrupt(id="x" * 129)], {}, set()),
         ([Interrupt(reason="r" * 65)], {}, set()),
-        # An approval must gate a call of this turn, not a client's pending one.
+        # An approval must gate a call of this turn left without a result.
         ([Interrupt(tool_call_id="nope")], {}, set()),
-        ([Interrupt(tool_call_id="c1")], {"c1": "get_weather"}, {"get_weather"}),
         ([Interrupt(response_schema=["not", "an", "object"])], {}, set()),  # type: ignore[arg-type]
+        ([Interrupt(metadata={"big": "x" * 70_000})], {}, set()),
     ],
 )
 def test_interrupts_that_cannot_be_asked_are_refused(

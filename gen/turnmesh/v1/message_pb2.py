@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from turnmesh.v1 import event_pb2 as turnmesh_dot_v1_dot_event__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19turnmesh/v1/message.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17turnmesh/v1/event.proto\"G\n\x04\x46ile\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x1c\n\tmime_type\x18\x02 \x01(\tR\tmime_type\x12\x10\n\x08\x66ilename\x18\x03 \x01(\t\"\x99\x01\n\x07\x46ileRef\x12\x1c\n\tmime_type\x18\x01 \x01(\tR\tmime_type\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x1e\n\nsize_bytes\x18\x03 \x01(\x03R\nsize_bytes\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"/\n\x0c\x46unctionCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"Q\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12+\n\x08\x66unction\x18\x03 \x01(\x0b\x32\x19.turnmesh.v1.FunctionCall\"\xe0\x02\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\ntool_calls\x18\x03 \x03(\x0b\x32\x15.turnmesh.v1.ToolCallR\ntool_calls\x12\"\n\x0ctool_call_id\x18\x04 \x01(\tR\x0ctool_call_id\x12#\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x14.turnmesh.v1.FileRef\x12\x18\n\x07turn_id\x18\x06 \x01(\tR\x07turn_id\x12:\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreated_at\x12)\n\x08metadata\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05usage\x18\t \x01(\x0b\x32\x17.turnmesh.v1.TokenUsage\x12\r\n\x05\x65rror\x18\n \x01(\t\"`\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\nparameters\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"B\n\nToolResult\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\\\n\x0bResumeEntry\x12\x14\n\x0cinterrupt_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"\xcd\x01\n\x05Pause\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12)\n\ntool_calls\x18\x02 \x03(\x0b\x32\x15.turnmesh.v1.ToolCall\x12*\n\ninterrupts\x18\x03 \x03(\x0b\x32\x16.turnmesh.v1.Interrupt\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcancelled\x18\x05 \x01(\x08\x12\x18\n\x10\x61gent_checkpoint\x18\x06 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19turnmesh/v1/message.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17turnmesh/v1/event.proto\"G\n\x04\x46ile\x12\x0f\n\x07\x63ontent\x18\x01 \x01(\x0c\x12\x1c\n\tmime_type\x18\x02 \x01(\tR\tmime_type\x12\x10\n\x08\x66ilename\x18\x03 \x01(\t\"\x99\x01\n\x07\x46ileRef\x12\x1c\n\tmime_type\x18\x01 \x01(\tR\tmime_type\x12\x10\n\x08\x66ilename\x18\x02 \x01(\t\x12\x1e\n\nsize_bytes\x18\x03 \x01(\x03R\nsize_bytes\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x0c\n\x04text\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x11\n\ttruncated\x18\x07 \x01(\x08\"/\n\x0c\x46unctionCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"Q\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12+\n\x08\x66unction\x18\x03 \x01(\x0b\x32\x19.turnmesh.v1.FunctionCall\"\x8c\x03\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x35\n\ntool_calls\x18\x03 \x03(\x0b\x32\x15.turnmesh.v1.ToolCallR\ntool_calls\x12\"\n\x0ctool_call_id\x18\x04 \x01(\tR\x0ctool_call_id\x12#\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x14.turnmesh.v1.FileRef\x12\x18\n\x07turn_id\x18\x06 \x01(\tR\x07turn_id\x12:\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ncreated_at\x12)\n\x08metadata\x18\x08 \x01(\x0b\x32\x17.google.protobuf.Struct\x12&\n\x05usage\x18\t \x01(\x0b\x32\x17.turnmesh.v1.TokenUsage\x12\r\n\x05\x65rror\x18\n \x01(\t\x12*\n\ninterrupts\x18\x0b \x03(\x0b\x32\x16.turnmesh.v1.Interrupt\"`\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\nparameters\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"B\n\nToolResult\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\\\n\x0bResumeEntry\x12\x14\n\x0cinterrupt_id\x18\x01 \x01(\t\x12\x0e\n\x06status\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"\xcd\x01\n\x05Pause\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12)\n\ntool_calls\x18\x02 \x03(\x0b\x32\x15.turnmesh.v1.ToolCall\x12*\n\ninterrupts\x18\x03 \x03(\x0b\x32\x16.turnmesh.v1.Interrupt\x12/\n\x0b\x65xpire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcancelled\x18\x05 \x01(\x08\x12\x18\n\x10\x61gent_checkpoint\x18\x06 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,13 +43,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCALL']._serialized_start=408
   _globals['_TOOLCALL']._serialized_end=489
   _globals['_MESSAGE']._serialized_start=492
-  _globals['_MESSAGE']._serialized_end=844
-  _globals['_TOOLDEFINITION']._serialized_start=846
-  _globals['_TOOLDEFINITION']._serialized_end=942
-  _globals['_TOOLRESULT']._serialized_start=944
-  _globals['_TOOLRESULT']._serialized_end=1010
-  _globals['_RESUMEENTRY']._serialized_start=1012
-  _globals['_RESUMEENTRY']._serialized_end=1104
-  _globals['_PAUSE']._serialized_start=1107
-  _globals['_PAUSE']._serialized_end=1312
+  _globals['_MESSAGE']._serialized_end=888
+  _globals['_TOOLDEFINITION']._serialized_start=890
+  _globals['_TOOLDEFINITION']._serialized_end=986
+  _globals['_TOOLRESULT']._serialized_start=988
+  _globals['_TOOLRESULT']._serialized_end=1054
+  _globals['_RESUMEENTRY']._serialized_start=1056
+  _globals['_RESUMEENTRY']._serialized_end=1148
+  _globals['_PAUSE']._serialized_start=1151
+  _globals['_PAUSE']._serialized_end=1356
 # @@protoc_insertion_point(module_scope)

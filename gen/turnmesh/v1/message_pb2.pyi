@@ -172,6 +172,7 @@ class Message(_message.Message):
     METADATA_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    INTERRUPTS_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """"user", "assistant", "tool" or "system"."""
     content: _builtins.str
@@ -203,6 +204,15 @@ class Message(_message.Message):
     def usage(self) -> _event_pb2.TokenUsage:
         """The final assistant message of a turn: the turn's token usage."""
 
+    @_builtins.property
+    def interrupts(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Interrupt]:
+        """The assistant message where a turn paused for approvals or answers:
+        what it asked (RUN_FINISHED's outcome.interrupts). A session created
+        with history that ends here (a fork, a branch, a stateless caller's
+        conversation) waits for them again: an approval's call is the agent's
+        own, never one the client answers with a result.
+        """
+
     def __init__(
         self,
         *,
@@ -216,10 +226,11 @@ class Message(_message.Message):
         metadata: _struct_pb2.Struct | None = ...,
         usage: _event_pb2.TokenUsage | None = ...,
         error: _builtins.str = ...,
+        interrupts: _abc.Iterable[_event_pb2.Interrupt] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "metadata", b"metadata", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "created_at", b"created_at", "error", b"error", "files", b"files", "metadata", b"metadata", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "created_at", b"created_at", "error", b"error", "files", b"files", "interrupts", b"interrupts", "metadata", b"metadata", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls", "turn_id", b"turn_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
