@@ -39,6 +39,7 @@ __all__ = [
     "seeded",
     "unanswered",
     "why_unanswered",
+    "withdraws",
 ]
 
 MAX_TOOLS = 128
@@ -231,6 +232,18 @@ def check_answers(session_id: str, pause: message_pb2.Pause | None, answers: Ans
             " (no turn paused, or its pause was answered already)"
         )
     if expired(pause):
+        if withdraws(answers) and not _match(
+            "resume",
+            "interrupt_id",
+            [e.interrupt_id for e in answers.resume],
+            [i.id for i in pause.interrupts],
+            "interrupt",
+            complete=False,
+        ):
+            # What an AG-UI client insists on for an interrupt that expired
+            # or was cancelled: it withdraws it. The server's own answers
+            # (the same cancellations, errors for the calls) are given.
+            return
         what = "was cancelled" if pause.cancelled else "expired"
         raise NotWaiting(
             f"session {public_id(session_id)!r}'s pause since {_since(pause)} {what};"
@@ -254,8 +267,23 @@ def check_answers(session_id: str, pause: message_pb2.Pause | None, answers: Ans
         raise InvalidArgument(violations)
 
 
+def withdraws(answers: Answers) -> bool:
+    """Answers that only cancel interrupts (no results, nothing resolved)."""
+    return (
+        bool(answers.resume)
+        and not answers.tool_results
+        and all(e.status == "cancelled" for e in answers.resume)
+    )
+
+
 def _match(
-    field: str, key: str, given: list[str], wanted: list[str], what: str
+    field: str,
+    key: str,
+    given: list[str],
+    wanted: list[str],
+    what: str,
+    *,
+    complete: bool = True,
 ) -> list[FieldViolation]:
     out: list[FieldViolation] = []
     seen: set[str] = set()
@@ -272,7 +300,7 @@ def _match(
             out.append(FieldViolation(f"{field}[{n}].{key}", f"answers {what} {value!r} twice"))
         seen.add(value)
     missing = [w for w in wanted if w not in seen]
-    if missing:
+    if missing and complete:
         out.append(FieldViolation(field, f"no answer for {what} {', '.join(missing)}"))
     return out
 

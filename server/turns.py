@@ -93,6 +93,8 @@ class PendingTurn:
     # or the server's for an expired or cancelled pause), and that pause.
     answers: pauses.Answers = field(default_factory=pauses.Answers)
     answering: message_pb2.Pause | None = None
+    # The answers are the client's (not the server's for a pause that ended).
+    client_answers: bool = False
     # Set by the runner when the turn commits: what the session waits for now.
     pause_after: message_pb2.Pause | None = None
 
@@ -252,6 +254,17 @@ class SessionTurns:
             raise pauses.refuse_plain_turn(self.session_id, self.pause)
         if policy == spb.TURN_POLICY_REJECT and self.busy:
             raise SessionBusy(f"session {public_id(self.session_id)!r} has a turn running")
+        if (
+            policy == spb.TURN_POLICY_INTERRUPT
+            and self.running is not None
+            and self.running.client_answers
+        ):
+            # Cancelling it would throw the client's results away and leave
+            # the session waiting for them again: nothing the caller wants.
+            raise SessionBusy(
+                f"session {public_id(self.session_id)!r} runs the turn that answers its pause;"
+                " it is not interrupted: send this once it ends"
+            )
         if policy in COLLECTING and not answers:
             # The head of the queue of an idle session is as good as running
             # (the drain task just has not picked it up yet): never join it.
@@ -280,6 +293,7 @@ class SessionTurns:
         turn.tools = list(tools or ())
         if answers:
             turn.answers = answers
+            turn.client_answers = True
             turn.collecting = False
         self._hold(turn, size)
         turn.waiters = 1
@@ -406,6 +420,8 @@ class SessionTurns:
         pause = self.pause
         if pause is None:
             return True
+        if pauses.expired(pause) and pauses.withdraws(turn.answers):
+            turn.answers = pauses.Answers()  # the server answers it, as below
         if not turn.answers:
             if not pauses.expired(pause):
                 turn.log.append(

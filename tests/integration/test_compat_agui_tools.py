@@ -337,6 +337,44 @@ def test_resume_where_nothing_waits_is_409(shared_mesh: SharedMesh) -> None:
     assert (status, problem["reason"]) == (409, "NOT_WAITING")
 
 
+def test_an_interrupt_cancelled_meanwhile_is_withdrawn_and_the_thread_goes_on(
+    shared_mesh: SharedMesh,
+) -> None:
+    """The client holds a pending interrupt whose turn was cancelled (or
+    whose pause expired); it will only send a run that withdraws it
+    ("cancelled"). That run is taken: the thread goes on with its message."""
+    node = shutil.which("node")
+    assert node, "node is installed by `make install` (system-deps)"
+    thread = f"agui-withdraw-{uuid.uuid4().hex[:8]}"
+    script = [node, "withdraw.mjs", _url(shared_mesh), thread, "What is 6*7, with approval?"]
+    with subprocess.Popen(
+        [*script, "then say hello"],
+        cwd=CLIENT_DIR,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            paused = json.loads(proc.stdout.readline())
+            assert [i["reason"] for i in paused["paused"]] == ["tool_approval"]
+            with httpx.Client(base_url=f"http://{shared_mesh.edge}", timeout=60) as rest:
+                turn_id = rest.get(f"/v1/sessions/{thread}").json()["session"]["pause"]["turnId"]
+                cancelled = rest.post(f"/v1/sessions/{thread}/turns/{turn_id}:cancel", json={})
+                assert cancelled.status_code == 200, cancelled.text
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+            output = json.loads(proc.stdout.readline())
+        finally:
+            proc.kill()
+    assert "error" not in output, output
+    second = output["runs"][1]
+    assert second["finished"]["outcome"] == "success"
+    assert "then say hello" in _text(second)
+    assert output["pendingAfter"] == []
+
+
 def _deep(levels: int) -> list[Any]:
     value: list[Any] = []
     for _ in range(levels):

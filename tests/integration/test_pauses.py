@@ -306,6 +306,29 @@ async def test_answers_while_a_turn_runs_are_refused(client: AsyncClient) -> Non
     assert not (await client.get_session(sid)).HasField("pause")
 
 
+async def test_an_interrupting_message_does_not_throw_the_clients_answer_away(
+    client: AsyncClient,
+) -> None:
+    sid = (await client.create_session(agent="demo")).session_id
+    first = await client.send(sid, "call get_weather", tools=[WEATHER])
+    assert first.outcome is not None
+    (call_id,) = first.outcome.pending_tool_call_ids
+    result = [message_pb2.ToolResult(tool_call_id=call_id, content="rain")]
+    # Five words half a second apart: the turn runs for 2.5 s after it starts.
+    slow = client.stream_turn(sid, "", tool_results=result, metadata={"delay_ms": 500})
+    started = await anext(aiter(slow))
+    assert started.type == event_pb2.RUN_STARTED
+    with pytest.raises(SessionBusyError, match="answers its pause"):
+        await client.send(sid, "stop", policy="interrupt")
+    events = [event async for event in slow]
+    assert events[-1].type == event_pb2.RUN_FINISHED
+    history = await client.history(sid)
+    assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
+    assert history[2].content == "rain"
+    # Once it ended, an interrupting message runs as usual.
+    assert "stop" in (await client.send(sid, "stop", policy="interrupt")).text
+
+
 async def test_rest_shows_the_pause_and_takes_the_answer(
     shared_mesh: SharedMesh, rest: httpx.AsyncClient
 ) -> None:
