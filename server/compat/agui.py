@@ -17,7 +17,7 @@ the tool messages answer them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC
 from typing import Any, Literal
 
@@ -178,7 +178,9 @@ def _answer_indices(messages: list[AguiMessage]) -> range:
     return range(start, end)
 
 
-def _tool_results(messages: list[AguiMessage], indices: range) -> list[message_pb2.ToolResult]:
+def _tool_results(
+    messages: list[AguiMessage], indices: Sequence[int]
+) -> list[message_pb2.ToolResult]:
     return [
         message_pb2.ToolResult(
             tool_call_id=messages[i].tool_call_id or "",
@@ -197,7 +199,7 @@ def _resume(entries: list[AguiResume]) -> list[message_pb2.ResumeEntry]:
     ]
 
 
-def _as_caller_field(field: str, indices: range, last: int) -> str:
+def _as_caller_field(field: str, indices: Sequence[int], last: int) -> str:
     """A violation's field named as in the RunAgentInput: a tool result is
     its tool message, the message is the last user message's content."""
     head, _, rest = field.partition(".")
@@ -215,7 +217,7 @@ def _as_caller_field(field: str, indices: range, last: int) -> str:
     return field
 
 
-def _renamed(exc: InvalidArgument, indices: range, last: int) -> InvalidArgument:
+def _renamed(exc: InvalidArgument, indices: Sequence[int], last: int) -> InvalidArgument:
     return InvalidArgument(
         [
             FieldViolation(_as_caller_field(v.field, indices, last), v.description)
@@ -308,6 +310,20 @@ async def _session(mesh: Mesh, thread: str) -> spb.Session | None:
         return None  # an invalid id cannot exist either
 
 
+def _answers_to(pause: message_pb2.Pause, messages: list[AguiMessage], indices: range) -> list[int]:
+    """The trailing tool messages that answer the thread's pause. The client
+    keeps the results of the agent's own calls (made in the paused message
+    beside the client's) among them: those are history already, not
+    answers. An id no message of the run calls stays, to be refused."""
+    waited = {call.id for call in pause.tool_calls}
+    called = {call.id for m in messages if m.role == "assistant" for call in m.tool_calls}
+    return [
+        i
+        for i in indices
+        if messages[i].tool_call_id in waited or messages[i].tool_call_id not in called
+    ]
+
+
 def _seed_until(messages: list[AguiMessage], indices: range) -> int | None:
     """For a new thread whose trailing tool messages answer the assistant
     message just before them: where the seeded history ends (after that
@@ -371,6 +387,8 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
         # Tool messages before a user message answered an earlier pause (or
         # one that expired, which the server answers): a plain message.
         indices = range(0)
+    elif session.HasField("pause"):
+        indices = _answers_to(session.pause, messages, indices)
     run_id = request.run_id
     policy = POLICIES[request.forwarded_props.get("policy", "collect")]
     try:

@@ -375,6 +375,23 @@ def test_an_interrupt_cancelled_meanwhile_is_withdrawn_and_the_thread_goes_on(
     assert output["pendingAfter"] == []
 
 
+@pytest.mark.parametrize(("mode", "said"), [("calls", "result sunny"), ("approval", "resume")])
+def test_a_paused_message_that_also_ran_the_agents_own_tool_is_answered(
+    shared_mesh: SharedMesh, mode: str, said: str
+) -> None:
+    """The client resends the agent's own tool result beside its answer
+    (it is among its messages): that is history, not an answer."""
+    thread = f"agui-mixed-{mode}-{uuid.uuid4().hex[:8]}"
+    output, _ = _node("mixed.mjs", _url(shared_mesh), thread, mode)
+    assert "error" not in output, output
+    # The result of the agent's own call came back among the client's messages.
+    assert any(m["role"] == "tool" for m in output["sent"])
+    first, second = output["runs"]
+    assert first["finished"]["outcome"] == ("interrupt" if mode == "approval" else "success")
+    assert second["finished"]["outcome"] == "success"
+    assert said in _text(second)
+
+
 def _deep(levels: int) -> list[Any]:
     value: list[Any] = []
     for _ in range(levels):

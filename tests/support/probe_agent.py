@@ -8,6 +8,11 @@ Metadata: ``deltas`` (count), ``delay_ms`` (between deltas),
 ``stall_first_attempt`` (the first worker to run the turn stalls before
 emitting anything: the test kills it there to see a transparent retry),
 ``fail_once`` (a name: the first turn carrying it fails with AgentError).
+
+A message "mixed calls" makes one assistant message with a call of the
+caller's first tool beside a call of the agent's own ``lookup``, run at once;
+"mixed approval" gates a call of its own ``deploy`` with an approval beside
+the ``lookup``. The turn that answers says what it got.
 """
 
 from __future__ import annotations
@@ -16,13 +21,17 @@ import asyncio
 import os
 from pathlib import Path
 
-from turnmesh.agent import AgentError, AgentRequest, AgentResponse, EventEmitter
+from turnmesh.agent import AgentError, AgentRequest, AgentResponse, EventEmitter, Interrupt
 
 
 class ProbeAgent:
     name = "probe"
 
     async def run(self, request: AgentRequest, *, emitter: EventEmitter) -> AgentResponse:
+        if request.tool_results or request.resume:
+            return await _answered(request, emitter)
+        if request.message in ("mixed calls", "mixed approval"):
+            return await _mixed(request, emitter)
         probe = Path(os.environ["TURNMESH_PROBE_DIR"])
         started = probe / f"{request.turn_id}.started"
         first_attempt = not started.exists()
@@ -55,3 +64,25 @@ class ProbeAgent:
             (probe / f"{request.turn_id}.cancelled").write_text(str(os.getpid()))
             raise
         return AgentResponse(text="".join(parts))
+
+
+async def _mixed(request: AgentRequest, emitter: EventEmitter) -> AgentResponse:
+    if request.message == "mixed calls":
+        await emitter.emit_tool_call(request.tools[0].name, {"q": 1})
+        interrupts = []
+    else:
+        gated = await emitter.emit_tool_call("deploy", {"env": "prod"})
+        interrupts = [Interrupt(message="deploy?", tool_call_id=gated)]
+    lookup = await emitter.emit_tool_call("lookup", {"q": 2})
+    await emitter.emit_tool_result(lookup, "found")
+    return AgentResponse(interrupts=interrupts)
+
+
+async def _answered(request: AgentRequest, emitter: EventEmitter) -> AgentResponse:
+    parts = [f"result {r.content or r.error}" for r in request.tool_results]
+    for entry in request.resume:
+        if entry.tool_call is not None:
+            ran = "deployed" if entry.approved else "error: not approved"
+            await emitter.emit_tool_result(entry.tool_call["id"], ran)
+        parts.append(f"resume {entry.status}")
+    return AgentResponse(text="; ".join(parts))
