@@ -216,6 +216,16 @@ class SessionCore:
         self._count_sessions(await self.store.count())
         return deleted
 
+    def _idle_until(self, record: SessionRecord) -> float:
+        """When the session expires for idleness: the TTL after its last
+        activity, or after the end of a pause it waits in (not cancelled:
+        the cancel was activity)."""
+        since = record.last_activity
+        pause = pauses.parse(record.pause)
+        if pause is not None and not pause.cancelled:
+            since = max(since, pause.expire_time.ToNanoseconds() / 1e9)
+        return since + self.limits.session_ttl_seconds
+
     async def history(self, session_id: str) -> list[message_pb2.Message]:
         return await self.store.history(session_id)
 
@@ -230,9 +240,11 @@ class SessionCore:
             # In a shared store, its owner expires it (and forgets it whole).
             if not await self.ownership.may_expire(session_id):
                 continue
-            # A session that waits for the client stays until its wait ends.
+            # A session that waits for the client stays until its wait ends,
+            # and its idle time counts from then (a late answer is told the
+            # pause expired; the next turn tells the agent).
             record = await self.store.get(session_id)
-            if record is not None and pauses.active(record.pause) is not None:
+            if record is not None and self._idle_until(record) > now():
                 continue
             await self.delete_session(session_id)
             expired.append(session_id)
@@ -699,7 +711,7 @@ class SessionCore:
         )
         session.created_at.CopyFrom(_ts(record.created_at))
         session.last_activity.CopyFrom(_ts(record.last_activity))
-        session.expire_time.CopyFrom(_ts(record.last_activity + self.limits.session_ttl_seconds))
+        session.expire_time.CopyFrom(_ts(self._idle_until(record)))
         if record.metadata:
             json_format.ParseDict(record.metadata, session.metadata)
         # Waiting: no turn runs or waits to run here, and the stored pause

@@ -21,7 +21,7 @@ from turnmesh.server.store import MemoryStore, SessionRecord, now
 from turnmesh.server.store_sqlite import SqliteStore
 from turnmesh.server.turns import CancelReason, PendingTurn
 from turnmesh.server.webhooks import WebhookSender, WebhookSettings
-from turnmesh.v1 import event_pb2
+from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 ET = event_pb2.EventType
@@ -164,6 +164,30 @@ async def test_expire_idle_skips_sessions_with_turns(core: SessionCore, runner: 
     runner.finish(turn_of(core, tlog))
     await core._turns["busy"].wait_idle()
     assert await core.expire_idle() == ["busy"]
+
+
+async def test_a_session_is_idle_only_a_ttl_after_its_pause_ends(core: SessionCore) -> None:
+    """Waiting is not idleness: a session stays while its pause waits, and
+    the TTL (100 s here) runs from the pause's end, so a late answer is told
+    the pause expired instead of finding no session."""
+    old = now() - 1000
+
+    def paused(ended_ago: float, cancelled: bool = False) -> bytes:
+        pause = message_pb2.Pause(turn_id="t1", cancelled=cancelled)
+        pause.expire_time.FromNanoseconds(int((now() - ended_ago) * 1e9))
+        return pause.SerializeToString()
+
+    records = {
+        "waiting": paused(-3600),  # expires in an hour
+        "just-expired": paused(10),
+        "long-expired": paused(200),
+        "cancelled": paused(-3600, cancelled=True),  # the cancel was its last activity
+    }
+    for sid, pause in records.items():
+        await core.store.create(SessionRecord(sid, "demo", old, old, pause=pause))
+    assert sorted(await core.expire_idle()) == ["cancelled", "long-expired"]
+    session = await core.get_session("just-expired")
+    assert session.expire_time.ToSeconds() == pytest.approx(now() - 10 + 100, abs=2)
 
 
 # --- start_turn ------------------------------------------------------------------
