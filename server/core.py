@@ -523,6 +523,7 @@ class SessionCore:
             size,
             list(request.tools),
             pauses.Answers(request.tool_results, request.resume),
+            webhook=request.webhook_url or record.webhook_url,
         )
 
     async def _turn_lease(self, principal: str) -> TurnLease | None:

@@ -233,6 +233,8 @@ class SessionTurns:
         size: int | None = None,
         tools: list[message_pb2.ToolDefinition] | None = None,
         answers: pauses.Answers | None = None,
+        *,
+        webhook: str = "",
     ) -> PendingTurn:
         """Place a new message under the policy. Never awaits: decisions are
         atomic. ``size``: what the request holds, if the caller knows it.
@@ -275,6 +277,9 @@ class SessionTurns:
                 and batch.collecting
                 and not head_is_next
                 and _fits(batch, len(files), size)
+                # A batch notifies one URL: a message that names another is
+                # a turn of its own, so each caller is told.
+                and (not webhook or batch.log.webhook in ("", webhook))
             ):
                 batch.messages.append(message)
                 batch.tools = list(tools or batch.tools)  # the newest request's

@@ -20,7 +20,7 @@ from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import MemoryStore, SessionRecord, now
 from turnmesh.server.store_sqlite import SqliteStore
 from turnmesh.server.turns import CancelReason, PendingTurn
-from turnmesh.server.webhooks import WebhookSender, WebhookSettings
+from turnmesh.server.webhooks import MemoryOutbox, WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -552,3 +552,37 @@ async def test_a_lost_turn_a_subscriber_found_is_still_settled_by_the_sweep(
     finally:
         await hooks.stop()
         await store.close()
+
+
+async def test_a_message_with_another_webhook_does_not_join_the_batch(
+    pool: FakePool, runner: FakeRunner
+) -> None:
+    """COLLECT joins a queued batch only when the batch's notice goes where
+    the message wants it: one that names another URL is a turn of its own,
+    so every caller is told."""
+    secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+    hooks = WebhookSender(
+        WebhookSettings(allow=("http://127.0.0.1:9/",), secret=secret), MemoryOutbox()
+    )
+    core = SessionCore(MemoryStore(), pool, "demo", SessionLimits(), webhooks=hooks)  # type: ignore[arg-type]
+    core.runner = runner  # type: ignore[assignment]
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+
+    def collect(message: str, url: str = "") -> spb.TurnRequest:
+        sent = request(message, policy=spb.TURN_POLICY_COLLECT)
+        sent.webhook_url = url
+        return sent
+
+    running = await core.start_turn(request("first"))
+    await spin_until(lambda: running.turn_id in runner.started)
+    alice = await core.start_turn(collect("a", "http://127.0.0.1:9/alice"))
+    bob = await core.start_turn(collect("b", "http://127.0.0.1:9/bob"))
+    assert bob.turn_id != alice.turn_id
+    assert (alice.webhook, bob.webhook) == ("http://127.0.0.1:9/alice", "http://127.0.0.1:9/bob")
+    # The same URL, or none, joins the newest batch.
+    assert (await core.start_turn(collect("b2", "http://127.0.0.1:9/bob"))).turn_id == bob.turn_id
+    assert (await core.start_turn(collect("plain"))).turn_id == bob.turn_id
+    for turns in core._turns.values():
+        turns.cancel_all(CancelReason.SHUTDOWN)
+        await turns.wait_idle()
+    await hooks.stop()
