@@ -25,7 +25,7 @@ from turnmesh.runtime.errors import NotFound
 from turnmesh.runtime.events import Answer
 from turnmesh.server.compat._common import Mesh, invalid, turn_error
 from turnmesh.v1 import compat_service_pb2 as cpb
-from turnmesh.v1 import event_pb2
+from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 # turnmesh's tool runner reports a failed tool as a result starting with this.
@@ -114,6 +114,20 @@ class _Calls:
                 "error" if failed else "success"
             )
 
+    @property
+    def unnamed(self) -> bool:
+        """Whether a result came for a call this turn did not make (one an
+        approval gated, made by the turn before)."""
+        return any(not call.name for call in self._calls.values())
+
+    def name_from(self, history: list[message_pb2.Message]) -> None:
+        """Name the calls made by earlier turns as their messages did."""
+        made = {call.id: call for m in history for call in m.tool_calls}
+        for call_id, call in self._calls.items():
+            if not call.name and (earlier := made.get(call_id)) is not None:
+                call.name = earlier.function.name
+                self._args[call_id] = [earlier.function.arguments]
+
     def finish(self, outcome: event_pb2.RunOutcome | None = None) -> None:
         """``outcome``: the turn's (RUN_FINISHED's); with it, a call without
         a result is ``pending`` only if the turn waits for the client to act
@@ -158,6 +172,8 @@ async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
             outcome.CopyFrom(event.outcome)
         elif event.type == event_pb2.RUN_ERROR:
             raise turn_error(event)
+    if calls.unnamed:
+        calls.name_from(await mesh.history(response.session_id))
     calls.finish(outcome)
     for interrupt in outcome.interrupts:
         asked = response.interrupts.add(

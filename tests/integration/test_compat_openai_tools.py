@@ -525,4 +525,7 @@ async def test_simple_chat_answers_an_approval_with_resume(rest: httpx.AsyncClie
     assert done.status_code == 200, done.text
     body = done.json()
     assert body["content"] == "Approved: calculator returned 42."
-    assert [(c["id"], c["status"]) for c in body["tool_calls"]] == [(call["id"], "success")]
+    # The approved call, named as the turn that made it named it.
+    assert [(c["id"], c["name"], c["status"], c["arguments"]) for c in body["tool_calls"]] == [
+        (call["id"], "calculator", "success", {"expression": "6*7"})
+    ]
