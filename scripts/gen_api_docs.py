@@ -140,9 +140,14 @@ DIFFERENCES = [
     ),
     (
         "OpenAI chat completions and Responses",
-        "`tools`, `tool_choice` and tool messages in a request are not yet served "
-        "(issue 21); `finish_reason` is always `stop`.",
-        "Client tools need the durable pause of issue 21.",
+        "Function tools are the caller's own: the agent may call them (the answer's "
+        "`tool_calls` or `function_call` items), or not. `tool_choice` `required` and "
+        "`parallel_tool_calls` do not force or limit its calls; `none` offers no tools, a "
+        "named function (or `allowed_tools`) only those. Approvals and questions come in an "
+        "`interrupts` extension (Responses: an approval is an `mcp_approval_request` item) "
+        "and are answered with a `resume` extension (or `mcp_approval_response` items).",
+        "The agent decides what to call; OpenAI's function calling has no approval or "
+        "question of its own.",
     ),
     (
         "OpenAI chat completions and Responses",
@@ -163,17 +168,20 @@ DIFFERENCES = [
     ),
     (
         "OpenAI Responses",
-        "Input items are `message` and `item_reference` only (`function_call` and the like "
-        "are 400 until issue 21). With `previous_response_id` the turn's message is the last "
-        "input item; earlier items of that request are not added to the conversation.",
+        "Input items are `message`, `item_reference`, `function_call`, "
+        "`function_call_output`, `mcp_approval_request` and `mcp_approval_response`; other "
+        "types are 400. With `previous_response_id` the turn's message is the last message "
+        "item; earlier messages of that request are not added to the conversation.",
         "A turn takes one user message; a new conversation is seeded with all of them.",
     ),
     (
         "OpenAI Responses",
         "Response ids are `resp_<turn>.<base64url(session)>` and message ids "
         "`msg_<turn>.<base64url(session)>`; `store: false` is ignored (the session is the "
-        "store), and `background` is not yet served (issue 21).",
-        "Any server can continue or read a response from its id alone, with no shared index.",
+        "store). A `background` response is polled (`GET /v1/responses/{id}`), not streamed: "
+        "`background` with `stream` is 400.",
+        "Any server can continue or read a response from its id alone, with no shared index; "
+        "a background turn's events are followed natively with `SubscribeTurn`.",
     ),
     (
         "OpenAI Responses",
@@ -191,8 +199,8 @@ DIFFERENCES = [
     ),
     (
         "OpenAI Responses",
-        "`usage` details (`cached_tokens`, `reasoning_tokens`) are 0; `tools` is [] and "
-        "`temperature`/`top_p` null.",
+        "`usage` details (`cached_tokens`, `reasoning_tokens`) are 0; `tools` are the "
+        "request's function tools as `tool_choice` left them; `temperature`/`top_p` null.",
         "Agents report input and output tokens only.",
     ),
     (
