@@ -182,9 +182,11 @@ def _describe(pause: message_pb2.Pause) -> str:
 
 def refuse_plain_turn(session_id: str, pause: message_pb2.Pause) -> AwaitingClient:
     """A turn that does not answer a session that waits."""
+    # A seeded pause has no turn of this session to cancel.
+    cancel = f", or cancel turn {pause.turn_id!r}" if pause.turn_id else ""
     return AwaitingClient(
         f"session {public_id(session_id)!r} waits for the client since"
-        f" {_since(pause)}: send {_describe(pause)}, or cancel the turn",
+        f" {_since(pause)}: send {_describe(pause)}{cancel}",
         metadata=_waits_for(pause),
     )
 
@@ -267,6 +269,10 @@ def check_answers(session_id: str, pause: message_pb2.Pause | None, answers: Ans
         raise InvalidArgument(violations)
 
 
+def _a(what: str) -> str:
+    return f"an {what}" if what[0] in "aeiou" else f"a {what}"
+
+
 def withdraws(answers: Answers) -> bool:
     """Answers that only cancel interrupts (no results, nothing resolved)."""
     return (
@@ -293,7 +299,7 @@ def _match(
             out.append(
                 FieldViolation(
                     f"{field}[{n}].{key}",
-                    f"not a {what} the session waits for (it waits for: {expected})",
+                    f"not {_a(what)} the session waits for (it waits for: {expected})",
                 )
             )
         elif value in seen:

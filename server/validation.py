@@ -91,7 +91,19 @@ def validate_create_session(request: spb.CreateSessionRequest) -> None:
         violations.append(FieldViolation("metadata", f"must be at most {MAX_METADATA_BYTES} bytes"))
     if len(request.messages) > MAX_SEED_MESSAGES:
         violations.append(FieldViolation("messages", f"at most {MAX_SEED_MESSAGES} messages"))
+    called: set[str] = set()
     for index, message in enumerate(request.messages[:MAX_SEED_MESSAGES]):
+        if message.role == "assistant":
+            called.update(call.id for call in message.tool_calls)
+        elif message.role == "tool" and message.tool_call_id not in called:
+            # A chat model refuses a reply to no call; on REST the calls are
+            # `tool_calls` (a `toolCalls` there is dropped unread).
+            violations.append(
+                FieldViolation(
+                    f"messages[{index}].tool_call_id",
+                    "answers no call of an earlier assistant message's tool_calls",
+                )
+            )
         if message.role not in SEED_ROLES:
             violations.append(
                 FieldViolation(

@@ -255,6 +255,22 @@ async def test_seeded_calls_nobody_could_answer_are_refused(
         await client.create_session(agent="demo", messages=history)
 
 
+async def test_a_seeded_tool_reply_to_no_call_is_refused(rest: httpx.AsyncClient) -> None:
+    """Over REST a call is `tool_calls`: a `toolCalls` is dropped unread, and
+    the reply it leaves behind answers nothing, which a model refuses."""
+    history = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "toolCalls": [{"id": "call_1", "function": {"name": "w"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    refused = await rest.post("/v1/sessions", json={"messages": history})
+    assert refused.status_code == 400, refused.text
+    fields = [v["field"] for v in refused.json()["violations"]]
+    assert fields == ["messages[2].tool_call_id"]
+    history[1] = {"role": "assistant", "tool_calls": history[1]["toolCalls"]}
+    assert (await rest.post("/v1/sessions", json={"messages": history})).status_code == 200
+
+
 async def test_a_question_is_answered_with_a_payload(client: AsyncClient) -> None:
     sid = (await client.create_session(agent="demo")).session_id
     first = await client.send(sid, "please ask me something")
