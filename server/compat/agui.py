@@ -345,7 +345,8 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
     thread = request.thread_id
     messages = request.messages
     last = len(messages) - 1
-    indices = _answer_indices(messages)
+    trailing = _answer_indices(messages)
+    indices: Sequence[int] = trailing
     user = messages[last] if messages and messages[last].role == "user" else None
     message = user.text() if user is not None else ""
     files = await decode(user.files(f"messages[{last}]")) if user is not None else []
@@ -360,12 +361,12 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
     made = False  # this run made the thread: a refused run deletes it again
     seed: list[message_pb2.Message] = []
     if session is None:
-        seed_end = _seed_until(messages, indices)
+        seed_end = _seed_until(messages, trailing)
         if resume:
             raise NotWaiting(f"thread {thread!r} is new: it waits for no resume entries")
         if seed_end is None and user is None:
             raise invalid(
-                f"messages[{indices.start}]",
+                f"messages[{trailing.start}]",
                 "a new thread's tool messages must follow the assistant message with their calls",
             )
         if seed_end is None:
@@ -388,7 +389,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
         # one that expired, which the server answers): a plain message.
         indices = range(0)
     elif session.HasField("pause"):
-        indices = _answers_to(session.pause, messages, indices)
+        indices = _answers_to(session.pause, messages, trailing)
     run_id = request.run_id
     policy = POLICIES[request.forwarded_props.get("policy", "collect")]
     try:

@@ -5,6 +5,8 @@ answer refused with nothing changed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from google.protobuf import struct_pb2
@@ -258,16 +260,17 @@ async def test_seeded_calls_nobody_could_answer_are_refused(
 async def test_a_seeded_tool_reply_to_no_call_is_refused(rest: httpx.AsyncClient) -> None:
     """Over REST a call is `tool_calls`: a `toolCalls` is dropped unread, and
     the reply it leaves behind answers nothing, which a model refuses."""
-    history = [
+    calls = [{"id": "call_1", "function": {"name": "w"}}]
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "weather?"},
-        {"role": "assistant", "toolCalls": [{"id": "call_1", "function": {"name": "w"}}]},
+        {"role": "assistant", "toolCalls": calls},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     refused = await rest.post("/v1/sessions", json={"messages": history})
     assert refused.status_code == 400, refused.text
     fields = [v["field"] for v in refused.json()["violations"]]
     assert fields == ["messages[2].tool_call_id"]
-    history[1] = {"role": "assistant", "tool_calls": history[1]["toolCalls"]}
+    history[1] = {"role": "assistant", "tool_calls": calls}
     assert (await rest.post("/v1/sessions", json={"messages": history})).status_code == 200
 
 
