@@ -388,10 +388,13 @@ class SessionCore:
     ) -> TurnLog:
         if self.draining:
             raise Unavailable("this server is shutting down; retry on another")
+        known = self._turns.get(session_id or request.session_id)
+        read_at = known.pause_version if known is not None else None
         record = await self.get_record(session_id or request.session_id)
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
-        turns.sync_pause(record.pause)
+        # A turn that committed here while the record was read: it is newer.
+        turns.sync_pause(record.pause, read_at if turns is known else None)
         key = request.idempotency_key
         files = list(request.files)
         # What the request holds until its turn ends, joined or not: its size
@@ -595,12 +598,14 @@ class SessionCore:
         (stored before any later turn runs), and the next turn tells the
         agent its calls and interrupts went unanswered. None if the turn
         left no pause that waits."""
+        known = self._turns.get(session_id)
+        read_at = known.pause_version if known is not None else None
         record = await self.get_record(session_id)
         pause = pauses.active(record.pause)
         if pause is None or pause.turn_id != turn_id:
             return None
         turns = self._session_turns(record)
-        turns.sync_pause(record.pause)
+        turns.sync_pause(record.pause, read_at if turns is known else None)
         fence = self.ownership.fence(record.session_id, record.owner)
 
         async def write(cancelled: message_pb2.Pause) -> None:

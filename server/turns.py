@@ -171,6 +171,9 @@ class SessionTurns:
         # the store's, read while no turn runs; this server's own view while
         # its turns run (it alone commits them).
         self.pause: message_pb2.Pause | None = None
+        # Bumped by each change of the pause made here (a commit, a cancel):
+        # a record read before one is older than what is known here.
+        self.pause_version = 0
         # A cancelled pause being written: the next turn runs after it.
         self._pause_write: asyncio.Future[None] | None = None
 
@@ -190,8 +193,12 @@ class SessionTurns:
         self._held_bytes[self._principal] += size
         metrics.PENDING_BYTES.inc(size)
 
-    def sync_pause(self, stored: bytes) -> None:
-        """The store's record of the pause, taken while no turn runs here."""
+    def sync_pause(self, stored: bytes, read_at: int | None = None) -> None:
+        """The store's record of the pause, taken while no turn runs here,
+        unless it was read (at ``pause_version`` ``read_at``) before a change
+        made here since."""
+        if read_at is not None and read_at != self.pause_version:
+            return
         if not self.busy and self._pause_write is None:
             self.pause = pauses.parse(stored)
 
@@ -209,6 +216,7 @@ class SessionTurns:
         cancelled.CopyFrom(pause)
         cancelled.cancelled = True
         self.pause = cancelled
+        self.pause_version += 1
         self._pause_write = asyncio.ensure_future(write(cancelled))
         self._pause_write.add_done_callback(self._pause_written)
         return self._pause_write
@@ -410,6 +418,7 @@ class SessionTurns:
                         self._end_unstarted(turn)  # cancelled before its coroutine ever ran
                     elif turn.log.state == spb.TURN_STATE_FINISHED:
                         self.pause = turn.pause_after  # committed with the turn
+                        self.pause_version += 1
                 finally:
                     # Whatever happened, the turn no longer counts as in flight.
                     self.running = None

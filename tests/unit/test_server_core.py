@@ -12,7 +12,13 @@ import pytest
 from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import FakeClock, FakeRunner, fake_time_module, spin, spin_until
-from turnmesh.runtime.errors import AlreadyExists, IdempotencyKeyReused, NotFound, Unavailable
+from turnmesh.runtime.errors import (
+    AlreadyExists,
+    IdempotencyKeyReused,
+    NotFound,
+    NotWaiting,
+    Unavailable,
+)
 from turnmesh.server import eventlog
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
@@ -586,3 +592,50 @@ async def test_a_message_with_another_webhook_does_not_join_the_batch(
         turns.cancel_all(CancelReason.SHUTDOWN)
         await turns.wait_idle()
     await hooks.stop()
+
+
+class SlowReads(MemoryStore):
+    """A store whose next ``get`` waits until the test lets it answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold: asyncio.Event | None = None
+        self.reading = asyncio.Event()
+
+    async def get(self, session_id: str) -> SessionRecord | None:
+        record = await super().get(session_id)  # read now, answered later
+        if (hold := self.hold) is not None:
+            self.hold = None
+            self.reading.set()
+            await hold.wait()
+        return record
+
+
+async def test_answers_read_against_a_pause_answered_meanwhile_are_refused(
+    pool: FakePool, runner: FakeRunner
+) -> None:
+    """A pause answered here while a second answer's record was being read:
+    the record is older than what this server knows, so the second answer
+    is refused (not taken twice)."""
+    store = SlowReads()
+    core = SessionCore(store, pool, "demo", SessionLimits())  # type: ignore[arg-type]
+    core.runner = runner  # type: ignore[assignment]
+    pause = message_pb2.Pause(turn_id="t0")
+    pause.tool_calls.add(id="c1", function=message_pb2.FunctionCall(name="get_weather"))
+    pause.expire_time.FromNanoseconds(int((now() + 3600) * 1e9))
+    await store.create(SessionRecord("s1", "demo", now(), now(), pause=pause.SerializeToString()))
+
+    def answer() -> spb.TurnRequest:
+        sent = request("")
+        sent.tool_results.add(tool_call_id="c1", content="sunny")
+        return sent
+
+    first = await core.start_turn(answer())
+    gate = store.hold = asyncio.Event()
+    second = asyncio.create_task(core.start_turn(answer()))
+    await store.reading.wait()  # its record, with the pause, is read
+    runner.finish(turn_of(core, first))
+    await core._turns["s1"].wait_idle()  # the first answer committed here
+    gate.set()
+    with pytest.raises(NotWaiting):
+        await second
