@@ -178,3 +178,14 @@ def test_readme_python_pauses_example(shared_mesh: SharedMesh) -> None:
         'Your get_weather returned: "snow".',
         "Approved: calculator returned 42.",
     ]
+
+
+def test_readme_openai_pauses_example(shared_mesh: SharedMesh) -> None:
+    code = _block("openai-pauses").replace(README_ADDRESS, shared_mesh.edge)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    tool_loop, approval = result.stdout.splitlines()
+    assert tool_loop == 'Your get_weather returned: "warm".'
+    assert approval.startswith("Approved: calculator returned 42.")
