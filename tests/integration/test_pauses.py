@@ -309,25 +309,12 @@ async def test_a_cancelled_pause_tells_the_agent_on_the_next_turn(client: AsyncC
     assert history[2].tool_call_id == call_id and history[2].error
 
 
-async def test_answers_while_a_turn_runs_are_refused(client: AsyncClient) -> None:
-    sid = (await client.create_session(agent="demo")).session_id
-    first = await client.send(sid, "call get_weather", tools=[WEATHER])
-    assert first.outcome is not None
-    (call_id,) = first.outcome.pending_tool_call_ids
-    result = [message_pb2.ToolResult(tool_call_id=call_id, content="rain")]
-    slow = client.stream_turn(sid, "", tool_results=result, metadata={"delay_ms": 200})
-    started = await anext(aiter(slow))
-    assert started.type == event_pb2.RUN_STARTED
-    with pytest.raises(SessionBusyError):
-        await client.send(sid, "", tool_results=result)
-    async for _ in slow:
-        pass
-    assert not (await client.get_session(sid)).HasField("pause")
-
-
-async def test_an_interrupting_message_does_not_throw_the_clients_answer_away(
+async def test_while_the_answer_runs_more_answers_and_interrupting_messages_are_refused(
     client: AsyncClient,
 ) -> None:
+    """Answers are taken only by a session that waits; an INTERRUPT message
+    does not cancel the turn carrying the client's answers (that would throw
+    them away and leave the session waiting for them again)."""
     sid = (await client.create_session(agent="demo")).session_id
     first = await client.send(sid, "call get_weather", tools=[WEATHER])
     assert first.outcome is not None
@@ -337,10 +324,13 @@ async def test_an_interrupting_message_does_not_throw_the_clients_answer_away(
     slow = client.stream_turn(sid, "", tool_results=result, metadata={"delay_ms": 500})
     started = await anext(aiter(slow))
     assert started.type == event_pb2.RUN_STARTED
+    with pytest.raises(SessionBusyError):
+        await client.send(sid, "", tool_results=result)
     with pytest.raises(SessionBusyError, match="answers its pause"):
         await client.send(sid, "stop", policy="interrupt")
     events = [event async for event in slow]
     assert events[-1].type == event_pb2.RUN_FINISHED
+    assert not (await client.get_session(sid)).HasField("pause")
     history = await client.history(sid)
     assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
     assert history[2].content == "rain"
