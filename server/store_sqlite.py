@@ -12,9 +12,10 @@ Sessions are keyed by scoped id (``runtime.principals``); each row also keeps
 its principal and its creation time in nanoseconds, indexed together, so a
 principal's listing is one keyset range scan (``server.listing``).
 
-``PRAGMA user_version`` is the layout: 0 is a file from before principals
-(or a new, empty one), 1 added principals, 2 a session's pause, 3 (today's)
-turn records. Opening an older file brings it up to date in one transaction;
+``PRAGMA user_version`` is the layout (``SCHEMA_VERSION`` is today's): 0 is
+a file from before principals (or a new, empty one), 1 added principals, 2 a
+session's pause, 3 turn records, 4 the webhook outbox and a session's
+webhook URL. Opening an older file brings it up to date in one transaction;
 a version-0 file's sessions get those columns and go to ``legacy_principal``,
 which, unless anonymous, also prefixes their ids in every table.
 """
