@@ -21,13 +21,15 @@ import contextlib
 import json
 import logging
 import random
+import re
 import time
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 from standardwebhooks import Webhook
@@ -124,9 +126,13 @@ def allowed(url: str, allow: Sequence[str]) -> bool:
     return not _problem(url, allow)
 
 
-# Path segments a client may normalise away (httpx does), which would take a
-# request out of the allowed prefix: "/team-a/../admin" is "/admin".
-_DOT_SEGMENTS = frozenset({".", "..", "%2e", "%2e%2e", ".%2e", "%2e."})
+# Path segments a client or the receiver's server may normalise away (httpx
+# does), which would take a request out of the allowed prefix:
+# "/team-a/../admin" is "/admin".
+_DOT_SEGMENTS = frozenset({".", ".."})
+# Percent-encoded "/" and "\\": servers that decode them before they route
+# make "/team-a/..%2fadmin" the "/admin" that the prefix check never saw.
+_ENCODED_SEPARATORS = re.compile(r"%(2f|5c)", re.IGNORECASE)
 
 
 def _problem(url: str, allow: Sequence[str]) -> str:
@@ -134,6 +140,10 @@ def _problem(url: str, allow: Sequence[str]) -> str:
         return f"at most {MAX_URL_CHARS} characters"
     if "\\" in url or any(c.isspace() or not c.isprintable() for c in url):
         return "must not hold spaces, control characters or backslashes"
+    if not url.isascii():
+        # Sent percent-encoded, and normalised by some servers: two
+        # fullwidth dots (U+FF0E) are ".." to them.
+        return "must hold only ASCII characters (percent-encode the others)"
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a port that is not one
@@ -144,13 +154,30 @@ def _problem(url: str, allow: Sequence[str]) -> str:
         return "must be an http or https URL"
     if parts.username or parts.password:
         return "must not carry credentials"
-    if any(segment.lower() in _DOT_SEGMENTS for segment in parts.path.split("/")):
+    if _ENCODED_SEPARATORS.search(parts.path):
+        return "must not hold percent-encoded slashes or backslashes (%2F, %5C) in its path"
+    if any(_dot_segment(segment) for segment in parts.path.split("/")):
         return "must not hold . or .. path segments"
     if not any(_under(url, prefix) for prefix in allow):
         if not allow:
             return "is not a destination this server sends webhooks to (its allow-list is empty)"
         return "is not a destination this server sends webhooks to (see its allow-list)"
     return ""
+
+
+def _dot_segment(segment: str) -> bool:
+    """Whether a server could read the segment as "." or "..": decoded once
+    or more ("%252e" is "%2e" is "."), in compatibility form (fullwidth dots
+    are dots), or before a ";" parameter (some servers read "..;" as "..")."""
+    for _ in range(4):  # each decoding level in turn; more would be absurd
+        plain = unicodedata.normalize("NFKC", segment)
+        if plain.split(";", 1)[0] in _DOT_SEGMENTS or "/" in plain or "\\" in plain:
+            return True
+        decoded = unquote(segment)
+        if decoded == segment:
+            return False
+        segment = decoded
+    return True  # still encoded after that: nothing a sender means
 
 
 def _under(url: str, prefix: str) -> bool:

@@ -205,9 +205,28 @@ async def test_a_claimed_notice_is_held_for_its_lease_only() -> None:
         ("http://127.0.0.1\\@evil.example/", "backslashes"),
         ("http://127.0.0.1/ok/../admin", ". or .."),
         ("http://127.0.0.1/ok/%2E%2e/admin", ". or .."),
+        # Encoded separators and dots a receiver's server may decode or
+        # normalise before it routes: each leaves the allowed prefix there.
+        ("https://hooks.example.com/team-a/..%2f/x", "percent-encoded slashes"),
+        ("https://hooks.example.com/team-a/%2e%2e%2fx", "percent-encoded slashes"),
+        ("https://hooks.example.com/team-a/..%2F..%2Fx", "percent-encoded slashes"),
+        ("https://hooks.example.com/team-a/..%5cx", "percent-encoded slashes"),
+        ("https://hooks.example.com/team-a/%5C..%5Cx", "percent-encoded slashes"),
+        ("https://hooks.example.com/team-a/\uff0e\uff0e/x", "only ASCII"),
+        ("https://hooks.example.com/team-a/caf\u00e9", "only ASCII"),
+        ("https://hooks.example.com/team-a/%EF%BC%8E%EF%BC%8E/x", ". or .."),  # U+FF0E twice
+        ("https://hooks.example.com/team-a/%252e%252e/x", ". or .."),  # decoded twice
+        ("https://hooks.example.com/team-a/%252f/x", ". or .."),  # a "/" decoded twice
+        ("https://hooks.example.com/team-a/..;/x", ". or .."),  # "..;" is ".." to some
+        ("https://hooks.example.com/team-a/%2e/x", ". or .."),
+        ("https://hooks.example.com/team-a/.", ". or .."),
     ],
 )
 def test_destinations_outside_the_allow_list_are_refused(url: str, problem: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        check_destination(url, ("http://127.0.0.1", "https://hooks.example.com/team-a/"), "f")
+    (violation,) = refused.value.violations
+    assert violation.field == "f" and problem in violation.description
     with pytest.raises(InvalidArgument) as refused:
         check_destination(url, ("http://127.0.0.1",), "webhook_url")
     (violation,) = refused.value.violations
@@ -221,6 +240,11 @@ def test_allowed_destinations_pass() -> None:
     with pytest.raises(InvalidArgument):
         check_destination("http://127.0.0.1:80801/x", allow, "f")
     assert check_destination("https://hooks.example.com/team-a/in", allow, "f")
+    # Encoded characters that are neither dots nor separators stay allowed,
+    # in the path and anywhere in the query (it never leaves the prefix).
+    assert check_destination("https://hooks.example.com/team-a/a%20b/%7Euser", allow, "f")
+    assert check_destination("https://hooks.example.com/team-a/in?next=%2F..%2Fx", allow, "f")
+    assert check_destination("https://hooks.example.com/team-a/in;v=1/...x/.hidden", allow, "f")
     with pytest.raises(InvalidArgument):
         check_destination("https://hooks.example.com/team-b/in", allow, "f")
     with pytest.raises(InvalidArgument, match="allow-list is empty"):
