@@ -53,6 +53,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_URL_CHARS = 2048
+# Of a receiver's answer, read at most (beyond httpx's own buffer of one
+# network read, 64 KiB): its status is all a delivery needs.
+MAX_RESPONSE_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,8 @@ class WebhookSender:
         return notice_id
 
     def _lease_seconds(self) -> float:
+        # An attempt ends by its deadline (``_post``), so a lease of three
+        # deadlines ends only once its holder is gone (or stalled).
         return self.settings.timeout_seconds * 3
 
     async def _run(self) -> None:
@@ -425,11 +430,38 @@ class WebhookSender:
             headers["webhook-signature"] = self._signer.sign(
                 delivery.id, sent_at, delivery.body.decode()
             )
+        status: int | None = None
         try:
-            response = await self._client.post(delivery.url, content=delivery.body, headers=headers)
+            # One deadline for the whole attempt (httpx's timeout is per
+            # read: a body trickled a byte at a time never trips it), well
+            # inside the claim's lease, so no other claim of the notice
+            # starts while this one runs.
+            async with asyncio.timeout(self.settings.timeout_seconds):
+                async with self._client.stream(
+                    "POST", delivery.url, content=delivery.body, headers=headers
+                ) as response:
+                    status = response.status_code  # the answer: the body says nothing more
+                    await _skim(response)
+        except TimeoutError:
+            log.info(
+                "webhook %s attempt %d: past its %gs deadline",
+                delivery.id,
+                delivery.attempts,
+                self.settings.timeout_seconds,
+            )
         except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # never left unsettled
             log.info(
                 "webhook %s attempt %d: %s", delivery.id, delivery.attempts, type(exc).__name__
             )
-            return None
-        return response.status_code
+        return status
+
+
+async def _skim(response: httpx.Response) -> None:
+    """Read at most ``MAX_RESPONSE_BYTES`` of a receiver's answer: a short
+    one is read whole, so its connection is kept for the next notice; a
+    longer one is left unread (the connection is closed), never held."""
+    read = 0
+    async for chunk in response.aiter_raw():
+        read += len(chunk)
+        if read > MAX_RESPONSE_BYTES:
+            return

@@ -5,7 +5,9 @@ same id until a 2xx, giving up, the allow-list and the outbox's bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 from standardwebhooks import Webhook
@@ -186,6 +188,88 @@ async def test_a_claimed_notice_is_held_for_its_lease_only() -> None:
     assert await outbox.claim(now=20.0, lease_seconds=30.0, limit=5) == []  # held
     # Its holder died: due again once the lease ends.
     assert [d.id for d in await outbox.claim(now=41.0, lease_seconds=30.0, limit=5)] == ["m1"]
+
+
+class Streamer:
+    """A receiver on loopback that answers 200 with a chunked body of its
+    own making: each chunk written, until the body ends or the sender hangs
+    up (``cut_short``). Plain asyncio: aiohttp would buffer for it."""
+
+    def __init__(self, chunk: bytes, chunks: int, pause: float = 0.0) -> None:
+        self.chunk, self.chunks, self.pause = chunk, chunks, pause
+        self.connections = 0
+        self.sent = 0
+        self.cut_short = False
+        self.done = asyncio.Event()
+        self.url = ""
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")  # the head; the body is not needed
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(self.chunks):
+                writer.write(b"%x\r\n%s\r\n" % (len(self.chunk), self.chunk))
+                await writer.drain()
+                self.sent += len(self.chunk)
+                if self.pause:
+                    await asyncio.sleep(self.pause)  # the trickle itself, not a wait for it
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.cut_short = True
+        finally:
+            writer.close()
+            self.done.set()
+
+
+@contextlib.asynccontextmanager
+async def streaming(streamer: Streamer) -> AsyncIterator[Streamer]:
+    server = await asyncio.start_server(streamer.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    streamer.url = f"http://127.0.0.1:{port}/hook"
+    try:
+        yield streamer
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_huge_answer_is_not_read() -> None:
+    """A receiver answering 200 with 64 MiB: the sender reads a few KiB of it
+    and hangs up (it once read it all into memory)."""
+    async with streaming(Streamer(b"x" * 2**20, 64)) as receiver:
+        outbox = WatchedOutbox()
+        sender = WebhookSender(_settings(allow=(receiver.url,), timeout_seconds=60), outbox)
+        sender.start()
+        try:
+            await sender.send(receiver.url, "turn.finished", {"turn_id": "t1"})
+            await _settled(outbox)
+            await asyncio.wait_for(receiver.done.wait(), 60)
+        finally:
+            await sender.stop()
+    assert receiver.cut_short
+    # What the kernel's socket buffers took before the sender hung up, at most.
+    assert receiver.sent < 32 * 2**20
+    assert receiver.connections == 1  # delivered (its status was 200): not retried
+
+
+async def test_an_answer_trickled_past_the_deadline_is_cut_off() -> None:
+    """A byte every 10 ms never trips a per-read timeout; the attempt's own
+    deadline (1 s, inside the 3 s lease) ends it, so the notice is never
+    claimed again while it is being delivered."""
+    async with streaming(Streamer(b"x", 2_000, pause=0.01)) as receiver:
+        outbox = WatchedOutbox()
+        sender = WebhookSender(_settings(allow=(receiver.url,), timeout_seconds=1.0), outbox)
+        sender.start()
+        try:
+            await sender.send(receiver.url, "turn.finished", {"turn_id": "t1"})
+            await _settled(outbox)
+            await asyncio.wait_for(receiver.done.wait(), 60)
+        finally:
+            await sender.stop()
+    assert receiver.cut_short and receiver.sent < 2_000
+    assert receiver.connections == 1
 
 
 @pytest.mark.parametrize(
