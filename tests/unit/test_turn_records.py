@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+from tests.support.webhooks import SECRET, receiving
 from turnmesh.server import turn_records
+from turnmesh.server.store import MemoryStore, SessionRecord
+from turnmesh.server.webhooks import WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -40,3 +45,38 @@ def test_each_end_has_its_notice() -> None:
         "turn.cancelled",
     ]
     assert turn_records.turn_json(lost)["errorCode"] == "owner_lost"
+
+
+async def test_a_notice_this_servers_allow_list_refuses_is_queued_for_another() -> None:
+    """The server that records a turn's end queues its notice whatever its
+    own allow-list says (a mesh whose lists differ, for a while); a server
+    whose list admits the URL sends it."""
+    store = MemoryStore()  # one outbox, as a shared store's is for every server
+    await store.create(SessionRecord("acme/s1", "demo", 1.0, 1.0))
+    async with receiving() as receiver:
+        elsewhere = WebhookSender(
+            WebhookSettings(allow=("http://127.0.0.2",), secret=SECRET), store.outbox()
+        )
+        delivering = WebhookSender(
+            WebhookSettings(allow=(receiver.url,), secret=SECRET), store.outbox()
+        )
+        records = turn_records.TurnRecords(store, 600, elsewhere)
+        turn = spb.Turn(turn_id="t1", state=spb.TURN_STATE_FINISHED, webhook_url=receiver.url)
+        assert await records.save("acme/s1", turn)
+        assert await store.outbox().next_due() is not None  # queued
+        delivering.start()
+        try:
+            await receiver.requests(1)
+        finally:
+            await delivering.stop()
+            await elsewhere.stop()
+        ((headers, body),) = receiver.seen
+        assert headers["webhook-id"] == "msg_t1"
+        assert json.loads(body)["data"]["turnId"] == "t1"
+    # A server with no webhooks configured queues none.
+    other = MemoryStore()
+    await other.create(SessionRecord("acme/s1", "demo", 1.0, 1.0))
+    off = WebhookSender(WebhookSettings(), other.outbox())
+    assert await turn_records.TurnRecords(other, 600, off).save("acme/s1", turn)
+    assert await other.outbox().next_due() is None
+    await off.stop()
