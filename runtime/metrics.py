@@ -67,7 +67,8 @@ EVENT_LOOP_LAG = Gauge(
 # Workers.
 WEBHOOKS = Counter(
     "turnmesh_webhooks",
-    "Webhook notices: queued, dropped (outbox full or failing), delivered, retried, given_up",
+    "Webhook notices: queued, dropped (outbox full), unqueued (outbox failing: queued again"
+    " later), delivered, retried, given_up",
     ["outcome"],
 )
 WORKER_RUNS = Counter("turnmesh_worker_runs", "Agent runs, by outcome", ["outcome"])

@@ -317,7 +317,11 @@ class SessionCore:
     async def _settle_open(self, session_id: str, turn_id: str) -> bool:
         tlog = self.logs.peek(session_id, turn_id)
         if tlog is not None and not tlog.restored:
-            return False  # it runs here, or ran here: its end is recorded here
+            if not tlog.done or self.records.writing(session_id, turn_id):
+                return False  # it runs here, or its end is being recorded here
+            # It ended here and its record is still open: writing the end
+            # failed (its webhook could not be queued, say). Again, now.
+            return await self.records.save(session_id, turn_records.of_log(tlog))
         # A log restored from the store (a SubscribeTurn found the turn lost)
         # records nothing by itself: settled here like any other.
         try:

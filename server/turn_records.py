@@ -23,7 +23,7 @@ from turnmesh.runtime.errors import TurnError, Unavailable
 from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import SessionStore
-from turnmesh.server.webhooks import WebhookSender
+from turnmesh.server.webhooks import OutboxUnavailable, WebhookSender
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -164,13 +164,25 @@ class TurnRecords:
             # same notice, which the outbox keeps once. Whatever this
             # server's allow-list says: the delivering server checks its own
             # (one whose list differs, for a while, may send it).
-            await webhooks.send(
-                turn.webhook_url,
-                notice_type(turn),
-                turn_json(turn),
-                f"msg_{turn.turn_id}",
-                principal_of(session_id),
-            )
+            try:
+                await webhooks.send(
+                    turn.webhook_url,
+                    notice_type(turn),
+                    turn_json(turn),
+                    f"msg_{turn.turn_id}",
+                    principal_of(session_id),
+                )
+            except OutboxUnavailable:
+                # Not queued, though the outbox may take it later (a full
+                # one drops it: nothing to wait for). The end stays
+                # unwritten, since an ended record is final and no one would
+                # queue its notice again: the sweep, or a GetTurn once this
+                # server's log of the turn is gone, writes it and queues the
+                # notice then.
+                log.warning(
+                    "turn %s's end not recorded: its webhook could not be queued", turn.turn_id
+                )
+                return False
         try:
             with metrics.STORE_SECONDS.labels("put_turn").time():
                 written = await self._store.put_turn(
@@ -186,6 +198,10 @@ class TurnRecords:
             )
             return False
         return written
+
+    def writing(self, session_id: str, turn_id: str) -> bool:
+        """Whether this server is writing the turn's end now."""
+        return (session_id, turn_id) in self._writing
 
     async def load(self, session_id: str, turn_id: str) -> spb.Turn | None:
         """The stored record, once an end this server is writing is in it."""

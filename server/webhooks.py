@@ -42,6 +42,7 @@ __all__ = [
     "Delivery",
     "MemoryOutbox",
     "Outbox",
+    "OutboxUnavailable",
     "WebhookSender",
     "WebhookSettings",
     "allowed",
@@ -206,6 +207,11 @@ def notice(kind: str, data: Mapping[str, Any], notice_id: str = "") -> tuple[str
     return notice_id, json.dumps(body, separators=(",", ":")).encode()
 
 
+class OutboxUnavailable(Exception):
+    """The outbox could not be written (not full: failing): the notice is
+    not queued, and whoever sent it must be able to send it again."""
+
+
 @dataclass
 class Delivery:
     """A notice in the outbox: where it goes, and its attempts so far."""
@@ -320,7 +326,9 @@ class WebhookSender:
         """Put a notice in the outbox (``notice_id``: its id, when the caller
         makes the same notice more than once; the outbox keeps one;
         ``owner``: the principal it counts against); its id, or None if the
-        outbox is full or unreachable (the turn goes on either way)."""
+        outbox is full (the notice is dropped, counted). OutboxUnavailable if
+        the outbox failed: nothing is queued, and the caller decides how the
+        notice is sent again (the turn goes on either way)."""
         notice_id, body = notice(kind, data, notice_id)
         try:
             kept = await self.outbox.add(
@@ -328,9 +336,10 @@ class WebhookSender:
                 self.settings.max_pending,
                 self.settings.max_pending_per_owner,
             )
-        except Exception:  # the store failing must not fail the turn
+        except Exception as exc:  # whatever the store raised: it holds nothing
             log.warning("webhook %s for %s not queued: the outbox failed", notice_id, kind)
-            kept = False
+            metrics.WEBHOOKS.labels("unqueued").inc()
+            raise OutboxUnavailable(f"the webhook outbox failed: {type(exc).__name__}") from exc
         if not kept:
             metrics.WEBHOOKS.labels("dropped").inc()
             return None

@@ -6,16 +6,20 @@ allow-list does not admit is refused before anything runs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import redis.asyncio as redis
+from prometheus_client.parser import text_string_to_metric_families
 from standardwebhooks import Webhook
 
-from tests.support.mesh import Component, Mesh
+from tests.support.mesh import Component, Mesh, RedisServer, eventually
 from tests.support.webhooks import SECRET, Receiver, receiving
 from turnmesh.client import AsyncClient, InvalidArgumentError, NotFoundError
 from turnmesh.v1 import event_pb2, message_pb2
@@ -201,3 +205,59 @@ async def test_a_turn_lost_with_its_server_is_notified_after_the_restart(
             lost = await client.get_turn(sid, started.turn_id)
             assert (lost.state, lost.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")
             assert await client.history(sid) == []
+
+
+async def test_a_notice_the_outbox_could_not_take_is_queued_again(
+    mesh_factory: Mesh, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Redis refuses the outbox's keys (an ACL: the sessions' keys work)
+    when the turn ends: its notice is not queued, so its record's end is
+    not written either, and once the outbox works again the sweep writes
+    the end and queues the notice (at least once)."""
+    mesh = mesh_factory
+    user = f"nohooks-{uuid.uuid4().hex[:8]}"
+    raw = redis.Redis.from_url(redis_server.url)  # the default user: every key
+    # Every key but tm:{w...}: the outbox's slot is tm:{webhooks}.
+    await raw.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=["tm:[^{]*", "tm:{[^w]*"],
+        channels=["*"],
+        commands=["+@all"],
+    )
+    store = f"redis://{user}:pw@127.0.0.1:{redis_server.port}/9"
+    try:
+        async with receiving() as hooks:
+            mesh.start_router()
+            worker = mesh.spawn_worker("demo", "demo")
+            flags = [*_flags(tmp_path, hooks), "--turn-sweep-seconds", "0.2"]
+            server = _server(mesh, "server", store, [*flags, "--metrics-port", "0"])
+            mesh.wait_ready(worker, server)
+            metrics = f"http://{server.info['metrics_address']}/metrics"
+            async with AsyncClient(server.address) as client, httpx.AsyncClient() as http:
+                sid = (await client.create_session()).session_id
+                started = await client.start_turn(sid, "hello", webhook_url=hooks.url)
+
+                async def refused() -> bool:
+                    text = (await http.get(metrics)).text
+                    return any(
+                        # ("dropped" too: what a failing outbox was once counted as)
+                        sample.labels.get("outcome") in ("unqueued", "dropped") and sample.value > 0
+                        for family in text_string_to_metric_families(text)
+                        for sample in family.samples
+                    )
+
+                # The turn ended and its notice could not be queued.
+                await eventually(refused, 60, "the outbox to refuse the turn's notice")
+                assert hooks.seen == []
+                await raw.acl_setuser(user, enabled=True, keys=["tm:{webhooks}*"])
+                await asyncio.wait_for(hooks.requests(1), 60)
+                ((notice_id, notice),) = _notices(hooks)
+                assert notice_id == f"msg_{started.turn_id}"
+                assert notice["type"] == "turn.finished"
+                turn = await client.get_turn(sid, started.turn_id)
+                assert turn.state == spb.TURN_STATE_FINISHED
+    finally:
+        await raw.acl_deluser(user)
+        await raw.aclose()

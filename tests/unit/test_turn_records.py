@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.server import turn_records
+from turnmesh.server.outbox_redis import RedisOutbox
 from turnmesh.server.store import MemoryStore, SessionRecord
-from turnmesh.server.webhooks import WebhookSender, WebhookSettings
+from turnmesh.server.store_redis import connect
+from turnmesh.server.webhooks import OutboxUnavailable, WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -80,3 +84,33 @@ async def test_a_notice_this_servers_allow_list_refuses_is_queued_for_another() 
     assert await turn_records.TurnRecords(other, 600, off).save("acme/s1", turn)
     assert await other.outbox().next_due() is None
     await off.stop()
+
+
+async def test_an_end_whose_notice_could_not_be_queued_is_not_recorded() -> None:
+    """The outbox failing (not full) leaves the record open: an ended record
+    is final, so writing it would lose the notice for good."""
+    store = MemoryStore()
+    await store.create(SessionRecord("acme/s1", "demo", 1.0, 1.0))
+    # Redis on port 9 of loopback: nothing listens, each call fails at once.
+    failing = RedisOutbox(connect("redis://127.0.0.1:9/0"))
+    hooks = WebhookSender(WebhookSettings(allow=("http://127.0.0.1",), secret=SECRET), failing)
+    try:
+        with pytest.raises(OutboxUnavailable):
+            await hooks.send("http://127.0.0.1/hook", "turn.finished", {}, "msg_x")
+        records = turn_records.TurnRecords(store, 600, hooks)
+        running = spb.Turn(turn_id="t1", state=spb.TURN_STATE_RUNNING, webhook_url="http://h/")
+        assert await records.save("acme/s1", running)
+        finished = spb.Turn(turn_id="t1", state=spb.TURN_STATE_FINISHED, webhook_url="http://h/")
+        assert not await records.save("acme/s1", finished)
+        kept = await records.load("acme/s1", "t1")
+        assert kept is not None and kept.state == spb.TURN_STATE_RUNNING
+        assert await store.open_turns(10) == ([("acme/s1", "t1")], None)  # the sweep's to settle
+        # A full outbox drops the notice (counted) and the end is written.
+        full = WebhookSender(
+            WebhookSettings(allow=("http://127.0.0.1",), secret=SECRET, max_pending=0),
+            store.outbox(),
+        )
+        assert await turn_records.TurnRecords(store, 600, full).save("acme/s1", finished)
+        await full.stop()
+    finally:
+        await hooks.stop()
