@@ -38,8 +38,10 @@ from turnmesh.v1 import event_pb2, message_pb2
 
 # Turn records a session keeps at most; the oldest go first.
 TURN_RECORDS_PER_SESSION = 1_000
-# Turn records a memory store keeps at most (a few hundred bytes each).
+# Turn records a memory store keeps at most (a few hundred bytes each, at
+# most ``turn_records.MAX_TURN_BYTES``), and their bytes in all.
 MAX_MEMORY_TURN_RECORDS = 10_000
+MAX_MEMORY_TURN_RECORD_BYTES = 64 * 2**20
 
 
 @dataclass(slots=True)
@@ -201,7 +203,12 @@ class _KeptTurn:
 class MemoryStore:
     """Sessions in this process's memory: lost when it stops."""
 
-    def __init__(self, *, max_turn_records: int = MAX_MEMORY_TURN_RECORDS) -> None:
+    def __init__(
+        self,
+        *,
+        max_turn_records: int = MAX_MEMORY_TURN_RECORDS,
+        max_turn_record_bytes: int = MAX_MEMORY_TURN_RECORD_BYTES,
+    ) -> None:
         self._records: dict[str, SessionRecord] = {}
         # Per principal: (position, scoped id), ascending, for listing.
         self._listed: dict[str, list[tuple[Position, str]]] = {}
@@ -213,6 +220,8 @@ class MemoryStore:
         self._turn_records: OrderedDict[tuple[str, str], _KeptTurn] = OrderedDict()
         self._turns_of: dict[str, dict[str, None]] = {}
         self._max_turn_records = max_turn_records
+        self._max_turn_record_bytes = max_turn_record_bytes
+        self._turn_record_bytes = 0
         self._outbox = MemoryOutbox()  # lost with the process, as the sessions are
 
     @property
@@ -251,7 +260,8 @@ class MemoryStore:
     async def delete(self, session_id: str) -> bool:
         self._messages.pop(session_id, None)
         for turn_id in self._turns_of.pop(session_id, {}):
-            self._turn_records.pop((session_id, turn_id), None)
+            if (gone := self._turn_records.pop((session_id, turn_id), None)) is not None:
+                self._turn_record_bytes -= len(gone.record)
         record = self._records.pop(session_id, None)
         if record is None:
             return False
@@ -328,22 +338,28 @@ class MemoryStore:
         if kept is not None and kept.ended:
             return False
         at = time.monotonic()
+        self._turn_record_bytes += len(record) - (len(kept.record) if kept is not None else 0)
         self._turn_records[key] = _KeptTurn(record, ended, at + ttl_seconds)
         self._turn_records.move_to_end(key)
         order = self._turns_of.setdefault(session_id, {})
         order[turn_id] = None
         if len(order) > TURN_RECORDS_PER_SESSION:
             self._drop_turn((session_id, next(iter(order))))
-        # Expired ones first, then the least recently written past the bound.
+        # Expired ones first, then the least recently written past the bounds.
         while self._turn_records:
             oldest, first = next(iter(self._turn_records.items()))
-            if first.expires > at and len(self._turn_records) <= self._max_turn_records:
+            if (
+                first.expires > at
+                and len(self._turn_records) <= self._max_turn_records
+                and self._turn_record_bytes <= self._max_turn_record_bytes
+            ):
                 break
             self._drop_turn(oldest)
         return True
 
     def _drop_turn(self, key: tuple[str, str]) -> None:
-        self._turn_records.pop(key, None)
+        if (gone := self._turn_records.pop(key, None)) is not None:
+            self._turn_record_bytes -= len(gone.record)
         order = self._turns_of.get(key[0])
         if order is not None:
             order.pop(key[1], None)

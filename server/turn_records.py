@@ -13,6 +13,7 @@ learns how the turn ended writes it to the record.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -23,7 +24,7 @@ from turnmesh.runtime.errors import TurnError, Unavailable
 from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.eventlog import TurnLog
 from turnmesh.server.store import SessionStore
-from turnmesh.server.webhooks import OutboxUnavailable, WebhookSender
+from turnmesh.server.webhooks import MAX_NOTICE_BYTES, OutboxUnavailable, WebhookSender
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -43,6 +44,11 @@ CANCELLED_CODES = frozenset(
 )
 # How long a draining server waits for the records of turns that just ended.
 FLUSH_SECONDS = 5.0
+# A turn's record, and its notice's data, at most, as protobuf and as JSON
+# (the notice's envelope around it is far less than the room left).
+MAX_TURN_BYTES = MAX_NOTICE_BYTES - 1024
+# What a turn cut to fit keeps of each of its texts.
+CUT_TEXT_CHARS = 1_000
 
 
 def ended(turn: spb.Turn) -> bool:
@@ -97,6 +103,55 @@ def notice_type(turn: spb.Turn) -> str:
 def turn_json(turn: spb.Turn) -> dict[str, Any]:
     """The turn as GetTurn's REST answer shows it."""
     return json_format.MessageToDict(turn)
+
+
+def bounded(turn: spb.Turn) -> tuple[spb.Turn, bool]:
+    """The turn within ``MAX_TURN_BYTES``, and whether it was cut to fit (an
+    agent's interrupts carry JSON of its own making, an error its text).
+    What goes, step by step, until it fits: its outcome's interrupts'
+    ``response_schema`` and ``metadata`` (the session's pause keeps them
+    whole while it waits); then its texts past ``CUT_TEXT_CHARS`` (error,
+    problem, interrupt messages); then its outcome's lists, problem and
+    usage, leaving its ids, state, times, error code and outcome type."""
+    if _size(turn) <= MAX_TURN_BYTES:
+        return turn, False
+    cut = spb.Turn()
+    cut.CopyFrom(turn)
+    for interrupt in cut.outcome.interrupts:
+        interrupt.ClearField("response_schema")
+        interrupt.ClearField("metadata")
+    if _size(cut) <= MAX_TURN_BYTES:
+        return cut, True
+    cut.error_message = _shorten(cut.error_message)
+    if cut.HasField("problem"):
+        for name in ("type", "title", "detail"):
+            setattr(cut.problem, name, _shorten(getattr(cut.problem, name)))
+    for interrupt in cut.outcome.interrupts:
+        interrupt.message = _shorten(interrupt.message)
+    if _size(cut) <= MAX_TURN_BYTES:
+        return cut, True
+    kept = spb.Turn()
+    for name in ("turn_id", "session_id", "state", "background", "last_seq", "webhook_url"):
+        setattr(kept, name, getattr(cut, name))
+    for stamp in ("create_time", "start_time", "end_time"):
+        if cut.HasField(stamp):
+            getattr(kept, stamp).CopyFrom(getattr(cut, stamp))
+    kept.error_code = _shorten(cut.error_code, 100)
+    kept.error_message = cut.error_message
+    if cut.HasField("outcome"):
+        kept.outcome.type = _shorten(cut.outcome.type, 100)
+    return kept, True
+
+
+def _size(turn: spb.Turn) -> int:
+    # Either form may be the larger: JSON spells out names, protobuf frames
+    # each value of a Struct.
+    as_json = json.dumps(turn_json(turn), separators=(",", ":"))
+    return max(turn.ByteSize(), len(as_json.encode()))
+
+
+def _shorten(text: str, chars: int = CUT_TEXT_CHARS) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "\u2026"
 
 
 def committed(
@@ -157,6 +212,8 @@ class TurnRecords:
         is what GetTurn reads once the events are gone, never a reason to
         fail the turn."""
         webhooks = self._webhooks
+        kind = notice_type(turn)  # of the turn whole: a cut one may have lost what it waits for
+        turn, cut = bounded(turn)
         if ended(turn) and turn.webhook_url and webhooks is not None and webhooks.enabled:
             # Queued before the record's end, under the turn's own id: a
             # crash between the two loses nothing, and every writer of the
@@ -167,10 +224,11 @@ class TurnRecords:
             try:
                 await webhooks.send(
                     turn.webhook_url,
-                    notice_type(turn),
+                    kind,
                     turn_json(turn),
                     f"msg_{turn.turn_id}",
                     principal_of(session_id),
+                    truncated=cut,
                 )
             except OutboxUnavailable:
                 # Not queued, though the outbox may take it later (a full

@@ -39,6 +39,7 @@ from turnmesh.runtime.errors import FieldViolation, InvalidArgument
 from turnmesh.runtime.ids import new_id
 
 __all__ = [
+    "MAX_NOTICE_BYTES",
     "Delivery",
     "MemoryOutbox",
     "Outbox",
@@ -54,6 +55,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_URL_CHARS = 2048
+# A notice's body, at most: a turn's is cut to fit (``turn_records.bounded``),
+# so the outbox holds at most its count of these.
+MAX_NOTICE_BYTES = 64 * 1024
+# The memory store's outbox holds at most this many bytes of bodies.
+MAX_MEMORY_OUTBOX_BYTES = 64 * 2**20
 # Of a receiver's answer, read at most (beyond httpx's own buffer of one
 # network read, 64 KiB): its status is all a delivery needs.
 MAX_RESPONSE_BYTES = 4096
@@ -195,15 +201,20 @@ def _under(url: str, prefix: str) -> bool:
     return prefix.endswith("/") or rest == "" or rest[0] in "/?#"
 
 
-def notice(kind: str, data: Mapping[str, Any], notice_id: str = "") -> tuple[str, bytes]:
+def notice(
+    kind: str, data: Mapping[str, Any], notice_id: str = "", truncated: bool = False
+) -> tuple[str, bytes]:
     """A notice's id (a new one unless given) and body: ``{"type",
-    "timestamp", "data"}`` (kind: ``turn.finished``, ``turn.failed``...)."""
+    "timestamp", "data"}`` (kind: ``turn.finished``, ``turn.failed``...),
+    and ``"truncated": true`` when ``data`` was cut to fit."""
     notice_id = notice_id or f"msg_{new_id()}"
-    body = {
+    body: dict[str, Any] = {
         "type": kind,
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "data": dict(data),
     }
+    if truncated:
+        body["truncated"] = True
     return notice_id, json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -247,19 +258,24 @@ class Outbox(Protocol):
 class MemoryOutbox:
     """The memory store's outbox: lost with the process, as its sessions are."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_MEMORY_OUTBOX_BYTES) -> None:
         self._waiting: dict[str, Delivery] = {}
         self._owners: Counter[str] = Counter()
+        # The bodies it holds, in bytes: in this process's memory, so bounded
+        # below what the count and each body's bound allow (600 MiB).
+        self._bytes = 0
+        self._max_bytes = max_bytes
 
     async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
         if delivery.id in self._waiting:
             return True
-        if len(self._waiting) >= limit:
+        if len(self._waiting) >= limit or self._bytes + len(delivery.body) > self._max_bytes:
             return False
         if owner_limit is not None and self._owners[delivery.owner] >= owner_limit:
             return False
         self._waiting[delivery.id] = delivery
         self._owners[delivery.owner] += 1
+        self._bytes += len(delivery.body)
         return True
 
     async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
@@ -271,6 +287,7 @@ class MemoryOutbox:
     async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
         if retry_at is None:
             if (gone := self._waiting.pop(delivery.id, None)) is not None:
+                self._bytes -= len(gone.body)
                 self._owners[gone.owner] -= 1
                 if self._owners[gone.owner] <= 0:
                     del self._owners[gone.owner]
@@ -321,15 +338,27 @@ class WebhookSender:
         await self._client.aclose()
 
     async def send(
-        self, url: str, kind: str, data: Mapping[str, Any], notice_id: str = "", owner: str = ""
+        self,
+        url: str,
+        kind: str,
+        data: Mapping[str, Any],
+        notice_id: str = "",
+        owner: str = "",
+        truncated: bool = False,
     ) -> str | None:
         """Put a notice in the outbox (``notice_id``: its id, when the caller
         makes the same notice more than once; the outbox keeps one;
         ``owner``: the principal it counts against); its id, or None if the
-        outbox is full (the notice is dropped, counted). OutboxUnavailable if
-        the outbox failed: nothing is queued, and the caller decides how the
-        notice is sent again (the turn goes on either way)."""
-        notice_id, body = notice(kind, data, notice_id)
+        outbox is full or the body is over ``MAX_NOTICE_BYTES`` (the notice
+        is dropped, counted; ``truncated``: the caller cut ``data`` to fit).
+        OutboxUnavailable if the outbox failed: nothing is queued, and the
+        caller decides how the notice is sent again (the turn goes on either
+        way)."""
+        notice_id, body = notice(kind, data, notice_id, truncated)
+        if len(body) > MAX_NOTICE_BYTES:
+            log.warning("webhook %s for %s dropped: %d bytes", notice_id, kind, len(body))
+            metrics.WEBHOOKS.labels("dropped").inc()
+            return None
         try:
             kept = await self.outbox.add(
                 Delivery(notice_id, url, body, owner=owner),

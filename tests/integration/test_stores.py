@@ -544,6 +544,26 @@ async def test_a_memory_store_keeps_a_bounded_number_of_turn_records() -> None:
     assert len(store._turn_records) == 2 and sids[0] not in store._turns_of
 
 
+async def test_a_memory_store_keeps_its_turn_records_within_a_byte_bound() -> None:
+    store = MemoryStore(max_turn_record_bytes=10_000)
+    sid = _sid()
+    await store.create(_record(sid))
+    for n in range(4):
+        await store.put_turn(sid, f"t{n}", b"r" * 4_000, ended=False, ttl_seconds=600)
+    # Past the bound, the least recently written go first.
+    assert [await store.get_turn(sid, f"t{n}") is not None for n in range(4)] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    # A record rewritten smaller frees what it held.
+    await store.put_turn(sid, "t3", b"r", ended=True, ttl_seconds=600)
+    await store.put_turn(sid, "t4", b"r" * 4_000, ended=False, ttl_seconds=600)
+    assert [await store.get_turn(sid, f"t{n}") is not None for n in (2, 3, 4)] == [True] * 3
+    assert store._turn_record_bytes == 8_001
+
+
 async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None:
     path = tmp_path / "v2.db"
     sid = _sid()

@@ -11,7 +11,12 @@ from turnmesh.server import turn_records
 from turnmesh.server.outbox_redis import RedisOutbox
 from turnmesh.server.store import MemoryStore, SessionRecord
 from turnmesh.server.store_redis import connect
-from turnmesh.server.webhooks import OutboxUnavailable, WebhookSender, WebhookSettings
+from turnmesh.server.webhooks import (
+    MAX_NOTICE_BYTES,
+    OutboxUnavailable,
+    WebhookSender,
+    WebhookSettings,
+)
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -112,5 +117,107 @@ async def test_an_end_whose_notice_could_not_be_queued_is_not_recorded() -> None
         )
         assert await turn_records.TurnRecords(store, 600, full).save("acme/s1", finished)
         await full.stop()
+    finally:
+        await hooks.stop()
+
+
+def _bulky_outcome(schema_bytes: int) -> event_pb2.RunOutcome:
+    """Sixteen questions (a worker's most), each with a schema and metadata
+    of ``schema_bytes`` of JSON text."""
+    outcome = event_pb2.RunOutcome(type="interrupt")
+    for n in range(16):
+        interrupt = outcome.interrupts.add(id=f"int_{n}", reason="question", message="why?" * 50)
+        interrupt.response_schema.update({"description": "x" * schema_bytes})
+        interrupt.metadata.update({"context": "y" * schema_bytes})
+    return outcome
+
+
+def test_a_small_turn_is_kept_whole() -> None:
+    turn = spb.Turn(turn_id="t1", state=spb.TURN_STATE_FINISHED, outcome=_bulky_outcome(100))
+    assert turn_records.bounded(turn) == (turn, False)
+
+
+def test_a_turn_past_the_bound_loses_its_bulky_parts_first() -> None:
+    bulky = spb.Turn(turn_id="t1", state=spb.TURN_STATE_FINISHED, outcome=_bulky_outcome(10_000))
+    assert bulky.ByteSize() > turn_records.MAX_TURN_BYTES
+    cut, truncated = turn_records.bounded(bulky)
+    assert truncated and cut.ByteSize() <= turn_records.MAX_TURN_BYTES
+    assert len(json.dumps(turn_records.turn_json(cut))) <= turn_records.MAX_TURN_BYTES
+    # The questions stay, without their schema and metadata.
+    assert [i.id for i in cut.outcome.interrupts] == [f"int_{n}" for n in range(16)]
+    assert all(i.message == "why?" * 50 for i in cut.outcome.interrupts)
+    assert not any(
+        i.HasField("response_schema") or i.HasField("metadata") for i in cut.outcome.interrupts
+    )
+    assert bulky.outcome.interrupts[0].HasField("response_schema")  # the original is unchanged
+
+
+def test_long_texts_are_cut_then_the_outcomes_lists_go() -> None:
+    failed = spb.Turn(
+        turn_id="t1",
+        state=spb.TURN_STATE_FAILED,
+        error_code="agent_error",
+        error_message="e" * 200_000,
+        problem=event_pb2.Problem(title="t", detail="d" * 200_000, status=500),
+    )
+    cut, truncated = turn_records.bounded(failed)
+    assert truncated and cut.ByteSize() <= turn_records.MAX_TURN_BYTES
+    assert cut.error_message == "e" * 999 + "\u2026" and cut.problem.detail.startswith("ddd")
+    assert (cut.error_code, cut.problem.status) == ("agent_error", 500)
+    # Calls by the hundred thousand: no list fits, the turn's ids, state and
+    # outcome type stay (GetSession's pause says what it waits for).
+    waiting = spb.Turn(
+        turn_id="t2",
+        session_id="s1",
+        state=spb.TURN_STATE_FINISHED,
+        webhook_url="http://h/",
+        outcome=event_pb2.RunOutcome(
+            type="success", pending_tool_call_ids=[f"call_{n}" for n in range(100_000)]
+        ),
+    )
+    waiting.end_time.GetCurrentTime()
+    cut, truncated = turn_records.bounded(waiting)
+    assert truncated and cut.ByteSize() <= turn_records.MAX_TURN_BYTES
+    assert (cut.turn_id, cut.session_id, cut.state, cut.webhook_url, cut.outcome.type) == (
+        "t2",
+        "s1",
+        spb.TURN_STATE_FINISHED,
+        "http://h/",
+        "success",
+    )
+    assert cut.end_time == waiting.end_time and not cut.outcome.pending_tool_call_ids
+
+
+async def test_a_bulky_turns_record_and_notice_are_bounded_in_bytes() -> None:
+    store = MemoryStore()
+    await store.create(SessionRecord("acme/s1", "demo", 1.0, 1.0))
+    hooks = WebhookSender(
+        WebhookSettings(allow=("http://127.0.0.1",), secret=SECRET), store.outbox()
+    )
+    try:  # not started: the notice stays in the outbox
+        records = turn_records.TurnRecords(store, 600, hooks)
+        turn = spb.Turn(
+            turn_id="t1",
+            state=spb.TURN_STATE_FINISHED,
+            webhook_url="http://127.0.0.1/hook",
+            outcome=_bulky_outcome(50_000),
+        )
+        assert await records.save("acme/s1", turn)
+        stored = await store.get_turn("acme/s1", "t1")
+        assert stored is not None and len(stored) <= turn_records.MAX_TURN_BYTES
+        assert [i.id for i in spb.Turn.FromString(stored).outcome.interrupts] == [
+            f"int_{n}" for n in range(16)
+        ]
+        (queued,) = await store.outbox().claim(float("inf"), 30, 10)
+        assert len(queued.body) <= MAX_NOTICE_BYTES
+        body = json.loads(queued.body)
+        assert body["type"] == "turn.waiting" and body["truncated"] is True
+        assert "responseSchema" not in body["data"]["outcome"]["interrupts"][0]
+        await store.outbox().settle(queued, None)
+        # One that fits says nothing of truncation.
+        small = spb.Turn(turn_id="t2", state=spb.TURN_STATE_FINISHED, webhook_url=turn.webhook_url)
+        assert await records.save("acme/s1", small)
+        (plain,) = await store.outbox().claim(float("inf"), 30, 10)
+        assert "truncated" not in json.loads(plain.body)
     finally:
         await hooks.stop()

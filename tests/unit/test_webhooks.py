@@ -361,3 +361,26 @@ async def test_one_owner_cannot_fill_the_outbox() -> None:
         await sender.stop()
     assert [n is not None for n in flood] == [True, True, False, False]
     assert other is not None
+
+
+async def test_a_notice_past_its_byte_bound_is_dropped() -> None:
+    from turnmesh.server.webhooks import MAX_NOTICE_BYTES
+
+    outbox = WatchedOutbox()
+    sender = WebhookSender(_settings(), outbox)  # not started: nothing drains
+    try:
+        url = "http://127.0.0.1:9/hook"
+        fits = await sender.send(url, "turn.finished", {"x": "a" * (MAX_NOTICE_BYTES - 1000)})
+        over = await sender.send(url, "turn.finished", {"x": "a" * MAX_NOTICE_BYTES})
+    finally:
+        await sender.stop()
+    assert fits is not None and over is None
+
+
+async def test_the_memory_outbox_is_bounded_in_bytes() -> None:
+    outbox = MemoryOutbox(max_bytes=10_000)
+    kept = [await outbox.add(Delivery(f"m{n}", "http://x/", b"x" * 4_000), 100) for n in range(3)]
+    assert kept == [True, True, False]
+    (first, _) = await outbox.claim(float("inf"), 30, 10)
+    await outbox.settle(first, None)  # delivered: its bytes are free again
+    assert await outbox.add(Delivery("m3", "http://x/", b"x" * 4_000), 100)
