@@ -15,9 +15,10 @@ principal's listing is one keyset range scan (``server.listing``).
 ``PRAGMA user_version`` is the layout (``SCHEMA_VERSION`` is today's): 0 is
 a file from before principals (or a new, empty one), 1 added principals, 2 a
 session's pause, 3 turn records, 4 the webhook outbox and a session's
-webhook URL. Opening an older file brings it up to date in one transaction;
-a version-0 file's sessions get those columns and go to ``legacy_principal``,
-which, unless anonymous, also prefixes their ids in every table.
+webhook URL, 5 the outbox's owners by their earliest notice (fair claims).
+Opening an older file brings it up to date in one transaction; a version-0
+file's sessions get those columns and go to ``legacy_principal``, which,
+unless anonymous, also prefixes their ids in every table.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,7 +56,7 @@ from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -121,7 +122,12 @@ CREATE TABLE IF NOT EXISTS webhook_outbox (
     owner TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS webhook_outbox_by_due ON webhook_outbox (due);
-CREATE INDEX IF NOT EXISTS webhook_outbox_by_owner ON webhook_outbox (owner);
+CREATE INDEX IF NOT EXISTS webhook_outbox_by_owner_due ON webhook_outbox (owner, due);
+CREATE TABLE IF NOT EXISTS webhook_owners (
+    owner TEXT PRIMARY KEY,
+    head REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS webhook_owners_by_head ON webhook_owners (head);
 """
 # Every table keyed by session id: a version-0 file's ids are renamed in all.
 SESSION_TABLES = (
@@ -199,10 +205,18 @@ class SqliteStore(TurnCommits):
                     if version < 4:
                         # Layout 4: where its turns' ends are notified.
                         db.execute("ALTER TABLE sessions ADD COLUMN webhook_url TEXT")
-                # Layouts 3 and 4: turn records and the webhook outbox, tables
-                # of their own (the schema's).
+                # Layouts 3 to 5: turn records, the webhook outbox and its
+                # owners, tables and indexes of their own (the schema's).
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     db.execute(statement)
+                if version == 4:
+                    # Layout 5: the outbox's owners by their earliest notice
+                    # (fair claims); its index by owner alone is covered now.
+                    db.execute("DROP INDEX IF EXISTS webhook_outbox_by_owner")
+                    db.execute(
+                        "INSERT INTO webhook_owners"
+                        " SELECT owner, MIN(due) FROM webhook_outbox GROUP BY owner"
+                    )
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -611,7 +625,9 @@ def _insert_events(
 
 
 class SqliteOutbox:
-    """Webhook notices in the store's file: they outlive a restart."""
+    """Webhook notices in the store's file: they outlive a restart.
+    ``webhook_owners`` keeps each owner's earliest due time (its head), so a
+    claim reads owners in that order and a few notices of each."""
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
@@ -642,42 +658,91 @@ class SqliteOutbox:
                         delivery.owner,
                     ),
                 )
+                db.execute(
+                    "INSERT INTO webhook_owners VALUES (?, ?)"
+                    " ON CONFLICT DO UPDATE SET head = MIN(head, excluded.head)",
+                    (delivery.owner, delivery.due),
+                )
             return True
 
         return await self._store._run(add)
 
-    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
+    async def claim(
+        self,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        busy: Mapping[str, int] | None = None,
+        per_owner: int | None = None,
+    ) -> list[Delivery]:
+        busy = busy or {}
+        capped = sum(1 for n in busy.values() if per_owner is not None and n >= per_owner)
+
         def claim(db: sqlite3.Connection) -> list[Delivery]:
+            out: list[Delivery] = []
             with _transaction(db):
-                rows = db.execute(
-                    "SELECT id, url, body, attempts FROM webhook_outbox WHERE due <= ?"
-                    " ORDER BY due LIMIT ?",
-                    (now, limit),
+                # Each owner due and below its cap has a notice for us: these suffice.
+                owners = db.execute(
+                    "SELECT owner FROM webhook_owners WHERE head <= ? ORDER BY head LIMIT ?",
+                    (now, limit + capped),
                 ).fetchall()
-                db.executemany(
-                    "UPDATE webhook_outbox SET due = ? WHERE id = ?",
-                    [(now + lease_seconds, row[0]) for row in rows],
-                )
-            return [
-                Delivery(row[0], row[1], bytes(row[2]), row[3], now + lease_seconds) for row in rows
-            ]
+                for (owner,) in owners:
+                    room = limit - len(out)
+                    if per_owner is not None:
+                        room = min(room, per_owner - busy.get(owner, 0))
+                    if room <= 0:
+                        continue
+                    rows = db.execute(
+                        "SELECT id, url, body, attempts FROM webhook_outbox"
+                        " WHERE owner = ? AND due <= ? ORDER BY due LIMIT ?",
+                        (owner, now, room),
+                    ).fetchall()
+                    db.executemany(
+                        "UPDATE webhook_outbox SET due = ? WHERE id = ?",
+                        [(now + lease_seconds, row[0]) for row in rows],
+                    )
+                    _head_of(db, owner)
+                    out += [
+                        Delivery(row[0], row[1], bytes(row[2]), row[3], now + lease_seconds, owner)
+                        for row in rows
+                    ]
+            return out
 
         return await self._store._run(claim)
 
     async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
         def settle(db: sqlite3.Connection) -> None:
-            if retry_at is None:
-                db.execute("DELETE FROM webhook_outbox WHERE id = ?", (delivery.id,))
-            else:
-                db.execute(
-                    "UPDATE webhook_outbox SET attempts = ?, due = ? WHERE id = ?",
-                    (delivery.attempts, retry_at, delivery.id),
-                )
+            with _transaction(db):
+                row = db.execute(
+                    "SELECT owner FROM webhook_outbox WHERE id = ?", (delivery.id,)
+                ).fetchone()
+                if row is None:
+                    return
+                if retry_at is None:
+                    db.execute("DELETE FROM webhook_outbox WHERE id = ?", (delivery.id,))
+                else:
+                    db.execute(
+                        "UPDATE webhook_outbox SET attempts = ?, due = ? WHERE id = ?",
+                        (delivery.attempts, retry_at, delivery.id),
+                    )
+                _head_of(db, row[0])
 
         await self._store._run(settle)
 
-    async def next_due(self) -> float | None:
-        row = await self._store._run(
-            lambda db: db.execute("SELECT MIN(due) FROM webhook_outbox").fetchone()
+    async def next_due(self, skip: Collection[str] = ()) -> float | None:
+        rows = await self._store._run(
+            lambda db: db.execute(
+                "SELECT owner, head FROM webhook_owners ORDER BY head LIMIT ?", (len(skip) + 1,)
+            ).fetchall()
         )
-        return None if row is None or row[0] is None else float(row[0])
+        return next((float(head) for owner, head in rows if owner not in skip), None)
+
+
+def _head_of(db: sqlite3.Connection, owner: str) -> None:
+    """The owner's head again, after its notices changed (inside the
+    caller's transaction)."""
+    head = db.execute("SELECT MIN(due) FROM webhook_outbox WHERE owner = ?", (owner,)).fetchone()[0]
+    if head is None:
+        db.execute("DELETE FROM webhook_owners WHERE owner = ?", (owner,))
+    else:
+        db.execute("UPDATE webhook_owners SET head = ? WHERE owner = ?", (head, owner))

@@ -17,7 +17,10 @@ the turn.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import dataclasses
+import functools
 import json
 import logging
 import random
@@ -25,7 +28,7 @@ import re
 import time
 import unicodedata
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -82,8 +85,11 @@ class WebhookSettings:
     # most (one tenant's failing receiver cannot crowd the others out).
     max_pending: int = 10_000
     max_pending_per_owner: int = 1_000
-    # Deliveries in flight at once, from this server.
+    # Deliveries in flight at once, from this server; of one principal's
+    # turns, at most (one tenant's slow or failing receiver cannot hold
+    # every slot: the others' notices are claimed past its own).
     concurrency: int = 8
+    max_in_flight_per_owner: int = 2
 
 
 def settings_from(
@@ -244,15 +250,29 @@ class Outbox(Protocol):
         False (nothing kept) if ``limit`` are waiting, or ``owner_limit`` of
         its owner's."""
 
-    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
-        """Notices due by ``now``, each held for ``lease_seconds`` (a server
-        that dies holding one leaves it due again after that)."""
+    async def claim(
+        self,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        busy: Mapping[str, int] | None = None,
+        per_owner: int | None = None,
+    ) -> list[Delivery]:
+        """At most ``limit`` notices due by ``now``, each held for
+        ``lease_seconds`` (a server that dies holding one leaves it due again
+        after that), with their owners. Fair by owner: owners are taken by
+        their earliest due notice, and of each at most ``per_owner`` (None:
+        no cap) less the deliveries ``busy`` says it has in flight here, so
+        an owner at its cap is passed over, however many of its notices are
+        due first. A claim looks at no more than ``limit`` plus the owners at
+        their cap, and reads at most ``limit`` notices."""
 
     async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
         """Delivered or given up (``retry_at`` None: gone), or due again then."""
 
-    async def next_due(self) -> float | None:
-        """When the earliest notice is due, if any waits."""
+    async def next_due(self, skip: Collection[str] = ()) -> float | None:
+        """When the earliest notice of an owner not in ``skip`` (those at
+        their cap here) is due, if any waits."""
 
 
 class MemoryOutbox:
@@ -261,8 +281,13 @@ class MemoryOutbox:
     def __init__(self, max_bytes: int = MAX_MEMORY_OUTBOX_BYTES) -> None:
         self._waiting: dict[str, Delivery] = {}
         self._owners: Counter[str] = Counter()
+        # Each owner's notices as (due, id), in order; and the owners as
+        # (their earliest due, owner), in order: a claim reads only the heads
+        # of the owners it takes from.
+        self._queues: dict[str, list[tuple[float, str]]] = {}
+        self._heads: list[tuple[float, str]] = []
         # The bodies it holds, in bytes: in this process's memory, so bounded
-        # below what the count and each body's bound allow (600 MiB).
+        # below what the count and each body's bound allow (625 MiB).
         self._bytes = 0
         self._max_bytes = max_bytes
 
@@ -273,29 +298,76 @@ class MemoryOutbox:
             return False
         if owner_limit is not None and self._owners[delivery.owner] >= owner_limit:
             return False
-        self._waiting[delivery.id] = delivery
-        self._owners[delivery.owner] += 1
-        self._bytes += len(delivery.body)
+        kept = dataclasses.replace(delivery)  # its due time is our index's key: ours alone
+        self._waiting[kept.id] = kept
+        self._owners[kept.owner] += 1
+        self._bytes += len(kept.body)
+        self._queue(kept)
         return True
 
-    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
-        due = sorted((d for d in self._waiting.values() if d.due <= now), key=lambda d: d.due)
-        for delivery in due[:limit]:
-            delivery.due = now + lease_seconds
-        return [Delivery(d.id, d.url, d.body, d.attempts, d.due) for d in due[:limit]]
+    async def claim(
+        self,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        busy: Mapping[str, int] | None = None,
+        per_owner: int | None = None,
+    ) -> list[Delivery]:
+        busy = busy or {}
+        capped = sum(1 for n in busy.values() if per_owner is not None and n >= per_owner)
+        # Each owner due and below its cap has a notice for us: these suffice.
+        owners = [owner for head, owner in self._heads[: limit + capped] if head <= now]
+        out: list[Delivery] = []
+        for owner in owners:
+            room = limit - len(out)
+            if per_owner is not None:
+                room = min(room, per_owner - busy.get(owner, 0))
+            due = [self._waiting[i] for at, i in self._queues[owner][: max(room, 0)] if at <= now]
+            for delivery in due:
+                self._unqueue(delivery)
+                delivery.due = now + lease_seconds
+                self._queue(delivery)
+                out.append(dataclasses.replace(delivery))
+        return out
 
     async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
+        if (kept := self._waiting.get(delivery.id)) is None:
+            return
+        self._unqueue(kept)
         if retry_at is None:
-            if (gone := self._waiting.pop(delivery.id, None)) is not None:
-                self._bytes -= len(gone.body)
-                self._owners[gone.owner] -= 1
-                if self._owners[gone.owner] <= 0:
-                    del self._owners[gone.owner]
-        elif (kept := self._waiting.get(delivery.id)) is not None:
+            del self._waiting[kept.id]
+            self._bytes -= len(kept.body)
+            self._owners[kept.owner] -= 1
+            if self._owners[kept.owner] <= 0:
+                del self._owners[kept.owner]
+        else:
             kept.attempts, kept.due = delivery.attempts, retry_at
+            self._queue(kept)
 
-    async def next_due(self) -> float | None:
-        return min((d.due for d in self._waiting.values()), default=None)
+    async def next_due(self, skip: Collection[str] = ()) -> float | None:
+        return next((at for at, owner in self._heads if owner not in skip), None)
+
+    def _queue(self, delivery: Delivery) -> None:
+        queue = self._queues.setdefault(delivery.owner, [])
+        before = queue[0][0] if queue else None
+        bisect.insort(queue, (delivery.due, delivery.id))
+        self._head_moved(delivery.owner, before, queue[0][0])
+
+    def _unqueue(self, delivery: Delivery) -> None:
+        queue = self._queues[delivery.owner]
+        before = queue[0][0]
+        del queue[bisect.bisect_left(queue, (delivery.due, delivery.id))]
+        self._head_moved(delivery.owner, before, queue[0][0] if queue else None)
+        if not queue:
+            del self._queues[delivery.owner]
+
+    def _head_moved(self, owner: str, before: float | None, after: float | None) -> None:
+        if before == after:
+            return
+        if before is not None:
+            del self._heads[bisect.bisect_left(self._heads, (before, owner))]
+        if after is not None:
+            bisect.insort(self._heads, (after, owner))
 
 
 class WebhookSender:
@@ -309,6 +381,8 @@ class WebhookSender:
     ) -> None:
         if settings.allow and not settings.secret:
             raise ValueError("webhooks need a signing secret")
+        if settings.max_in_flight_per_owner < 1:
+            raise ValueError("max_in_flight_per_owner must be at least 1")
         self.settings = settings
         self.outbox = outbox
         self._signer = Webhook(settings.secret) if settings.allow else None
@@ -318,6 +392,8 @@ class WebhookSender:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        # Deliveries in flight, by owner (its share of the slots).
+        self._in_flight_of: Counter[str] = Counter()
 
     @property
     def enabled(self) -> bool:
@@ -393,26 +469,40 @@ class WebhookSender:
                 continue
             claimed: list[Delivery] = []
             try:
-                claimed = await self.outbox.claim(time.time(), self._lease_seconds(), room)
+                claimed = await self.outbox.claim(
+                    time.time(),
+                    self._lease_seconds(),
+                    room,
+                    dict(self._in_flight_of),  # a copy: SQLite reads it on its own thread
+                    self.settings.max_in_flight_per_owner,
+                )
             except Exception:
                 log.warning("webhook outbox unreachable; trying again", exc_info=True)
             for delivery in claimed:
+                self._in_flight_of[delivery.owner] += 1
                 task = asyncio.create_task(self._deliver(delivery))
                 in_flight.add(task)
-                task.add_done_callback(self._delivered)
+                task.add_done_callback(functools.partial(self._delivered, delivery.owner))
             if claimed and len(claimed) == room:
                 continue  # more may be due
             await self._sleep()
 
-    def _delivered(self, task: asyncio.Task[None]) -> None:
+    def _delivered(self, owner: str, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
+        self._in_flight_of[owner] -= 1
+        if self._in_flight_of[owner] <= 0:
+            del self._in_flight_of[owner]
         self._wake.set()  # room for another
 
     async def _sleep(self) -> None:
-        """Until a notice is added or settled, or the next one is due."""
+        """Until a notice is added or settled, or the next one is due (of an
+        owner below its cap: those at it wait for a delivery to end, which
+        wakes this)."""
         self._wake.clear()
+        cap = self.settings.max_in_flight_per_owner
+        capped = {owner for owner, n in self._in_flight_of.items() if n >= cap}
         try:
-            due = await self.outbox.next_due()
+            due = await self.outbox.next_due(capped)
         except Exception:
             due = None
         wait = 1.0 if due is None else max(0.0, min(due - time.time(), 1.0))

@@ -18,6 +18,7 @@ import redis.asyncio as redis
 
 from tests.support.mesh import RedisServer, eventually
 from tests.support.redis_cluster import RedisCluster
+from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.server import store as store_module
 from turnmesh.server import store_redis, store_sqlite
@@ -30,7 +31,7 @@ from turnmesh.server.store import (
     open_store,
 )
 from turnmesh.server.store_redis import RedisStore
-from turnmesh.server.webhooks import Delivery
+from turnmesh.server.webhooks import Delivery, Outbox, WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 
 # A database of its own, emptied for each test: the records these tests
@@ -595,17 +596,14 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 5
     finally:
         db.close()
 
 
 async def test_the_webhook_outbox_leases_retries_and_is_bounded(store: SessionStore) -> None:
     outbox = store.outbox()
-    # Empty first: one Redis serves this file's tests.
-    for left in await outbox.claim(math.inf, 0, 10_000):
-        await outbox.settle(left, None)
-    assert await outbox.next_due() is None
+    await _empty(outbox)
     now = time.time()
     a = Delivery("msg_a", "http://127.0.0.1:1/a", b'{"a":1}', 0, now - 2)
     b = Delivery("msg_b", "http://127.0.0.1:1/b", b"\x00\xff not text", 0, now - 1)
@@ -646,6 +644,144 @@ async def test_the_webhook_outbox_leases_retries_and_is_bounded(store: SessionSt
     for left in await outbox.claim(math.inf, 0, 10):
         await outbox.settle(left, None)
     assert await outbox.next_due() is None
+
+
+async def _empty(outbox: Outbox) -> None:
+    # One Redis serves this file's tests: what another left goes first.
+    for left in await outbox.claim(math.inf, 0, 10_000):
+        await outbox.settle(left, None)
+    assert await outbox.next_due() is None
+
+
+async def test_the_webhook_outbox_claims_fairly_by_owner(store: SessionStore) -> None:
+    """Five hundred of acme's notices due before globex's one: a claim with
+    a cap of two per owner takes two of acme's and globex's; acme at its cap
+    is passed over whatever it has due."""
+    outbox = store.outbox()
+    await _empty(outbox)
+    now = time.time()
+    for n in range(500):
+        acme = Delivery(
+            f"msg_a{n:03d}", "http://127.0.0.1:1/", b"a", 0, now - 100 + n * 0.01, "acme"
+        )
+        assert await outbox.add(acme, limit=1_000)
+    assert await outbox.add(
+        Delivery("msg_g", "http://127.0.0.1:1/", b"g", 0, now - 1, "globex"), 1_000
+    )
+    assert await outbox.add(
+        Delivery("msg_i", "http://127.0.0.1:1/", b"i", 0, now + 60, "initech"), 1_000
+    )
+    claimed = await outbox.claim(now, 30, 8, {}, per_owner=2)
+    assert [(d.id, d.owner) for d in claimed] == [
+        ("msg_a000", "acme"),
+        ("msg_a001", "acme"),
+        ("msg_g", "globex"),
+    ]
+    # acme at its cap here: none of its 498 due notices; one below it: one more.
+    assert await outbox.claim(now, 30, 8, {"acme": 2, "globex": 1}, per_owner=2) == []
+    (third,) = await outbox.claim(now, 30, 8, {"acme": 1}, per_owner=2)
+    assert (third.id, third.owner) == ("msg_a002", "acme")
+    # The room left decides too, and no cap takes in due order of owners.
+    assert [d.id for d in await outbox.claim(now, 30, 1, {}, per_owner=2)] == ["msg_a003"]
+    assert [d.id for d in await outbox.claim(now, 30, 3)] == ["msg_a004", "msg_a005", "msg_a006"]
+    # When the next notice is due, of an owner not at its cap.
+    assert await outbox.next_due() == pytest.approx(now - 100 + 7 * 0.01)
+    assert await outbox.next_due({"acme"}) == pytest.approx(now + 30)  # globex's lease
+    assert await outbox.next_due({"acme", "globex"}) == pytest.approx(now + 60)
+    # Settled ones leave their owner's queue: the head moves on.
+    await outbox.settle(claimed[2], None)
+    await outbox.settle(third, now + 5)
+    assert await outbox.next_due({"acme"}) == pytest.approx(now + 60)
+    await _empty(outbox)
+
+
+async def test_a_stuck_owner_leaves_room_for_the_others_end_to_end(store: SessionStore) -> None:
+    """acme's receiver never answers: with eight slots, two carry acme's
+    notices and globex's goes at once (it once waited for acme's timeouts)."""
+    outbox = store.outbox()
+    await _empty(outbox)
+    async with receiving() as receiver:
+        receiver.hold = asyncio.Event()  # never set while the test looks
+        settings = WebhookSettings(allow=(receiver.url,), secret=SECRET, timeout_seconds=600)
+        sender = WebhookSender(settings, outbox)
+        try:
+            for n in range(20):
+                await sender.send(receiver.url, "turn.finished", {"n": n}, f"msg_a{n}", "acme")
+            sender.start()
+            await receiver.requests(2)
+            await sender.send(receiver.url, "turn.finished", {"n": "g"}, "msg_g", "globex")
+            await receiver.requests(3)
+            ids = [headers["webhook-id"] for headers, _ in receiver.seen]
+            assert ids[:2] == ["msg_a0", "msg_a1"] and ids[2] == "msg_g"
+        finally:
+            receiver.hold.set()
+            await sender.stop()
+    await _empty(outbox)
+
+
+async def test_a_version_4_sqlite_file_gets_the_outboxs_owners(tmp_path: Path) -> None:
+    path = tmp_path / "v4.db"
+    first = open_store(f"sqlite:{path}", 600)
+    outbox = first.outbox()
+    for n, owner in enumerate(("acme", "acme", "globex")):
+        await outbox.add(Delivery(f"msg_{n}", "http://127.0.0.1:1/", b"x", 0, 100.0 + n, owner), 10)
+    await first.close()
+    # As a version-4 server left it: no owners table, the outbox indexed by owner.
+    db = sqlite3.connect(path)
+    try:
+        db.execute("DROP TABLE webhook_owners")
+        db.execute("DROP INDEX webhook_outbox_by_owner_due")
+        db.execute("CREATE INDEX webhook_outbox_by_owner ON webhook_outbox (owner)")
+        db.execute("PRAGMA user_version = 4")
+        db.commit()
+    finally:
+        db.close()
+    again = open_store(f"sqlite:{path}", 600)
+    try:
+        outbox = again.outbox()
+        assert await outbox.next_due() == 100.0
+        assert await outbox.next_due({"acme"}) == 102.0
+        claimed = await outbox.claim(200.0, 30, 8, {"acme": 1}, per_owner=2)
+        assert [(d.id, d.owner) for d in claimed] == [("msg_0", "acme"), ("msg_2", "globex")]
+    finally:
+        await again.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        indexes = {row[1] for row in db.execute("PRAGMA index_list(webhook_outbox)")}
+        assert "webhook_outbox_by_owner" not in indexes
+    finally:
+        db.close()
+
+
+async def test_notices_of_the_layout_before_owner_queues_are_adopted(
+    redis_store: RedisStore,
+) -> None:
+    """Queued by a server of before the per-owner queues: in the due index
+    alone (one even from before owners); the first claim finds them."""
+    outbox = redis_store.outbox()
+    await _empty(outbox)
+    raw = redis_store.client
+    from turnmesh.server import outbox_redis
+
+    for n, owner in enumerate(("acme", "acme", None)):
+        fields = ["url", "http://127.0.0.1:1/", "body", "old", "attempts", "0"]
+        if owner is not None:
+            fields += ["owner", owner]
+            await raw.hincrby(outbox_redis.OWNERS, owner, 1)
+        await raw.hset(outbox_redis.NOTICE + f"msg_old{n}", items=fields)
+        await raw.zadd(outbox_redis.DUE, {f"msg_old{n}": 100.0 + n})
+    fresh = redis_store.outbox()  # a server started since
+    claimed = await fresh.claim(200.0, 30, 8, {}, per_owner=2)
+    assert sorted((d.id, d.owner) for d in claimed) == [
+        ("msg_old0", "acme"),
+        ("msg_old1", "acme"),
+        ("msg_old2", ""),
+    ]
+    for delivery in claimed:
+        await fresh.settle(delivery, None)
+    assert await fresh.next_due() is None
+    assert not await raw.exists(outbox_redis.OWNERS, outbox_redis.HEADS, outbox_redis.DUE)
 
 
 async def test_open_turn_records_are_listed_until_they_say_the_turn_ended(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Mapping
 
 import pytest
 from standardwebhooks import Webhook
@@ -126,13 +126,20 @@ class CountedOutbox(WatchedOutbox):
         super().__init__()
         self.asked = 0
 
-    async def claim(self, now: float, lease_seconds: float, limit: int) -> list[Delivery]:
+    async def claim(
+        self,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        busy: Mapping[str, int] | None = None,
+        per_owner: int | None = None,
+    ) -> list[Delivery]:
         self.asked += 1
-        return await super().claim(now, lease_seconds, limit)
+        return await super().claim(now, lease_seconds, limit, busy, per_owner)
 
-    async def next_due(self) -> float | None:
+    async def next_due(self, skip: Collection[str] = ()) -> float | None:
         self.asked += 1
-        return await super().next_due()
+        return await super().next_due(skip)
 
 
 async def test_a_sender_with_every_slot_busy_waits_without_asking_the_outbox() -> None:
@@ -338,6 +345,8 @@ def test_allowed_destinations_pass() -> None:
 def test_webhooks_need_a_secret() -> None:
     with pytest.raises(ValueError, match="secret"):
         WebhookSender(WebhookSettings(allow=("http://127.0.0.1",)), MemoryOutbox())
+    with pytest.raises(ValueError, match="at least 1"):
+        WebhookSender(_settings(max_in_flight_per_owner=0), MemoryOutbox())
 
 
 def test_a_notice_body_is_compact_json() -> None:
