@@ -10,7 +10,10 @@ The contract every backend keeps: a turn is committed atomically (all of its
 messages and its terminal event, or nothing), and committing costs the
 same whatever the history's length. Durable backends also keep each turn's
 events (``persists_events``), so a stream can be resumed after its server is
-gone, and idempotency keys, so a retried turn never runs twice.
+gone, and idempotency keys, so a retried turn never runs twice: both for the
+event-log window, and at most ``IDEMPOTENCY_KEYS_PER_SESSION`` keys a
+session. (The memory store keeps none: ``SessionTurns`` keeps a session's
+newest ``MAX_IDEMPOTENCY_KEYS``.)
 
 Every backend keeps turn records (``put_turn``): a background turn's state,
 written when it is accepted and when it ends, kept longer than its events
@@ -38,6 +41,12 @@ from turnmesh.v1 import event_pb2, message_pb2
 
 # Turn records a session keeps at most; the oldest go first.
 TURN_RECORDS_PER_SESSION = 1_000
+# Idempotency keys a session keeps at most, each for the event-log window
+# (``event_ttl_seconds``: a retry after it runs anew anyway, its events being
+# gone); the oldest go first, trimmed as new ones are written. Likewise the
+# index of a session's turns with stored events (Redis), which a delete reads.
+IDEMPOTENCY_KEYS_PER_SESSION = 1_000
+TURNS_INDEXED_PER_SESSION = 1_000
 # Turn records a memory store keeps at most (a few hundred bytes each, at
 # most ``turn_records.MAX_TURN_BYTES``), and their bytes in all.
 MAX_MEMORY_TURN_RECORDS = 10_000
@@ -146,9 +155,12 @@ class SessionStore(Protocol):
         """A turn's stored events in order; None if the turn is unknown."""
 
     async def get_key(self, session_id: str, key: str) -> str | None:
-        """The turn an idempotency key was used for."""
+        """The turn an idempotency key was used for, within the event-log
+        window (None after it)."""
 
-    async def set_key(self, session_id: str, key: str, turn_id: str) -> None: ...
+    async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
+        """Remember the key's turn; past ``IDEMPOTENCY_KEYS_PER_SESSION`` of
+        the session's, or past the window, the oldest go."""
 
     async def put_turn(
         self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float

@@ -56,7 +56,9 @@ from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id, scoped
 from turnmesh.server.listing import Page, Position, merge, position
 from turnmesh.server.store import (
+    IDEMPOTENCY_KEYS_PER_SESSION,
     TURN_RECORDS_PER_SESSION,
+    TURNS_INDEXED_PER_SESSION,
     SessionRecord,
     TurnAbandoned,
     TurnCommits,
@@ -73,6 +75,8 @@ LISTING_SHARDS = 8
 # a session is dropped only once it is older than this (clocks may differ).
 DANGLING_AFTER_SECONDS = 300
 SCHEMA_KEY = "tm:schema"
+# Keys one DEL names at most (a session's turns' keys, deleted with it).
+DELETE_BATCH = 1_000
 SCHEMA_VERSION = 3
 # Redis refusing service (auth, protected mode, loading, a read-only replica,
 # a cluster that is down or resharding, out of memory): redis-py raises these
@@ -118,9 +122,10 @@ for i = 9, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 return 1
 """
 
-# KEYS: record, history, events, turns, turn status.
-# ARGV: activity, ttl, final event or '', turn, fence or '', pause op ('keep'
-# or 'set'), the pause ('' clears it), messages...
+# KEYS: record, history, events, turn index, turn status, the turn set of
+# before the index. ARGV: activity, ttl, final event or '', turn, fence or '',
+# pause op ('keep' or 'set'), the pause ('' clears it), now (the clock the
+# index is trimmed by), turns indexed at most, messages...
 # 0: no session; 2: void (another server owns the session now, or the turn
 # was given up for lost); 1: committed.
 COMMIT = """
@@ -130,8 +135,8 @@ if ARGV[3] ~= '' then
   if redis.call('GET', KEYS[5]) == 'abandoned' then return 2 end
   redis.call('SET', KEYS[5], 'committed', 'EX', ARGV[2])
 end
-for i = 8, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 7)
+for i = 10, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 9)
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[1])
 if ARGV[6] == 'set' then
   if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'pause')
@@ -140,9 +145,42 @@ end
 if ARGV[3] ~= '' then
   redis.call('RPUSH', KEYS[3], ARGV[3])
   redis.call('EXPIRE', KEYS[3], ARGV[2])
-  redis.call('SADD', KEYS[4], ARGV[4])
+  redis.call('ZADD', KEYS[4], ARGV[8], ARGV[4])
+  -- Entries past the window name keys expired by now; past the bound, keys
+  -- that expire on their own within it.
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (tonumber(ARGV[8]) - tonumber(ARGV[2])))
+  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[9]) - 1)
+  -- The set of before the index (never trimmed): its turns' keys expire on their own.
+  redis.call('UNLINK', KEYS[6])
 end
 return 1
+"""
+
+# KEYS: idempotency keys, their times. ARGV: key, turn, now, window, most
+# kept. Keys written by a server of before the times count from now (kept
+# one more window, never less); then those past the window or the bound go.
+SET_KEY = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+if redis.call('HLEN', KEYS[1]) > redis.call('ZCARD', KEYS[2]) then
+  for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
+    redis.call('ZADD', KEYS[2], 'NX', ARGV[3], key)
+  end
+end
+local since = '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4]))
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since)
+local over = redis.call('ZCARD', KEYS[2]) - #old - tonumber(ARGV[5])
+if over > 0 then
+  for _, key in ipairs(redis.call('ZRANGE', KEYS[2], #old, #old + over - 1)) do
+    table.insert(old, key)
+  end
+end
+for i = 1, #old, 500 do
+  local part = {unpack(old, i, math.min(i + 499, #old))}
+  redis.call('HDEL', KEYS[1], unpack(part))
+  redis.call('ZREM', KEYS[2], unpack(part))
+end
+return #old
 """
 
 # KEYS: turn status. ARGV: ttl. 1: abandoned (now or before), 0: committed.
@@ -194,14 +232,29 @@ def tag(value: str) -> str:
 class Keys:
     """The keys of one session (all on the slot of its hash tag)."""
 
-    __slots__ = ("_prefix", "history", "keys", "record", "turn_records", "turns")
+    __slots__ = (
+        "_prefix",
+        "history",
+        "key_times",
+        "keys",
+        "record",
+        "turn_index",
+        "turn_records",
+        "turns",
+    )
 
     def __init__(self, session_id: str) -> None:
         self._prefix = f"tm:{tag(session_id)}:"
         self.record = self._prefix + "s"
         self.history = self._prefix + "h"
         self.keys = self._prefix + "k"
+        # When each idempotency key was written (to trim them by).
+        self.key_times = self._prefix + "kw"
+        # The turns with events (a set): written by servers of before the
+        # index, read by deletes, dropped by the next commit.
         self.turns = self._prefix + "t"
+        # The turns with events, by when they were last written.
+        self.turn_index = self._prefix + "tw"
         self.turn_records = self._prefix + "r"
 
     def turn_record(self, turn_id: str) -> str:
@@ -306,6 +359,7 @@ class RedisStore(TurnCommits):
         self._swap_script = self._redis.register_script(SWAP_OWNER)
         self._touch_script = self._redis.register_script(TOUCH)
         self._put_turn_script = self._redis.register_script(PUT_TURN)
+        self._set_key_script = self._redis.register_script(SET_KEY)
 
     @property
     def shared(self) -> bool:
@@ -383,15 +437,26 @@ class RedisStore(TurnCommits):
         await self._redis.zrem(idle_key(session_id), session_id)
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.hget(keys.record, "created_at")
-            pipe.smembers(keys.turns)
+            pipe.zrange(keys.turn_index, 0, -1)
+            pipe.smembers(keys.turns)  # a server of before the index wrote it
             pipe.zrange(keys.turn_records, 0, -1)
-            created_at, turns, recorded = await pipe.execute()
-        # One slot: a multi-key DEL is allowed on a cluster too.
-        turn_keys = [k for t in turns for k in (keys.events(_text(t)), keys.status(_text(t)))]
+            created_at, indexed, listed, recorded = await pipe.execute()
+        turns = {_text(t) for t in (*indexed, *listed)}
+        turn_keys = [k for t in turns for k in (keys.events(t), keys.status(t))]
         turn_keys += [keys.turn_record(_text(t)) for t in recorded]
+        # The session's own first, in one DEL (one slot: a multi-key DEL is
+        # allowed on a cluster too); its turns' in bounded batches.
         deleted = await self._redis.delete(
-            keys.record, keys.history, keys.keys, keys.turns, keys.turn_records, *turn_keys
+            keys.record,
+            keys.history,
+            keys.keys,
+            keys.key_times,
+            keys.turns,
+            keys.turn_index,
+            keys.turn_records,
         )
+        for start in range(0, len(turn_keys), DELETE_BATCH):
+            await self._redis.delete(*turn_keys[start : start + DELETE_BATCH])
         if created_at is not None:
             # Unlisted once gone: a crash in between leaves an entry that
             # listings skip. A session made again under this id has another
@@ -427,8 +492,9 @@ class RedisStore(TurnCommits):
                 keys.record,
                 keys.history,
                 keys.events(turn_id),
-                keys.turns,
+                keys.turn_index,
                 keys.status(turn_id),
+                keys.turns,
             ],
             args=[
                 repr(now),
@@ -438,6 +504,8 @@ class RedisStore(TurnCommits):
                 fence,
                 "keep" if pause is None else "set",
                 pause or "",
+                repr(time.time()),
+                TURNS_INDEXED_PER_SESSION,
                 *(m.SerializeToString() for m in messages),
             ],
         )
@@ -545,10 +613,14 @@ class RedisStore(TurnCommits):
     ) -> None:
         keys = Keys(session_id)
         key = keys.events(turn_id)
+        at = time.time()
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.rpush(key, *(e.SerializeToString() for e in events))
             pipe.expire(key, self._ttl)
-            pipe.sadd(keys.turns, turn_id)
+            # Indexed for a delete, as the commit does (the index's bounds there).
+            pipe.zadd(keys.turn_index, {turn_id: at})
+            pipe.zremrangebyscore(keys.turn_index, "-inf", f"({at - self._ttl}")
+            pipe.zremrangebyrank(keys.turn_index, 0, -TURNS_INDEXED_PER_SESSION - 1)
             await pipe.execute()
 
     async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None:
@@ -558,11 +630,22 @@ class RedisStore(TurnCommits):
         return [event_pb2.Event.FromString(cast(bytes, r)) for r in rows]
 
     async def get_key(self, session_id: str, key: str) -> str | None:
-        value = await self._redis.hget(Keys(session_id).keys, key)
-        return _text(value) if value else None
+        keys = Keys(session_id)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.keys, key)
+            pipe.zscore(keys.key_times, key)
+            value, written = await pipe.execute()
+        # One written by a server of before the times has none: still kept.
+        if not value or (written is not None and written < time.time() - self._ttl):
+            return None
+        return _text(value)
 
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
-        await self._redis.hset(Keys(session_id).keys, key, turn_id)
+        keys = Keys(session_id)
+        await self._set_key_script(
+            keys=[keys.keys, keys.key_times],
+            args=[key, turn_id, repr(time.time()), self._ttl, IDEMPOTENCY_KEYS_PER_SESSION],
+        )
 
     async def put_turn(
         self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float

@@ -193,9 +193,13 @@ async def _give(client: Client, source: str, target: str, created_at: bytes) -> 
     if taken is not None and taken != created_at:
         log.warning("session %s stays unscoped: %s is another session", source, target)
         return False
-    turns = [t.decode() for t in cast(set[bytes], await client.smembers(old.turns))]
+    # The turns with events: in the index, or the set of before it.
+    listed = cast(set[bytes], await client.smembers(old.turns))
+    indexed = cast(list[bytes], await client.zrange(old.turn_index, 0, -1))
+    turns = sorted({t.decode() for t in (*listed, *indexed)})
     if taken is None:
         pairs = [(old.history, new.history), (old.keys, new.keys), (old.turns, new.turns)]
+        pairs += [(old.key_times, new.key_times), (old.turn_index, new.turn_index)]
         pairs += [(old.events(t), new.events(t)) for t in turns]
         pairs += [(old.status(t), new.status(t)) for t in turns]
         await _copy(client, pairs)
@@ -209,7 +213,15 @@ async def _give(client: Client, source: str, target: str, created_at: bytes) -> 
     await index.execute()
     turn_keys = [k for t in turns for k in (old.events(t), old.status(t))]
     # One slot: a multi-key DEL is allowed on a cluster too.
-    await client.delete(old.record, old.history, old.keys, old.turns, *turn_keys)
+    await client.delete(
+        old.record,
+        old.history,
+        old.keys,
+        old.key_times,
+        old.turns,
+        old.turn_index,
+        *turn_keys,
+    )
     await client.zrem(idle_key(source), source)
     return True
 

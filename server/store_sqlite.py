@@ -15,7 +15,8 @@ principal's listing is one keyset range scan (``server.listing``).
 ``PRAGMA user_version`` is the layout (``SCHEMA_VERSION`` is today's): 0 is
 a file from before principals (or a new, empty one), 1 added principals, 2 a
 session's pause, 3 turn records, 4 the webhook outbox and a session's
-webhook URL, 5 the outbox's owners by their earliest notice (fair claims).
+webhook URL, 5 the outbox's owners by their earliest notice (fair claims), 6
+when each idempotency key was written (they are kept for the event-log window).
 Opening an older file brings it up to date in one transaction; a version-0
 file's sessions get those columns and go to ``legacy_principal``, which,
 unless anonymous, also prefixes their ids in every table.
@@ -44,6 +45,7 @@ from turnmesh.runtime.principals import (
 )
 from turnmesh.server.listing import Page, Position, position
 from turnmesh.server.store import (
+    IDEMPOTENCY_KEYS_PER_SESSION,
     TURN_RECORDS_PER_SESSION,
     SessionRecord,
     StoreInUse,
@@ -56,7 +58,7 @@ from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -100,8 +102,10 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     session_id TEXT NOT NULL,
     key TEXT NOT NULL,
     turn_id TEXT NOT NULL,
+    written_at REAL NOT NULL,
     PRIMARY KEY (session_id, key)
 );
+CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (written_at);
 CREATE TABLE IF NOT EXISTS turn_records (
     session_id TEXT NOT NULL,
     turn_id TEXT NOT NULL,
@@ -205,8 +209,19 @@ class SqliteStore(TurnCommits):
                     if version < 4:
                         # Layout 4: where its turns' ends are notified.
                         db.execute("ALTER TABLE sessions ADD COLUMN webhook_url TEXT")
-                # Layouts 3 to 5: turn records, the webhook outbox and its
-                # owners, tables and indexes of their own (the schema's).
+                if (
+                    version < 6
+                    and _has_table(db, "idempotency_keys")
+                    and not _has_column(db, "idempotency_keys", "written_at")
+                ):
+                    # Layout 6: when each key was written. Those of before
+                    # count from now: kept one more window, never less.
+                    db.execute(
+                        "ALTER TABLE idempotency_keys ADD COLUMN written_at REAL NOT NULL DEFAULT 0"
+                    )
+                    db.execute("UPDATE idempotency_keys SET written_at = ?", (time.time(),))
+                # Layouts 3 to 6: turn records, the webhook outbox and its
+                # owners, the keys by age: tables and indexes of the schema's.
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     db.execute(statement)
                 if version == 4:
@@ -394,6 +409,10 @@ class SqliteStore(TurnCommits):
             db.execute(
                 "DELETE FROM turn_status WHERE written_at < ?", (time.time() - self._event_ttl,)
             )
+            db.execute(
+                "DELETE FROM idempotency_keys WHERE written_at < ?",
+                (time.time() - self._event_ttl,),
+            )
             db.execute("DELETE FROM turn_records WHERE expire_at < ?", (time.time(),))
             rows = db.execute(
                 "SELECT session_id FROM sessions WHERE last_activity < ?", (last_activity_before,)
@@ -460,19 +479,35 @@ class SqliteStore(TurnCommits):
     async def get_key(self, session_id: str, key: str) -> str | None:
         row = await self._run(
             lambda db: db.execute(
-                "SELECT turn_id FROM idempotency_keys WHERE session_id = ? AND key = ?",
-                (session_id, key),
+                "SELECT turn_id FROM idempotency_keys WHERE session_id = ? AND key = ?"
+                " AND written_at >= ?",
+                (session_id, key, time.time() - self._event_ttl),
             ).fetchone()
         )
         return row[0] if row else None
 
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
-        await self._run(
-            lambda db: db.execute(
-                "INSERT OR REPLACE INTO idempotency_keys VALUES (?, ?, ?)",
-                (session_id, key, turn_id),
-            )
-        )
+        def set_key(db: sqlite3.Connection) -> None:
+            at = time.time()
+            with _transaction(db):
+                db.execute(
+                    "INSERT OR REPLACE INTO idempotency_keys VALUES (?, ?, ?, ?)",
+                    (session_id, key, turn_id, at),
+                )
+                # The session's past the window, then past the bound (the
+                # primary key's index reads the session's; at most one over).
+                db.execute(
+                    "DELETE FROM idempotency_keys WHERE session_id = ? AND written_at < ?",
+                    (session_id, at - self._event_ttl),
+                )
+                db.execute(
+                    "DELETE FROM idempotency_keys WHERE session_id = ? AND key IN"
+                    " (SELECT key FROM idempotency_keys WHERE session_id = ?"
+                    " ORDER BY written_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+                    (session_id, session_id, IDEMPOTENCY_KEYS_PER_SESSION),
+                )
+
+        await self._run(set_key)
 
     async def put_turn(
         self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
@@ -557,6 +592,10 @@ def _has_table(db: sqlite3.Connection, name: str) -> bool:
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
     ).fetchone()
     return found is not None
+
+
+def _has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
+    return any(row[1] == column for row in db.execute(f"PRAGMA table_info({table})"))
 
 
 def _migrate_from_0(db: sqlite3.Connection, legacy_principal: str) -> None:

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis.asyncio as redis
@@ -294,6 +295,163 @@ async def test_events_and_keys_persist_where_promised(store: SessionStore) -> No
         assert await store.read_events(sid, "unknown") is None
     else:
         assert await store.read_events(sid, "t1") is None
+
+
+class _Clock:
+    """Wall-clock time the test moves by hand, for a store module's ``time``."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def time(self) -> float:
+        return self.now
+
+
+def _texts(reply: object) -> list[str]:
+    """A Redis reply of members, as text."""
+    return [member.decode() for member in cast(list[bytes], reply)]
+
+
+async def _stored_keys(store: SessionStore, sid: str) -> list[str]:
+    """The idempotency keys the store holds for the session, read raw."""
+    if isinstance(store, RedisStore):
+        keys = store_redis.Keys(sid)
+        held = sorted(_texts(await store.client.hkeys(keys.keys)))
+        timed = sorted(_texts(await store.client.zrange(keys.key_times, 0, -1)))
+        assert held == timed  # every key has its time
+        return held
+    if isinstance(store, store_sqlite.SqliteStore):
+        rows = await store._run(
+            lambda db: db.execute(
+                "SELECT key FROM idempotency_keys WHERE session_id = ? ORDER BY key", (sid,)
+            ).fetchall()
+        )
+        return [row[0] for row in rows]
+    return []  # memory: SessionTurns keeps a session's newest 256 (test_server_turns)
+
+
+async def test_a_session_keeps_a_bounded_number_of_idempotency_keys(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (store_module, store_sqlite, store_redis):
+        monkeypatch.setattr(module, "IDEMPOTENCY_KEYS_PER_SESSION", 3)
+    sid, other = _sid(), _sid()
+    await store.create(_record(sid))
+    await store.create(_record(other))
+    await store.set_key(other, "k0", "o0")
+    for n in range(5):
+        await store.set_key(sid, f"k{n}", f"t{n}")
+    if not store.persists_events:
+        assert await store.get_key(sid, "k4") is None  # it keeps none
+        return
+    # The newest three, trimmed as new ones were written.
+    assert [await store.get_key(sid, f"k{n}") for n in range(5)] == [None, None, "t2", "t3", "t4"]
+    assert await _stored_keys(store, sid) == ["k2", "k3", "k4"]
+    await store.set_key(sid, "k2", "t2b")  # written again: the newest now
+    await store.set_key(sid, "k5", "t5")
+    assert await _stored_keys(store, sid) == ["k2", "k4", "k5"]
+    assert await store.get_key(other, "k0") == "o0"
+
+
+async def test_idempotency_keys_are_kept_for_the_event_log_window(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not store.persists_events:
+        pytest.skip("the memory store keeps no keys (SessionTurns keeps a session's newest)")
+    clock = _Clock()
+    monkeypatch.setattr(store_sqlite, "time", clock)
+    monkeypatch.setattr(store_redis, "time", clock)
+    sid = _sid()
+    await store.create(_record(sid))
+    await store.set_key(sid, "old", "t0")
+    clock.now += 300
+    await store.set_key(sid, "new", "t1")
+    assert await store.get_key(sid, "old") == "t0"
+    clock.now += 301  # "old" is past the window (600 s), "new" is not
+    assert await store.get_key(sid, "old") is None
+    assert await store.get_key(sid, "new") == "t1"
+    await store.set_key(sid, "newer", "t2")  # the write trims what is past it
+    assert await _stored_keys(store, sid) == ["new", "newer"]
+    # SQLite also prunes them with the events, each expiry pass.
+    clock.now += 601
+    await store.idle_sessions(0)
+    if isinstance(store, store_sqlite.SqliteStore):
+        assert await _stored_keys(store, sid) == []
+
+
+async def test_a_sessions_turn_index_is_bounded_and_drops_the_old_set(
+    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turns a delete must find (Redis): the newest of the window only,
+    and the never-trimmed set of before the index goes at the next commit."""
+    monkeypatch.setattr(store_redis, "TURNS_INDEXED_PER_SESSION", 3)
+    clock = _Clock()
+    monkeypatch.setattr(store_redis, "time", clock)
+    raw = redis_store.client
+    sid = _sid()
+    keys = store_redis.Keys(sid)
+    await redis_store.create(_record(sid))
+    await raw.sadd(keys.turns, *(f"ancient{n}" for n in range(50)))  # an older server's
+    started = event_pb2.Event(type=event_pb2.RUN_STARTED, seq=1)
+    for n in range(4):
+        await redis_store.append_events(sid, f"t{n}", [started])
+    assert _texts(await raw.zrange(keys.turn_index, 0, -1)) == ["t1", "t2", "t3"]
+    clock.now += 601  # past the window: t1..t3's events have expired by now
+    await redis_store.commit_turn(sid, [_message("user", "x")], _final(sid, "t4"), 1.0)
+    assert _texts(await raw.zrange(keys.turn_index, 0, -1)) == ["t4"]
+    assert not await raw.exists(keys.turns)
+    # A session made again under the id finds none of it; deleting it leaves
+    # nothing of its own.
+    assert await redis_store.delete(sid)
+    assert not await raw.exists(
+        keys.record, keys.turn_index, keys.key_times, keys.events("t4"), keys.status("t4")
+    )
+
+
+async def test_keys_written_before_their_times_are_kept_then_trimmed(
+    redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_redis, "IDEMPOTENCY_KEYS_PER_SESSION", 3)
+    raw = redis_store.client
+    sid = _sid()
+    keys = store_redis.Keys(sid)
+    await redis_store.create(_record(sid))
+    await raw.hset(keys.keys, mapping={f"legacy{n}": f"l{n}" for n in range(5)})
+    assert await redis_store.get_key(sid, "legacy0") == "l0"  # no time: still kept
+    await redis_store.set_key(sid, "new", "t1")
+    # Timed from this write, all alike: the bound keeps three, "new" among them.
+    held = await _stored_keys(redis_store, sid)
+    assert len(held) == 3 and "new" in held
+    assert await redis_store.delete(sid)
+
+
+async def test_a_version_5_sqlite_file_gets_its_keys_times(tmp_path: Path) -> None:
+    path = tmp_path / "v5.db"
+    sid = _sid()
+    first = open_store(f"sqlite:{path}", 600)
+    await first.create(_record(sid))
+    await first.set_key(sid, "k1", "t1")
+    await first.close()
+    db = sqlite3.connect(path)
+    try:  # as a version-5 server left it: keys without times
+        db.execute("DROP INDEX idempotency_keys_by_age")
+        db.execute("ALTER TABLE idempotency_keys DROP COLUMN written_at")
+        db.execute("PRAGMA user_version = 5")
+        db.commit()
+    finally:
+        db.close()
+    again = open_store(f"sqlite:{path}", 600)
+    try:
+        assert await again.get_key(sid, "k1") == "t1"  # counted from the upgrade
+        await again.set_key(sid, "k2", "t2")
+        assert await _stored_keys(again, sid) == ["k1", "k2"]
+    finally:
+        await again.close()
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+    finally:
+        db.close()
 
 
 async def test_history_of_two_thousand_messages_round_trips(store: SessionStore) -> None:
@@ -596,7 +754,7 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 6
     finally:
         db.close()
 
@@ -747,7 +905,7 @@ async def test_a_version_4_sqlite_file_gets_the_outboxs_owners(tmp_path: Path) -
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION
         indexes = {row[1] for row in db.execute("PRAGMA index_list(webhook_outbox)")}
         assert "webhook_outbox_by_owner" not in indexes
     finally:
