@@ -121,6 +121,7 @@ class TurnRunner:
         self.inflight += 1
         metrics.TURNS_IN_FLIGHT.inc()
         try:
+            await self._checkpoint_for(session_id, turn)
             end = await self._run_on_workers(session_id, agent_name, run)
             if not end.ok:
                 assert end.error is not None
@@ -161,6 +162,17 @@ class TurnRunner:
             metrics.TURNS_IN_FLIGHT.dec()
             self._account(session_id, run)
 
+    async def _checkpoint_for(self, session_id: str, turn: PendingTurn) -> None:
+        """The agent's checkpoint of the pause the turn answers, from the
+        store when this server's view of the pause has none (it was read from
+        the store: after a restart or a failover). Kept apart from the
+        session's record, which every call reads, so read only here."""
+        answering = turn.answering
+        if answering is None or answering.agent_checkpoint or not answering.turn_id:
+            return
+        with metrics.STORE_SECONDS.labels("checkpoint").time():
+            answering.agent_checkpoint = await self._store.checkpoint(session_id)
+
     async def _commit(self, session_id: str, run: _Run, end: WorkerEnd) -> None:
         """Append the turn to history and log RUN_FINISHED. Once the agent has
         finished, the turn commits even if a cancel arrives during the write
@@ -180,11 +192,13 @@ class TurnRunner:
             + built
         )
         pause = None
+        stored = b""
         if end.outcome is not None:
             pause = pauses.make_pause(
                 run.turn.turn_id, end.outcome, run.builder.calls, self.pause_timeout_seconds
             )
-            pause.agent_checkpoint = end.agent_checkpoint
+            stored = pause.SerializeToString()  # the record's: without the checkpoint
+            pause.agent_checkpoint = end.agent_checkpoint  # this server's own view keeps it
         if end.usage:
             messages[-1].usage.CopyFrom(sum_usage(end.usage))
         final = tlog.stamp(_finished_event(run.started, end))
@@ -195,7 +209,8 @@ class TurnRunner:
                 final,
                 tlog,
                 run.turn.fence,
-                pause.SerializeToString() if pause is not None else b"",
+                stored,
+                end.agent_checkpoint if pause is not None else b"",
             )
         )
         cancelled = False
@@ -253,10 +268,13 @@ class TurnRunner:
         tlog: TurnLog,
         fence: str,
         pause: bytes,
+        checkpoint: bytes,
     ) -> None:
         await tlog.flush()
         with metrics.STORE_SECONDS.labels("commit_turn").time():
-            await self._store.commit_turn(session_id, messages, final, now(), fence, pause)
+            await self._store.commit_turn(
+                session_id, messages, final, now(), fence, pause, checkpoint
+            )
 
     def _account(self, session_id: str, run: _Run) -> None:
         """Metrics and the one log line a turn gets: ids, status, latency;

@@ -111,17 +111,27 @@ class SessionStore(Protocol):
         now: float,
         fence: str = "",
         pause: bytes = b"",
+        checkpoint: bytes = b"",
     ) -> None:
         """Append a finished turn's messages and its RUN_FINISHED event, and
-        set what the session waits for (``pause``; empty: nothing), in one
-        atomic step; NotFound if the session is gone; TurnAbandoned (nothing
-        written) if another server gave the turn up for lost and re-ran it, or
-        if ``fence`` (the owner token the turn started under) is no longer the
-        session's owner."""
+        set what the session waits for (``pause``; empty: nothing) and the
+        agent's checkpoint for it (``checkpoint``), in one atomic step;
+        NotFound if the session is gone; TurnAbandoned (nothing written) if
+        another server gave the turn up for lost and re-ran it, or if
+        ``fence`` (the owner token the turn started under) is no longer the
+        session's owner.
+
+        The checkpoint (up to 16 MiB) is kept apart from the record, which
+        every call on the session and every listing reads: only the turn
+        that answers the pause reads it (``checkpoint``)."""
 
     async def set_pause(self, session_id: str, pause: bytes, now: float, fence: str = "") -> None:
-        """Set what the session waits for (a cancelled pause, say); NotFound
-        and TurnAbandoned (a fenced-off owner) as ``commit_turn``."""
+        """Set what the session waits for (a cancelled pause, say; its
+        checkpoint stays); NotFound and TurnAbandoned (a fenced-off owner) as
+        ``commit_turn``."""
+
+    async def checkpoint(self, session_id: str) -> bytes:
+        """The agent's checkpoint for the session's pause, b"" if none."""
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         """Make sure the turn never commits (its owner vanished, so a retry
@@ -222,6 +232,8 @@ class MemoryStore:
         max_turn_record_bytes: int = MAX_MEMORY_TURN_RECORD_BYTES,
     ) -> None:
         self._records: dict[str, SessionRecord] = {}
+        # The agents' checkpoints of the sessions' pauses (commit_turn).
+        self._checkpoints: dict[str, bytes] = {}
         # Per principal: (position, scoped id), ascending, for listing.
         self._listed: dict[str, list[tuple[Position, str]]] = {}
         # Serialized: a few hundred bytes less per message than live protobuf
@@ -274,6 +286,7 @@ class MemoryStore:
         for turn_id in self._turns_of.pop(session_id, {}):
             if (gone := self._turn_records.pop((session_id, turn_id), None)) is not None:
                 self._turn_record_bytes -= len(gone.record)
+        self._checkpoints.pop(session_id, None)
         record = self._records.pop(session_id, None)
         if record is None:
             return False
@@ -308,14 +321,23 @@ class MemoryStore:
         now: float,
         fence: str = "",
         pause: bytes = b"",
+        checkpoint: bytes = b"",
     ) -> None:
         # The event log of this process holds the final event; no other
         # server can own the session, so there is nothing to fence.
         await self.append_messages(session_id, messages, now)
         self._records[session_id].pause = pause
+        if checkpoint:
+            self._checkpoints[session_id] = checkpoint
+        else:
+            self._checkpoints.pop(session_id, None)
 
     async def set_pause(self, session_id: str, pause: bytes, now: float, fence: str = "") -> None:
-        await self.commit_turn(session_id, [], event_pb2.Event(), now, fence, pause)
+        await self.append_messages(session_id, [], now)
+        self._records[session_id].pause = pause
+
+    async def checkpoint(self, session_id: str) -> bytes:
+        return self._checkpoints.get(session_id, b"")
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         # Not shared: a turn seen failed here was ended by its own runner,
@@ -438,9 +460,11 @@ class TurnCommits(abc.ABC):
         now: float,
         fence: str = "",
         pause: bytes | None = None,
+        checkpoint: bytes | None = None,
     ) -> None:
         """``pause``: what the session waits for now (empty: nothing), or
-        None to leave it as it is."""
+        None to leave it as it is; ``checkpoint`` the same for the agent's
+        checkpoint of it."""
 
     async def append_messages(
         self, session_id: str, messages: list[message_pb2.Message], now: float
@@ -455,8 +479,9 @@ class TurnCommits(abc.ABC):
         now: float,
         fence: str = "",
         pause: bytes = b"",
+        checkpoint: bytes = b"",
     ) -> None:
-        await self._commit(session_id, messages, final_event, now, fence, pause)
+        await self._commit(session_id, messages, final_event, now, fence, pause, checkpoint)
 
     async def set_pause(self, session_id: str, pause: bytes, now: float, fence: str = "") -> None:
         await self._commit(session_id, [], None, now, fence, pause)

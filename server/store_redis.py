@@ -123,9 +123,10 @@ return 1
 """
 
 # KEYS: record, history, events, turn index, turn status, the turn set of
-# before the index. ARGV: activity, ttl, final event or '', turn, fence or '',
-# pause op ('keep' or 'set'), the pause ('' clears it), now (the clock the
-# index is trimmed by), turns indexed at most, messages...
+# before the index, checkpoint. ARGV: activity, ttl, final event or '', turn,
+# fence or '', pause op ('keep' or 'set'), the pause ('' clears it), now (the
+# clock the index is trimmed by), turns indexed at most, checkpoint op ('keep'
+# or 'set'), the checkpoint ('' clears it), messages...
 # 0: no session; 2: void (another server owns the session now, or the turn
 # was given up for lost); 1: committed.
 COMMIT = """
@@ -135,12 +136,16 @@ if ARGV[3] ~= '' then
   if redis.call('GET', KEYS[5]) == 'abandoned' then return 2 end
   redis.call('SET', KEYS[5], 'committed', 'EX', ARGV[2])
 end
-for i = 10, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 9)
+for i = 12, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 11)
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[1])
 if ARGV[6] == 'set' then
   if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'pause')
   else redis.call('HSET', KEYS[1], 'pause', ARGV[7]) end
+end
+if ARGV[10] == 'set' then
+  if ARGV[11] == '' then redis.call('DEL', KEYS[7])
+  else redis.call('SET', KEYS[7], ARGV[11]) end
 end
 if ARGV[3] ~= '' then
   redis.call('RPUSH', KEYS[3], ARGV[3])
@@ -234,6 +239,7 @@ class Keys:
 
     __slots__ = (
         "_prefix",
+        "checkpoint",
         "history",
         "key_times",
         "keys",
@@ -256,6 +262,8 @@ class Keys:
         # The turns with events, by when they were last written.
         self.turn_index = self._prefix + "tw"
         self.turn_records = self._prefix + "r"
+        # The agent's checkpoint of the session's pause (read when answered).
+        self.checkpoint = self._prefix + "cp"
 
     def turn_record(self, turn_id: str) -> str:
         return f"{self._prefix}r:{turn_id}"
@@ -454,6 +462,7 @@ class RedisStore(TurnCommits):
             keys.turns,
             keys.turn_index,
             keys.turn_records,
+            keys.checkpoint,
         )
         for start in range(0, len(turn_keys), DELETE_BATCH):
             await self._redis.delete(*turn_keys[start : start + DELETE_BATCH])
@@ -484,6 +493,7 @@ class RedisStore(TurnCommits):
         now: float,
         fence: str = "",
         pause: bytes | None = None,
+        checkpoint: bytes | None = None,
     ) -> None:
         keys = Keys(session_id)
         turn_id = final_event.run_id if final_event is not None else ""
@@ -495,6 +505,7 @@ class RedisStore(TurnCommits):
                 keys.turn_index,
                 keys.status(turn_id),
                 keys.turns,
+                keys.checkpoint,
             ],
             args=[
                 repr(now),
@@ -506,6 +517,8 @@ class RedisStore(TurnCommits):
                 pause or "",
                 repr(time.time()),
                 TURNS_INDEXED_PER_SESSION,
+                "keep" if checkpoint is None else "set",
+                checkpoint or "",
                 *(m.SerializeToString() for m in messages),
             ],
         )
@@ -514,6 +527,10 @@ class RedisStore(TurnCommits):
         if committed == 2:
             raise TurnAbandoned(turn_id)
         await self._active(session_id, now)
+
+    async def checkpoint(self, session_id: str) -> bytes:
+        stored = await self._redis.get(Keys(session_id).checkpoint)
+        return cast(bytes, stored) if stored else b""
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         abandoned = await self._abandon_script(

@@ -16,7 +16,9 @@ principal's listing is one keyset range scan (``server.listing``).
 a file from before principals (or a new, empty one), 1 added principals, 2 a
 session's pause, 3 turn records, 4 the webhook outbox and a session's
 webhook URL, 5 the outbox's owners by their earliest notice (fair claims), 6
-when each idempotency key was written (they are kept for the event-log window).
+when each idempotency key was written (they are kept for the event-log window),
+7 the agent's checkpoint of a pause, in a column apart from the pause (read
+only by the turn that answers it).
 Opening an older file brings it up to date in one transaction; a version-0
 file's sessions get those columns and go to ``legacy_principal``, which,
 unless anonymous, also prefixes their ids in every table.
@@ -58,7 +60,7 @@ from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -71,7 +73,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     principal TEXT NOT NULL,
     created_ns INTEGER NOT NULL,
     pause BLOB,
-    webhook_url TEXT
+    webhook_url TEXT,
+    checkpoint BLOB
 );
 CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_activity);
 CREATE INDEX IF NOT EXISTS sessions_by_principal
@@ -209,6 +212,10 @@ class SqliteStore(TurnCommits):
                     if version < 4:
                         # Layout 4: where its turns' ends are notified.
                         db.execute("ALTER TABLE sessions ADD COLUMN webhook_url TEXT")
+                    if version < 7 and not _has_column(db, "sessions", "checkpoint"):
+                        # Layout 7: the agent's checkpoint, apart from its
+                        # pause (one written before stays in the pause).
+                        db.execute("ALTER TABLE sessions ADD COLUMN checkpoint BLOB")
                 if (
                     version < 6
                     and _has_table(db, "idempotency_keys")
@@ -338,6 +345,7 @@ class SqliteStore(TurnCommits):
         now: float,
         fence: str = "",
         pause: bytes | None = None,
+        checkpoint: bytes | None = None,
     ) -> None:
         # One server per file (the lock): no other owner to fence against.
         def commit(db: sqlite3.Connection) -> bool | None:
@@ -373,6 +381,11 @@ class SqliteStore(TurnCommits):
                         "UPDATE sessions SET pause = ? WHERE session_id = ?",
                         (pause or None, session_id),
                     )
+                if checkpoint is not None:
+                    db.execute(
+                        "UPDATE sessions SET checkpoint = ? WHERE session_id = ?",
+                        (checkpoint or None, session_id),
+                    )
                 if final_event is not None:
                     _insert_events(db, session_id, final_event.run_id, [final_event])
             return True
@@ -382,6 +395,14 @@ class SqliteStore(TurnCommits):
             raise TurnAbandoned(final_event.run_id if final_event else "")
         if not committed:
             raise NotFound(f"session {public_id(session_id)!r} not found")
+
+    async def checkpoint(self, session_id: str) -> bytes:
+        row = await self._run(
+            lambda db: db.execute(
+                "SELECT checkpoint FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        )
+        return bytes(row[0]) if row and row[0] else b""
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         def abandon(db: sqlite3.Connection) -> bool:

@@ -163,6 +163,35 @@ async def test_a_pause_is_kept_with_the_record_until_a_commit_changes_it(
     assert await stored() == b""
 
 
+async def test_an_agents_checkpoint_is_kept_apart_from_the_record(store: SessionStore) -> None:
+    """Written with its pause, read by itself (never with the record every
+    call reads), kept by a cancel, replaced or cleared by the next commit,
+    gone with its session."""
+    sid = _sid()
+    await store.create(_record(sid))
+    assert await store.checkpoint(sid) == b""
+    paused = message_pb2.Pause(turn_id="t1").SerializeToString()
+    big = b"\x00checkpoint" * 100_000  # 1.1 MB
+
+    def final(turn_id: str) -> event_pb2.Event:
+        return event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=2, thread_id=sid, run_id=turn_id)
+
+    await store.commit_turn(sid, [], final("t1"), 2000.0, pause=paused, checkpoint=big)
+    assert await store.checkpoint(sid) == big
+    record = await store.get(sid)
+    assert record is not None and record.pause == paused
+    await store.set_pause(sid, paused, 2500.0)  # a cancel
+    assert await store.checkpoint(sid) == big
+    await store.commit_turn(sid, [], final("t2"), 3000.0, pause=paused, checkpoint=b"t2's")
+    assert await store.checkpoint(sid) == b"t2's"
+    await store.commit_turn(sid, [], final("t3"), 4000.0)
+    assert await store.checkpoint(sid) == b""
+    await store.commit_turn(sid, [], final("t4"), 5000.0, pause=paused, checkpoint=b"t4's")
+    assert await store.delete(sid)
+    await store.create(_record(sid))  # the same id again: a session of its own
+    assert await store.checkpoint(sid) == b""
+
+
 async def test_deleted_sessions_are_gone_and_commits_to_them_fail(store: SessionStore) -> None:
     sid = _sid()
     await store.create(_record(sid))
@@ -436,6 +465,7 @@ async def test_a_version_5_sqlite_file_gets_its_keys_times(tmp_path: Path) -> No
     try:  # as a version-5 server left it: keys without times
         db.execute("DROP INDEX idempotency_keys_by_age")
         db.execute("ALTER TABLE idempotency_keys DROP COLUMN written_at")
+        db.execute("ALTER TABLE sessions DROP COLUMN checkpoint")
         db.execute("PRAGMA user_version = 5")
         db.commit()
     finally:
@@ -449,7 +479,7 @@ async def test_a_version_5_sqlite_file_gets_its_keys_times(tmp_path: Path) -> No
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 7
     finally:
         db.close()
 
@@ -735,6 +765,7 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         db.execute("DROP TABLE turn_records")
         db.execute("DROP TABLE webhook_outbox")
         db.execute("ALTER TABLE sessions DROP COLUMN webhook_url")
+        db.execute("ALTER TABLE sessions DROP COLUMN checkpoint")
         db.execute("PRAGMA user_version = 2")
         db.commit()
     finally:
@@ -754,7 +785,7 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 7
     finally:
         db.close()
 

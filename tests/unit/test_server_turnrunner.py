@@ -155,6 +155,7 @@ class FakeStore:
         now: float,
         fence: str = "",
         pause: bytes = b"",
+        checkpoint: bytes = b"",
     ) -> None:
         if self.lost_answer is not None and self.lost_answer[0]:
             await self.append_messages(session_id, messages, now)
