@@ -126,32 +126,62 @@ def seeded(
     history up to the calls seeds the session, and the trailing tool
     messages answer them. A call an approval gates is the agent's: it waits
     for the approval, never for a result from the client."""
-    if not messages or messages[-1].role != "assistant":
+    # From the end back to the last message with calls: the results of the
+    # agent's own calls among them (tool messages), and what it said or asked
+    # after them (assistant messages); a user's message ends the search.
+    answered: set[str] = set()
+    interrupts: list[event_pb2.Interrupt] = []
+    calls: Sequence[message_pb2.ToolCall] = ()
+    spoke_after = False  # the agent went on after its calls: none is the client's
+    for message in reversed(messages):
+        if message.role == "tool":
+            answered.add(message.tool_call_id)
+            continue
+        if message.role != "assistant":
+            break
+        interrupts[:0] = message.interrupts
+        if message.tool_calls:
+            calls = message.tool_calls
+            break
+        spoke_after = True
+    gated = {i.tool_call_id for i in interrupts if i.tool_call_id}
+    waiting = [c for c in calls if not spoke_after and c.id not in answered and c.id not in gated]
+    if not waiting and not interrupts:
         return None
-    last = messages[-1]
-    if not last.tool_calls and not last.interrupts:
-        return None
-    gated = {i.tool_call_id for i in last.interrupts if i.tool_call_id}
-    outcome = event_pb2.RunOutcome(type="interrupt" if last.interrupts else "success")
-    for interrupt in last.interrupts:
+    outcome = event_pb2.RunOutcome(type="interrupt" if interrupts else "success")
+    for interrupt in interrupts:
         outcome.interrupts.add().CopyFrom(interrupt)
-    client_calls = [c for c in last.tool_calls if c.id not in gated]
-    return make_pause(last.turn_id, outcome, {}, timeout_seconds, client_calls)
+    return make_pause(messages[-1].turn_id, outcome, {}, timeout_seconds, waiting)
 
 
 def keep_interrupts(
     built: list[message_pb2.Message],
-    interrupts: Sequence[event_pb2.Interrupt],
+    outcome: event_pb2.RunOutcome,
     turn_id: str,
     created: timestamp_pb2.Timestamp,
 ) -> None:
-    """Record what a paused turn asked on its last assistant message (one
-    more, empty, if the turn ended on something else), so that history
-    alone says what the turn waits for (``seeded``)."""
-    if not built or built[-1].role != "assistant":
-        built.append(message_pb2.Message(role="assistant", turn_id=turn_id, created_at=created))
+    """Record what a paused turn asked, so that history alone says what the
+    turn waits for (``seeded``): on the message with the calls it waits on
+    (those its approvals gate, the client's; the agent's own results may
+    follow it, as a chat model requires), else on its last assistant
+    message (one more, empty, if the turn ended on a tool's result)."""
+    interrupts = outcome.interrupts
+    waits_on = {i.tool_call_id for i in interrupts if i.tool_call_id}
+    waits_on.update(outcome.pending_tool_call_ids)
+    target = next(
+        (
+            m
+            for m in reversed(built)
+            if m.role == "assistant" and any(c.id in waits_on for c in m.tool_calls)
+        ),
+        None,
+    )
+    if target is None:
+        if not built or built[-1].role != "assistant":
+            built.append(message_pb2.Message(role="assistant", turn_id=turn_id, created_at=created))
+        target = built[-1]
     for interrupt in interrupts:
-        kept = built[-1].interrupts.add()
+        kept = target.interrupts.add()
         kept.CopyFrom(interrupt)
         kept.ClearField("expires_at")  # the pause's, renewed by whatever seeds from it
 

@@ -184,7 +184,7 @@ class TurnRunner:
         built = run.builder.finish(created, end.result, paused=end.outcome is not None)
         gated, built = pauses.gated_results(run.turn.answering, built, run.turn.turn_id, created)
         if end.outcome is not None and end.outcome.interrupts:
-            pauses.keep_interrupts(built, end.outcome.interrupts, run.turn.turn_id, created)
+            pauses.keep_interrupts(built, end.outcome, run.turn.turn_id, created)
         messages = (
             pauses.lead_messages(run.turn.turn_id, run.turn.answers, created)
             + gated

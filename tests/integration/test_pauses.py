@@ -218,6 +218,35 @@ async def test_a_fork_of_a_paused_approval_waits_for_the_approval_again(
     assert roles == ["user", "assistant", "tool", "assistant"]
 
 
+async def test_an_approval_beside_the_agents_own_call_keeps_history_well_formed(
+    client: AsyncClient,
+) -> None:
+    """One paused message with a gated call and a call of the agent's own,
+    whose result follows it: a fork there waits for the approval, and each
+    answer's result goes with the results of its message (as chat models
+    require), in the session and in the fork."""
+    sid = (await client.create_session(agent="probe")).session_id
+    first = await client.send(sid, "mixed approval")
+    assert first.outcome is not None
+    (interrupt,) = first.outcome.interrupts
+    fork = await client.fork_session(sid, at_turn_id=first.turn_id)
+    assert [i.id for i in fork.pause.interrupts] == [interrupt.id]
+    assert list(fork.pause.tool_calls) == []
+    yes = message_pb2.ResumeEntry(
+        interrupt_id=interrupt.id, status="resolved", payload=_value({"approved": True})
+    )
+    for session_id in (sid, fork.session_id):
+        await client.send(session_id, "", resume=[yes])
+        history = await client.history(session_id)
+        assert [(m.role, m.tool_call_id or m.content) for m in history[1:]] == [
+            ("assistant", ""),
+            ("tool", history[1].tool_calls[1].id),  # lookup's, from the paused turn
+            ("tool", interrupt.tool_call_id),  # deploy's, once approved
+            ("assistant", "resume resolved"),
+        ]
+        assert history[3].content == "deployed"
+
+
 async def test_an_approval_of_a_call_named_like_a_client_tool_is_asked(
     client: AsyncClient,
 ) -> None:

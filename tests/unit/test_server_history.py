@@ -219,3 +219,87 @@ def test_a_gated_calls_result_goes_first_and_a_missing_one_is_an_error() -> None
     assert [m.content for m in rest] == ["running it", "done"]
     # No approvals answered: the turn's messages as they were.
     assert pauses.gated_results(None, built, "t2", at) == ([], built)
+
+
+def _call(call_id: str) -> message_pb2.ToolCall:
+    return message_pb2.ToolCall(id=call_id, function=message_pb2.FunctionCall(name=call_id))
+
+
+def _asks(*interrupts: event_pb2.Interrupt, **fields: object) -> message_pb2.Message:
+    message = message_pb2.Message(role="assistant", turn_id="t1", **fields)  # type: ignore[arg-type]
+    message.interrupts.extend(interrupts)
+    return message
+
+
+def test_a_paused_message_keeps_what_it_asked_where_history_can_find_it() -> None:
+    """Interrupts go on the message with the calls the turn waits on, even
+    when the agent's own results follow it; else on the last assistant
+    message, or an empty one after a tool's result."""
+    at = timestamp_pb2.Timestamp(seconds=1)
+    approval = event_pb2.RunOutcome(type="interrupt")
+    approval.interrupts.add(id="i1", reason="tool_approval", tool_call_id="deploy")
+    built = [
+        message_pb2.Message(role="assistant", tool_calls=[_call("deploy"), _call("lookup")]),
+        message_pb2.Message(role="tool", tool_call_id="lookup", content="found"),
+        message_pb2.Message(role="assistant", content="May I deploy?"),
+    ]
+    pauses.keep_interrupts(built, approval, "t1", at)
+    assert [len(m.interrupts) for m in built] == [1, 0, 0]
+    question = event_pb2.RunOutcome(type="interrupt")
+    question.interrupts.add(id="q1", reason="question")
+    after_tool = [
+        message_pb2.Message(role="assistant", tool_calls=[_call("lookup")]),
+        message_pb2.Message(role="tool", tool_call_id="lookup", content="found"),
+    ]
+    pauses.keep_interrupts(after_tool, question, "t1", at)
+    assert [(m.role, len(m.interrupts)) for m in after_tool] == [
+        ("assistant", 0),
+        ("tool", 0),
+        ("assistant", 1),
+    ]
+
+
+def test_seeded_history_waits_for_what_its_paused_message_waits_on() -> None:
+    user = message_pb2.Message(role="user", content="go")
+    gate = event_pb2.Interrupt(id="i1", reason="tool_approval", tool_call_id="deploy")
+    question = event_pb2.Interrupt(id="q1", reason="question")
+    cases: list[tuple[list[message_pb2.Message], list[str], list[str]]] = [
+        # A client's calls, one answered already.
+        (
+            [user, _asks(tool_calls=[_call("a"), _call("b")]), _tool("a")],
+            ["b"],
+            [],
+        ),
+        # An approval beside the agent's own call and its result, then words.
+        (
+            [
+                user,
+                _asks(gate, tool_calls=[_call("deploy"), _call("lookup")]),
+                _tool("lookup"),
+                _asks(content="May I deploy?"),
+            ],
+            [],
+            ["i1"],
+        ),
+        # A question after the agent's own call.
+        ([user, _asks(tool_calls=[_call("lookup")]), _tool("lookup"), _asks(question)], [], ["q1"]),
+        # A question alone.
+        ([user, _asks(question, content="Which one?")], [], ["q1"]),
+        # The agent went on after a call it left open: nothing is the client's.
+        ([user, _asks(tool_calls=[_call("x")]), _asks(content="done")], [], []),
+        # Answered, then a user's message.
+        ([_asks(tool_calls=[_call("a")]), _tool("a"), user], [], []),
+    ]
+    for history, calls, interrupts in cases:
+        pause = pauses.seeded(history, 60)
+        if not calls and not interrupts:
+            assert pause is None, history
+            continue
+        assert pause is not None, history
+        assert [c.id for c in pause.tool_calls] == calls
+        assert [i.id for i in pause.interrupts] == interrupts
+        assert all(i.HasField("expires_at") for i in pause.interrupts)
+
+
+def _tool(call_id: str) -> message_pb2.Message:
+    return message_pb2.Message(role="tool", tool_call_id=call_id, content="r")
