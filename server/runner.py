@@ -230,8 +230,20 @@ class TurnRunner:
         run.turn.pause_after = pause
         tlog.append(final, persisted=True)
         tlog.set_state(spb.TURN_STATE_FINISHED)
+        await self._keep_keys(session_id, run.turn)
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _keep_keys(self, session_id: str, turn: PendingTurn) -> None:
+        """The turn's idempotency keys count from its end, as its events do:
+        a retry within the event-log window never runs it again, however
+        long it queued or ran (a store that fails keeps them from its start)."""
+        for key, use in turn.keys.items():
+            try:
+                await self._store.set_key(session_id, key, use)
+            except (Unavailable, NotFound):  # down, or the session went meanwhile
+                log.warning("could not renew turn %s's idempotency key", turn.turn_id)
+                return
 
     async def _committed_after_all(self, session_id: str, turn_id: str) -> bool:
         try:

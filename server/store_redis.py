@@ -168,8 +168,10 @@ SET_KEY = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 if redis.call('HLEN', KEYS[1]) > redis.call('ZCARD', KEYS[2]) then
+  -- Just older than the key written now: past the bound they go first.
+  local before = tonumber(ARGV[3]) - 0.001
   for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
-    redis.call('ZADD', KEYS[2], 'NX', ARGV[3], key)
+    redis.call('ZADD', KEYS[2], 'NX', before, key)
   end
 end
 local since = '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4]))

@@ -89,6 +89,8 @@ class PendingTurn:
     on_end: Callable[[], None] | None = None
     # The caller's tools for this turn.
     tools: list[message_pb2.ToolDefinition] = field(default_factory=list)
+    # Its idempotency keys (a COLLECT batch may have several), as stored.
+    keys: dict[str, str] = field(default_factory=dict)
     # What the turn answers the session's pause with (the client's answers,
     # or the server's for an expired or cancelled pause), and that pause.
     answers: pauses.Answers = field(default_factory=pauses.Answers)
@@ -353,6 +355,7 @@ class SessionTurns:
     def _remember_key(self, turn: PendingTurn, key: str, digest: str) -> None:
         if key:
             self._by_key[key] = KeyUse(turn.turn_id, digest)
+            turn.keys[key] = self._by_key[key].encode()
             while len(self._by_key) > MAX_IDEMPOTENCY_KEYS:
                 self._by_key.popitem(last=False)
 

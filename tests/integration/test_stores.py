@@ -447,10 +447,12 @@ async def test_keys_written_before_their_times_are_kept_then_trimmed(
     await redis_store.create(_record(sid))
     await raw.hset(keys.keys, mapping={f"legacy{n}": f"l{n}" for n in range(5)})
     assert await redis_store.get_key(sid, "legacy0") == "l0"  # no time: still kept
-    await redis_store.set_key(sid, "new", "t1")
-    # Timed from this write, all alike: the bound keeps three, "new" among them.
+    # A name that sorts before theirs: kept for its time, not its name.
+    await redis_store.set_key(sid, "a-new", "t1")
+    # Timed as just before this write: the bound keeps three, the new one among them.
     held = await _stored_keys(redis_store, sid)
-    assert len(held) == 3 and "new" in held
+    assert len(held) == 3 and "a-new" in held
+    assert await redis_store.get_key(sid, "a-new") == "t1"
     assert await redis_store.delete(sid)
 
 

@@ -129,6 +129,11 @@ class FakeStore:
         self.history_error: Exception | None = None
         # The commit writes, then the answer is lost: (written?, abandoned?).
         self.lost_answer: tuple[bool, bool] | None = None
+        # Idempotency keys as written, in order, with the messages then kept.
+        self.keys: list[tuple[str, str, int]] = []
+
+    async def set_key(self, session_id: str, key: str, value: str) -> None:
+        self.keys.append((key, value, len(self.sessions[session_id])))
 
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         if self.history_error is not None:
@@ -567,3 +572,17 @@ async def test_a_second_cancel_during_the_history_write_still_finishes_the_turn(
     assert [m.content for m in store.sessions["s1"]] == ["hello", "kept"]
     assert last(turn.log).type == ET.RUN_FINISHED
     assert turn.log.state == spb.TURN_STATE_FINISHED
+
+
+async def test_a_turns_idempotency_keys_count_from_its_end(
+    runner: TurnRunner, pool: FakePool, store: FakeStore
+) -> None:
+    """Written again once the turn committed: a retry within the event-log
+    window of its end (not of its start) finds the turn, however long it
+    queued or ran."""
+    pool.add("w1", answer("hi"))
+    turn = pending("hello")
+    turn.keys = {"k1": "t1 digest", "k2": "t1 other"}
+    await runner.run("s1", "demo", turn)
+    assert turn.log.state == spb.TURN_STATE_FINISHED
+    assert store.keys == [("k1", "t1 digest", 2), ("k2", "t1 other", 2)]  # after the commit
