@@ -123,7 +123,7 @@ return 1
 """
 
 # KEYS: record, history, events, turn index, turn status, the turn set of
-# before the index, checkpoint. ARGV: activity, ttl, final event or '', turn,
+# before the index (unused: a delete reads it), checkpoint. ARGV: activity, ttl, final event or '', turn,
 # fence or '', pause op ('keep' or 'set'), the pause ('' clears it), now (the
 # clock the index is trimmed by), turns indexed at most, checkpoint op ('keep'
 # or 'set'), the checkpoint ('' clears it), messages...
@@ -155,8 +155,6 @@ if ARGV[3] ~= '' then
   -- that expire on their own within it.
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (tonumber(ARGV[8]) - tonumber(ARGV[2])))
   redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[9]) - 1)
-  -- The set of before the index (never trimmed): its turns' keys expire on their own.
-  redis.call('UNLINK', KEYS[6])
 end
 return 1
 """
@@ -259,7 +257,7 @@ class Keys:
         # When each idempotency key was written (to trim them by).
         self.key_times = self._prefix + "kw"
         # The turns with events (a set): written by servers of before the
-        # index, read by deletes, dropped by the next commit.
+        # index (no longer grown), read by deletes, which drop it.
         self.turns = self._prefix + "t"
         # The turns with events, by when they were last written.
         self.turn_index = self._prefix + "tw"

@@ -456,6 +456,24 @@ async def test_keys_written_before_their_times_are_kept_then_trimmed(
     assert await redis_store.delete(sid)
 
 
+async def test_a_delete_after_new_commits_removes_the_turns_of_before_the_index(
+    redis_store: RedisStore,
+) -> None:
+    """A session that a server of before the turn index wrote to: its turns
+    are in a set, which later commits leave for the delete to read."""
+    raw = redis_store.client
+    sid = _sid()
+    keys = store_redis.Keys(sid)
+    await redis_store.create(_record(sid))
+    await raw.sadd(keys.turns, "old")
+    await raw.rpush(keys.events("old"), b"x")
+    await raw.set(keys.status("old"), "committed")
+    await redis_store.commit_turn(sid, [_message("user", "x")], _final(sid, "new"), 1.0)
+    assert await redis_store.delete(sid)
+    assert not await raw.exists(keys.events("old"), keys.status("old"), keys.turns)
+    assert not await raw.exists(keys.events("new"), keys.status("new"))
+
+
 async def test_a_version_5_sqlite_file_gets_its_keys_times(tmp_path: Path) -> None:
     path = tmp_path / "v5.db"
     sid = _sid()
