@@ -123,10 +123,11 @@ return 1
 """
 
 # KEYS: record, history, events, turn index, turn status, the turn set of
-# before the index (unused: a delete reads it), checkpoint. ARGV: activity, ttl, final event or '', turn,
-# fence or '', pause op ('keep' or 'set'), the pause ('' clears it), now (the
-# clock the index is trimmed by), turns indexed at most, checkpoint op ('keep'
-# or 'set'), the checkpoint ('' clears it), messages...
+# before the index (unused: a delete reads it), checkpoint. ARGV: activity,
+# ttl, final event or '', turn, fence or '', pause op ('keep' or 'set'), the
+# pause ('' clears it), now (the clock the index is trimmed by), turns indexed
+# at most, checkpoint op ('keep' or 'set'), the checkpoint ('' clears it),
+# messages...
 # 0: no session; 2: void (another server owns the session now, or the turn
 # was given up for lost); 1: committed.
 COMMIT = """
