@@ -329,10 +329,14 @@ class SessionCore:
             # holder records its own turns' ends.
             if not await self.ownership.holds_or_takes(session_id):
                 return False
-            turn = await self.get_turn(session_id, turn_id)
+            if not turn_records.ended(await self.get_turn(session_id, turn_id)):
+                return False
+            # Settled only if its end was written (its notice queued): one
+            # that could not be stays open, where the next page begins.
+            stored = await self.records.load(session_id, turn_id)
         except (NotFound, Unavailable):
             return False
-        return turn_records.ended(turn)
+        return stored is not None and turn_records.ended(stored)
 
     async def _settle(self, session_id: str, record: spb.Turn) -> spb.Turn:
         """A recorded turn that this owner does not run and that left no
@@ -393,12 +397,13 @@ class SessionCore:
         if self.draining:
             raise Unavailable("this server is shutting down; retry on another")
         known = self._turns.get(session_id or request.session_id)
-        read_at = known.pause_version if known is not None else None
+        # No turns known here yet: any made while the record is read start at 0.
+        read_at = known.pause_version if known is not None else 0
         record = await self.get_record(session_id or request.session_id)
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
         # A turn that committed here while the record was read: it is newer.
-        turns.sync_pause(record.pause, read_at if turns is known else None)
+        turns.sync_pause(record.pause, read_at if known is None or turns is known else None)
         key = request.idempotency_key
         files = list(request.files)
         # What the request holds until its turn ends, joined or not: its size
@@ -603,13 +608,13 @@ class SessionCore:
         agent its calls and interrupts went unanswered. None if the turn
         left no pause that waits."""
         known = self._turns.get(session_id)
-        read_at = known.pause_version if known is not None else None
+        read_at = known.pause_version if known is not None else 0
         record = await self.get_record(session_id)
         pause = pauses.active(record.pause)
         if pause is None or pause.turn_id != turn_id:
             return None
         turns = self._session_turns(record)
-        turns.sync_pause(record.pause, read_at if turns is known else None)
+        turns.sync_pause(record.pause, read_at if known is None or turns is known else None)
         fence = self.ownership.fence(record.session_id, record.owner)
 
         async def write(cancelled: message_pb2.Pause) -> None:

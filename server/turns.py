@@ -202,7 +202,16 @@ class SessionTurns:
         if read_at is not None and read_at != self.pause_version:
             return
         if not self.busy and self._pause_write is None:
-            self.pause = pauses.parse(stored)
+            cached, self.pause = self.pause, pauses.parse(stored)
+            if (
+                self.pause is not None
+                and cached is not None
+                and cached.turn_id == self.pause.turn_id
+                and not self.pause.agent_checkpoint
+            ):
+                # The store keeps the agent's checkpoint apart: the one this
+                # server committed with the pause is still the pause's.
+                self.pause.agent_checkpoint = cached.agent_checkpoint
 
     def cancel_pause(
         self, turn_id: str, write: Callable[[message_pb2.Pause], Coroutine[Any, Any, None]]

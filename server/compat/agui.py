@@ -384,6 +384,17 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
         with contextlib.suppress(AlreadyExists):
             await mesh.create_session(thread, agent if isinstance(agent, str) else None, seed)
             made = True
+    elif (
+        user is not None
+        and resume
+        and not session.HasField("pause")
+        and pauses.withdraws(pauses.Answers(resume=resume))
+    ):
+        # The client withdraws interrupts the thread waits for no more
+        # (expired, cancelled, or answered by another run): its client
+        # insists on that before anything else. The message runs.
+        resume = []
+        indices = range(0)
     elif user is not None and not session.pause.tool_calls:
         # Tool messages before a user message answered an earlier pause (or
         # one that expired, which the server answers): a plain message.

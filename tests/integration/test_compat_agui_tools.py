@@ -335,6 +335,11 @@ def test_resume_where_nothing_waits_is_409(shared_mesh: SharedMesh) -> None:
         _one_run(shared_mesh, threadId="agui-not-waiting", messages=messages, resume=resume)
     )
     assert (status, problem["reason"]) == (409, "NOT_WAITING")
+    # Withdrawn beside a message (what a client that still holds an
+    # interrupt answered elsewhere sends): the message runs.
+    more = [*messages, {"id": "u2", "role": "user", "content": "and now?"}]
+    run = _one_run(shared_mesh, threadId="agui-not-waiting", messages=more, resume=resume)
+    assert "and now?" in _text(run)
 
 
 def test_an_interrupt_cancelled_meanwhile_is_withdrawn_and_the_thread_goes_on(

@@ -5,6 +5,7 @@ answer refused with nothing changed."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
@@ -339,32 +340,37 @@ async def test_a_cancelled_pause_tells_the_agent_on_the_next_turn(client: AsyncC
 
 
 async def test_while_the_answer_runs_more_answers_and_interrupting_messages_are_refused(
-    client: AsyncClient,
+    client: AsyncClient, shared_mesh: SharedMesh
 ) -> None:
     """Answers are taken only by a session that waits; an INTERRUPT message
     does not cancel the turn carrying the client's answers (that would throw
     them away and leave the session waiting for them again)."""
-    sid = (await client.create_session(agent="demo")).session_id
-    first = await client.send(sid, "call get_weather", tools=[WEATHER])
+    sid = (await client.create_session(agent="probe")).session_id
+    first = await client.send(sid, "mixed calls", tools=[WEATHER])
     assert first.outcome is not None
     (call_id,) = first.outcome.pending_tool_call_ids
     result = [message_pb2.ToolResult(tool_call_id=call_id, content="rain")]
-    # Five words half a second apart: the turn runs for 2.5 s after it starts.
-    slow = client.stream_turn(sid, "", tool_results=result, metadata={"delay_ms": 500})
-    started = await anext(aiter(slow))
-    assert started.type == event_pb2.RUN_STARTED
+    # The answer runs until the test opens its gate (a file the agent polls).
+    gate = uuid.uuid4().hex
+    running = client.stream_turn(sid, "", tool_results=result, metadata={"gate": gate})
+    events = [await anext(aiter(running))]
+    while events[-1].type != event_pb2.TEXT_MESSAGE_CONTENT:
+        events.append(await anext(aiter(running)))
     with pytest.raises(SessionBusyError):
         await client.send(sid, "", tool_results=result)
     with pytest.raises(SessionBusyError, match="answers its pause"):
         await client.send(sid, "stop", policy="interrupt")
-    events = [event async for event in slow]
+    (shared_mesh.mesh.probe_dir / f"gate-{gate}").write_text("open")
+    events += [event async for event in running]
     assert events[-1].type == event_pb2.RUN_FINISHED
     assert not (await client.get_session(sid)).HasField("pause")
     history = await client.history(sid)
-    assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
-    assert history[2].content == "rain"
+    assert [m.role for m in history] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert (history[3].tool_call_id, history[3].content) == (call_id, "rain")
     # Once it ended, an interrupting message runs as usual.
-    assert "stop" in (await client.send(sid, "stop", policy="interrupt")).text
+    assert (await client.send(sid, "stop", policy="interrupt")).events[-1].type == (
+        event_pb2.RUN_FINISHED
+    )
 
 
 async def test_rest_shows_the_pause_and_takes_the_answer(

@@ -12,7 +12,8 @@ emitting anything: the test kills it there to see a transparent retry),
 A message "mixed calls" makes one assistant message with a call of the
 caller's first tool beside a call of the agent's own ``lookup``, run at once;
 "mixed approval" gates a call of its own ``deploy`` with an approval beside
-the ``lookup``. The turn that answers says what it got.
+the ``lookup``. The turn that answers says what it got (after a first delta
+and, with ``gate`` in its metadata, once the gate opens).
 """
 
 from __future__ import annotations
@@ -85,4 +86,10 @@ async def _answered(request: AgentRequest, emitter: EventEmitter) -> AgentRespon
             ran = "deployed" if entry.approved else "error: not approved"
             await emitter.emit_tool_result(entry.tool_call["id"], ran)
         parts.append(f"resume {entry.status}")
-    return AgentResponse(text="; ".join(parts))
+    text = "; ".join(parts)
+    await emitter.emit_delta(text)
+    if gate := request.metadata.get("gate"):
+        probe = Path(os.environ["TURNMESH_PROBE_DIR"])
+        while not (probe / f"gate-{gate}").exists():  # noqa: ASYNC110 -- another process opens it
+            await asyncio.sleep(0.02)
+    return AgentResponse(text=text)

@@ -22,10 +22,10 @@ from turnmesh.runtime.errors import (
 from turnmesh.server import eventlog
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.core import SessionCore
-from turnmesh.server.eventlog import TurnLog
+from turnmesh.server.eventlog import EventLogs, TurnLog
 from turnmesh.server.store import MemoryStore, SessionRecord, now
 from turnmesh.server.store_sqlite import SqliteStore
-from turnmesh.server.turns import CancelReason, PendingTurn
+from turnmesh.server.turns import CancelReason, PendingTurn, SessionTurns
 from turnmesh.server.webhooks import MemoryOutbox, WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -639,3 +639,84 @@ async def test_answers_read_against_a_pause_answered_meanwhile_are_refused(
     gate.set()
     with pytest.raises(NotWaiting):
         await second
+
+
+async def test_a_record_read_before_this_server_knew_the_session_is_not_newer(
+    pool: FakePool, runner: FakeRunner
+) -> None:
+    """The same race on a session no turn here had touched yet (a restart,
+    a takeover): the slow read's pause is still older than the commit."""
+    store = SlowReads()
+    core = SessionCore(store, pool, "demo", SessionLimits())  # type: ignore[arg-type]
+    core.runner = runner  # type: ignore[assignment]
+    pause = message_pb2.Pause(turn_id="t0")
+    pause.tool_calls.add(id="c1", function=message_pb2.FunctionCall(name="get_weather"))
+    pause.expire_time.FromNanoseconds(int((now() + 3600) * 1e9))
+    await store.create(SessionRecord("s1", "demo", now(), now(), pause=pause.SerializeToString()))
+
+    def answer() -> spb.TurnRequest:
+        sent = request("")
+        sent.tool_results.add(tool_call_id="c1", content="sunny")
+        return sent
+
+    gate = store.hold = asyncio.Event()
+    slow = asyncio.create_task(core.start_turn(answer()))
+    await store.reading.wait()
+    first = await core.start_turn(answer())  # read after, run and committed first
+    runner.finish(turn_of(core, first))
+    await core._turns["s1"].wait_idle()
+    gate.set()
+    with pytest.raises(NotWaiting):
+        await slow
+
+
+def test_a_pause_read_back_keeps_the_checkpoint_this_server_committed() -> None:
+    """The store keeps the agent's checkpoint apart from the pause: reading
+    the pause back does not lose the one cached here (no store read when
+    the answer runs)."""
+    logs = EventLogs(max_events=10, max_turns_per_session=4, ttl_seconds=60)
+    turns = SessionTurns("s1", "demo", FakeRunner(), logs)
+    committed = message_pb2.Pause(turn_id="t1", agent_checkpoint=b"graph")
+    turns.pause = committed
+    stored = message_pb2.Pause(turn_id="t1").SerializeToString()
+    turns.sync_pause(stored)
+    assert turns.pause.agent_checkpoint == b"graph"
+    turns.sync_pause(message_pb2.Pause(turn_id="t2").SerializeToString())  # another pause
+    assert turns.pause.agent_checkpoint == b""
+
+
+async def test_the_sweep_goes_past_lost_turns_whose_notice_cannot_be_queued(
+    pool: FakePool,
+) -> None:
+    """A lost turn whose webhook's outbox fails stays open (its notice must
+    not be lost); it does not count as settled, so the sweep's next page is
+    not pulled back onto it and the turns behind it are settled."""
+    from turnmesh.server.outbox_redis import RedisOutbox
+    from turnmesh.server.store_redis import connect
+
+    secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+    failing = RedisOutbox(connect("redis://127.0.0.1:9/0"))  # nothing listens there
+    hooks = WebhookSender(WebhookSettings(allow=("http://127.0.0.1:9/",), secret=secret), failing)
+    core = SessionCore(MemoryStore(), pool, "demo", SessionLimits(), webhooks=hooks)  # type: ignore[arg-type]
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    for n in range(3):
+        hooked = spb.Turn(
+            turn_id=f"hooked{n}",
+            session_id="s1",
+            state=spb.TURN_STATE_RUNNING,
+            webhook_url="http://127.0.0.1:9/hook",
+        )
+        await core.store.put_turn(
+            "s1", hooked.turn_id, hooked.SerializeToString(), ended=False, ttl_seconds=600
+        )
+    plain = spb.Turn(turn_id="plain", session_id="s1", state=spb.TURN_STATE_RUNNING)
+    await core.store.put_turn(
+        "s1", "plain", plain.SerializeToString(), ended=False, ttl_seconds=600
+    )
+    try:
+        assert await core.settle_open_turns(limit=1, pages=10) == 1
+        assert (await core.get_turn("s1", "plain")).state == spb.TURN_STATE_FAILED
+        still = await core.store.get_turn("s1", "hooked0")
+        assert still is not None and spb.Turn.FromString(still).state == spb.TURN_STATE_RUNNING
+    finally:
+        await hooks.stop()
