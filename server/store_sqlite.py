@@ -55,7 +55,7 @@ from turnmesh.server.store import (
     TurnCommits,
     session_quota_exceeded,
 )
-from turnmesh.server.webhooks import Delivery
+from turnmesh.server.webhooks import Delivery, capped_owners
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
@@ -736,7 +736,7 @@ class SqliteOutbox:
         per_owner: int | None = None,
     ) -> list[Delivery]:
         busy = busy or {}
-        capped = sum(1 for n in busy.values() if per_owner is not None and n >= per_owner)
+        capped = capped_owners(busy, per_owner)
 
         def claim(db: sqlite3.Connection) -> list[Delivery]:
             out: list[Delivery] = []

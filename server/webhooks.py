@@ -50,6 +50,7 @@ __all__ = [
     "WebhookSender",
     "WebhookSettings",
     "allowed",
+    "capped_owners",
     "check_destination",
     "notice",
     "settings_from",
@@ -242,6 +243,11 @@ class Delivery:
     owner: str = ""
 
 
+def capped_owners(busy: Mapping[str, int], per_owner: int | None) -> int:
+    """How many owners have ``per_owner`` deliveries in flight already."""
+    return sum(1 for n in busy.values() if per_owner is not None and n >= per_owner)
+
+
 class Outbox(Protocol):
     """Where notices wait to be delivered (each store has one)."""
 
@@ -314,7 +320,7 @@ class MemoryOutbox:
         per_owner: int | None = None,
     ) -> list[Delivery]:
         busy = busy or {}
-        capped = sum(1 for n in busy.values() if per_owner is not None and n >= per_owner)
+        capped = capped_owners(busy, per_owner)
         # Each owner due and below its cap has a notice for us: these suffice.
         owners = [owner for head, owner in self._heads[: limit + capped] if head <= now]
         out: list[Delivery] = []

@@ -611,12 +611,8 @@ class SlowReads(MemoryStore):
         return record
 
 
-async def test_answers_read_against_a_pause_answered_meanwhile_are_refused(
-    pool: FakePool, runner: FakeRunner
-) -> None:
-    """A pause answered here while a second answer's record was being read:
-    the record is older than what this server knows, so the second answer
-    is refused (not taken twice)."""
+async def _waiting_on_c1(pool: FakePool, runner: FakeRunner) -> tuple[SlowReads, SessionCore]:
+    """A session s1 whose stored pause waits for call c1's result."""
     store = SlowReads()
     core = SessionCore(store, pool, "demo", SessionLimits())  # type: ignore[arg-type]
     core.runner = runner  # type: ignore[assignment]
@@ -624,11 +620,23 @@ async def test_answers_read_against_a_pause_answered_meanwhile_are_refused(
     pause.tool_calls.add(id="c1", function=message_pb2.FunctionCall(name="get_weather"))
     pause.expire_time.FromNanoseconds(int((now() + 3600) * 1e9))
     await store.create(SessionRecord("s1", "demo", now(), now(), pause=pause.SerializeToString()))
+    return store, core
 
-    def answer() -> spb.TurnRequest:
-        sent = request("")
-        sent.tool_results.add(tool_call_id="c1", content="sunny")
-        return sent
+
+def answer() -> spb.TurnRequest:
+    """c1's result."""
+    sent = request("")
+    sent.tool_results.add(tool_call_id="c1", content="sunny")
+    return sent
+
+
+async def test_answers_read_against_a_pause_answered_meanwhile_are_refused(
+    pool: FakePool, runner: FakeRunner
+) -> None:
+    """A pause answered here while a second answer's record was being read:
+    the record is older than what this server knows, so the second answer
+    is refused (not taken twice)."""
+    store, core = await _waiting_on_c1(pool, runner)
 
     first = await core.start_turn(answer())
     gate = store.hold = asyncio.Event()
@@ -646,18 +654,7 @@ async def test_a_record_read_before_this_server_knew_the_session_is_not_newer(
 ) -> None:
     """The same race on a session no turn here had touched yet (a restart,
     a takeover): the slow read's pause is still older than the commit."""
-    store = SlowReads()
-    core = SessionCore(store, pool, "demo", SessionLimits())  # type: ignore[arg-type]
-    core.runner = runner  # type: ignore[assignment]
-    pause = message_pb2.Pause(turn_id="t0")
-    pause.tool_calls.add(id="c1", function=message_pb2.FunctionCall(name="get_weather"))
-    pause.expire_time.FromNanoseconds(int((now() + 3600) * 1e9))
-    await store.create(SessionRecord("s1", "demo", now(), now(), pause=pause.SerializeToString()))
-
-    def answer() -> spb.TurnRequest:
-        sent = request("")
-        sent.tool_results.add(tool_call_id="c1", content="sunny")
-        return sent
+    store, core = await _waiting_on_c1(pool, runner)
 
     gate = store.hold = asyncio.Event()
     slow = asyncio.create_task(core.start_turn(answer()))
