@@ -408,11 +408,12 @@ async def test_idempotency_keys_are_kept_for_the_event_log_window(
         assert await _stored_keys(store, sid) == []
 
 
-async def test_a_sessions_turn_index_is_bounded_and_drops_the_old_set(
+async def test_a_sessions_turn_index_is_bounded_and_leaves_the_old_set_to_the_delete(
     redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The turns a delete must find (Redis): the newest of the window only,
-    and the never-trimmed set of before the index goes at the next commit."""
+    """The turns a delete must find (Redis): the newest of the window only;
+    the set of before the index (no longer grown) stays for the delete to
+    read, which drops it."""
     monkeypatch.setattr(store_redis, "TURNS_INDEXED_PER_SESSION", 3)
     clock = _Clock()
     monkeypatch.setattr(store_redis, "time", clock)
@@ -428,12 +429,17 @@ async def test_a_sessions_turn_index_is_bounded_and_drops_the_old_set(
     clock.now += 601  # past the window: t1..t3's events have expired by now
     await redis_store.commit_turn(sid, [_message("user", "x")], _final(sid, "t4"), 1.0)
     assert _texts(await raw.zrange(keys.turn_index, 0, -1)) == ["t4"]
-    assert not await raw.exists(keys.turns)
+    assert await raw.scard(keys.turns) == 50  # not grown, not dropped
     # A session made again under the id finds none of it; deleting it leaves
     # nothing of its own.
     assert await redis_store.delete(sid)
     assert not await raw.exists(
-        keys.record, keys.turn_index, keys.key_times, keys.events("t4"), keys.status("t4")
+        keys.record,
+        keys.turn_index,
+        keys.key_times,
+        keys.turns,
+        keys.events("t4"),
+        keys.status("t4"),
     )
 
 
