@@ -216,12 +216,13 @@ class SessionCore:
         self._count_sessions(await self.store.count())
         return deleted
 
-    def _idle_until(self, record: SessionRecord) -> float:
+    def _idle_until(self, record: SessionRecord, pause: message_pb2.Pause | None = None) -> float:
         """When the session expires for idleness: the TTL after its last
         activity, or after the end of a pause it waits in (not cancelled:
-        the cancel was activity)."""
+        the cancel was activity). ``pause``: the record's, if parsed."""
         since = record.last_activity
-        pause = pauses.parse(record.pause)
+        if pause is None:
+            pause = pauses.parse(record.pause)
         if pause is not None and not pause.cancelled:
             since = max(since, pause.expire_time.ToNanoseconds() / 1e9)
         return since + self.limits.session_ttl_seconds
@@ -726,13 +727,15 @@ class SessionCore:
         )
         session.created_at.CopyFrom(_ts(record.created_at))
         session.last_activity.CopyFrom(_ts(record.last_activity))
-        session.expire_time.CopyFrom(_ts(self._idle_until(record)))
+        stored = pauses.parse(record.pause)  # once: every listing row passes here
+        session.expire_time.CopyFrom(_ts(self._idle_until(record, stored)))
         if record.metadata:
             json_format.ParseDict(record.metadata, session.metadata)
         # Waiting: no turn runs or waits to run here, and the stored pause
         # has neither expired nor been cancelled.
-        if not (turns is not None and turns.busy) and (pause := pauses.active(record.pause)):
-            session.pause.CopyFrom(pause)
+        idle = not (turns is not None and turns.busy)
+        if idle and stored is not None and not pauses.expired(stored):
+            session.pause.CopyFrom(stored)
             session.pause.ClearField("agent_checkpoint")  # the agent's own, never shown
         return session
 

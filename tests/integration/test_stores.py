@@ -480,6 +480,18 @@ async def test_a_delete_after_new_commits_removes_the_turns_of_before_the_index(
     assert not await raw.exists(keys.events("new"), keys.status("new"))
 
 
+def _as_layout(path: Path, version: int, *statements: str) -> None:
+    """Make a SQLite file look as a server of an older layout left it."""
+    db = sqlite3.connect(path)
+    try:
+        for statement in statements:
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version = {version}")
+        db.commit()
+    finally:
+        db.close()
+
+
 async def test_a_version_5_sqlite_file_gets_its_keys_times(tmp_path: Path) -> None:
     path = tmp_path / "v5.db"
     sid = _sid()
@@ -487,15 +499,14 @@ async def test_a_version_5_sqlite_file_gets_its_keys_times(tmp_path: Path) -> No
     await first.create(_record(sid))
     await first.set_key(sid, "k1", "t1")
     await first.close()
-    db = sqlite3.connect(path)
-    try:  # as a version-5 server left it: keys without times
-        db.execute("DROP INDEX idempotency_keys_by_age")
-        db.execute("ALTER TABLE idempotency_keys DROP COLUMN written_at")
-        db.execute("ALTER TABLE sessions DROP COLUMN checkpoint")
-        db.execute("PRAGMA user_version = 5")
-        db.commit()
-    finally:
-        db.close()
+    # As a version-5 server left it: keys without times.
+    _as_layout(
+        path,
+        5,
+        "DROP INDEX idempotency_keys_by_age",
+        "ALTER TABLE idempotency_keys DROP COLUMN written_at",
+        "ALTER TABLE sessions DROP COLUMN checkpoint",
+    )
     again = open_store(f"sqlite:{path}", 600)
     try:
         assert await again.get_key(sid, "k1") == "t1"  # counted from the upgrade
@@ -786,16 +797,14 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
     await first.create(_record(sid), [_message("user", "kept")])
     await first.close()
     # As a version-2 server left it: no turn records, outbox or webhook column.
-    db = sqlite3.connect(path)
-    try:
-        db.execute("DROP TABLE turn_records")
-        db.execute("DROP TABLE webhook_outbox")
-        db.execute("ALTER TABLE sessions DROP COLUMN webhook_url")
-        db.execute("ALTER TABLE sessions DROP COLUMN checkpoint")
-        db.execute("PRAGMA user_version = 2")
-        db.commit()
-    finally:
-        db.close()
+    _as_layout(
+        path,
+        2,
+        "DROP TABLE turn_records",
+        "DROP TABLE webhook_outbox",
+        "ALTER TABLE sessions DROP COLUMN webhook_url",
+        "ALTER TABLE sessions DROP COLUMN checkpoint",
+    )
     again = open_store(f"sqlite:{path}", 600)
     try:
         assert [m.content for m in await again.history(sid)] == ["kept"]
@@ -942,15 +951,13 @@ async def test_a_version_4_sqlite_file_gets_the_outboxs_owners(tmp_path: Path) -
         await outbox.add(Delivery(f"msg_{n}", "http://127.0.0.1:1/", b"x", 0, 100.0 + n, owner), 10)
     await first.close()
     # As a version-4 server left it: no owners table, the outbox indexed by owner.
-    db = sqlite3.connect(path)
-    try:
-        db.execute("DROP TABLE webhook_owners")
-        db.execute("DROP INDEX webhook_outbox_by_owner_due")
-        db.execute("CREATE INDEX webhook_outbox_by_owner ON webhook_outbox (owner)")
-        db.execute("PRAGMA user_version = 4")
-        db.commit()
-    finally:
-        db.close()
+    _as_layout(
+        path,
+        4,
+        "DROP TABLE webhook_owners",
+        "DROP INDEX webhook_outbox_by_owner_due",
+        "CREATE INDEX webhook_outbox_by_owner ON webhook_outbox (owner)",
+    )
     again = open_store(f"sqlite:{path}", 600)
     try:
         outbox = again.outbox()

@@ -242,19 +242,26 @@ async def streaming(streamer: Streamer) -> AsyncIterator[Streamer]:
         await server.wait_closed()
 
 
+async def _deliver_one(receiver: Streamer, timeout_seconds: float) -> None:
+    """One notice sent to the receiver until the outbox settled it and the
+    receiver's answer ended."""
+    outbox = WatchedOutbox()
+    settings = _settings(allow=(receiver.url,), timeout_seconds=timeout_seconds)
+    sender = WebhookSender(settings, outbox)
+    sender.start()
+    try:
+        await sender.send(receiver.url, "turn.finished", {"turn_id": "t1"})
+        await _settled(outbox)
+        await asyncio.wait_for(receiver.done.wait(), 60)
+    finally:
+        await sender.stop()
+
+
 async def test_a_huge_answer_is_not_read() -> None:
     """A receiver answering 200 with 64 MiB: the sender reads a few KiB of it
     and hangs up (it once read it all into memory)."""
     async with streaming(Streamer(b"x" * 2**20, 64)) as receiver:
-        outbox = WatchedOutbox()
-        sender = WebhookSender(_settings(allow=(receiver.url,), timeout_seconds=60), outbox)
-        sender.start()
-        try:
-            await sender.send(receiver.url, "turn.finished", {"turn_id": "t1"})
-            await _settled(outbox)
-            await asyncio.wait_for(receiver.done.wait(), 60)
-        finally:
-            await sender.stop()
+        await _deliver_one(receiver, timeout_seconds=60)
     assert receiver.cut_short
     # What the kernel's socket buffers took before the sender hung up, at most.
     assert receiver.sent < 32 * 2**20
@@ -266,15 +273,7 @@ async def test_an_answer_trickled_past_the_deadline_is_cut_off() -> None:
     deadline (1 s, inside the 3 s lease) ends it, so the notice is never
     claimed again while it is being delivered."""
     async with streaming(Streamer(b"x", 2_000, pause=0.01)) as receiver:
-        outbox = WatchedOutbox()
-        sender = WebhookSender(_settings(allow=(receiver.url,), timeout_seconds=1.0), outbox)
-        sender.start()
-        try:
-            await sender.send(receiver.url, "turn.finished", {"turn_id": "t1"})
-            await _settled(outbox)
-            await asyncio.wait_for(receiver.done.wait(), 60)
-        finally:
-            await sender.stop()
+        await _deliver_one(receiver, timeout_seconds=1.0)
     assert receiver.cut_short and receiver.sent < 2_000
     assert receiver.connections == 1
 
