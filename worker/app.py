@@ -171,15 +171,24 @@ async def serve(config: WorkerConfig) -> None:
             )
             membership.start()
         metrics_address = serve_metrics(config.host, config.metrics_port)
-        write_ready_file(
-            config.ready_file,
-            address=address,
-            member_id=member_id,
-            agent=agent_name,
-            metrics_address=metrics_address,
-        )
         log.info("worker %s serving agent %r on %s", member_id, agent_name, address)
+
+        async def ready() -> None:
+            # Ready once servers can find it (as a server is): a caller that
+            # waits for the file and then sends a turn finds this worker.
+            if membership is not None:
+                await membership.registered.wait()
+            write_ready_file(
+                config.ready_file,
+                address=address,
+                member_id=member_id,
+                agent=agent_name,
+                metrics_address=metrics_address,
+            )
+
+        readiness = asyncio.create_task(ready(), name="readiness")
         await wait_for_signal()
+        readiness.cancel()
         log.info("stopping: %d turn(s) in flight", servicer.inflight)
     finally:
         servicer.ready = False
