@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(run_edge(args))
     from turnmesh.runtime.logs import setup_logging
-    from turnmesh.server.store import StoreInUse
+    from turnmesh.server.stores.base import StoreInUse
 
     try:
         name, config, serve = _component(args)

@@ -33,16 +33,16 @@ from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh, Models
 from turnmesh.server.config import ServerConfig
-from turnmesh.server.core import SessionCore
-from turnmesh.server.forwarding import Forwarder
-from turnmesh.server.leases import Leases, LeaseStore
-from turnmesh.server.mesh_limits import request_rates, turn_leases
-from turnmesh.server.ownership import SessionOwnership
-from turnmesh.server.routing import RouterClient
+from turnmesh.server.mesh.forwarding import Forwarder
+from turnmesh.server.mesh.leases import Leases, LeaseStore
+from turnmesh.server.mesh.limits import request_rates, turn_leases
+from turnmesh.server.mesh.ownership import SessionOwnership
+from turnmesh.server.mesh.routing import RouterClient
 from turnmesh.server.service import SessionServicer
-from turnmesh.server.store import open_store
-from turnmesh.server.webhooks import WebhookSender, settings_from
-from turnmesh.server.workers import WorkerPool
+from turnmesh.server.sessions.core import SessionCore
+from turnmesh.server.stores.base import open_store
+from turnmesh.server.webhooks.sender import WebhookSender, settings_from
+from turnmesh.server.workers.pool import WorkerPool
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import router_service_pb2 as rpb

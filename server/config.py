@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from turnmesh.runtime.config import MemberConfig
 from turnmesh.runtime.receipts import DEFAULT_PER_PRINCIPAL
-from turnmesh.server.eventlog import DEFAULT_MAX_BYTES as DEFAULT_EVENT_LOG_BYTES
+from turnmesh.server.sessions.eventlog import DEFAULT_MAX_BYTES as DEFAULT_EVENT_LOG_BYTES
 
 
 class SessionLimits(BaseModel):

@@ -18,17 +18,18 @@ from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_METADATA, PRINCIPAL_PATTERN
 from turnmesh.runtime.requests import REQUEST_ID_METADATA
-from turnmesh.server import listing, validation
-from turnmesh.server.core import SessionCore
-from turnmesh.server.forwarding import (
+from turnmesh.server.mesh.forwarding import (
     FORWARDED_METADATA,
     TOOK_CALL_METADATA,
     UNREACHABLE_METADATA,
     Forwarder,
     OwnerFailed,
 )
-from turnmesh.server.history import up_to_turn
-from turnmesh.server.ownership import Local, Placement, SessionOwnership
+from turnmesh.server.mesh.ownership import Local, Placement, SessionOwnership
+from turnmesh.server.sessions import validation
+from turnmesh.server.sessions.core import SessionCore
+from turnmesh.server.sessions.history import up_to_turn
+from turnmesh.server.stores import listing
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

@@ -33,7 +33,7 @@ from turnmesh.runtime.errors import (
     Unavailable,
     from_status,
 )
-from turnmesh.server import validation
+from turnmesh.server.sessions import validation
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

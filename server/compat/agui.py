@@ -33,7 +33,6 @@ from turnmesh.runtime.errors import (
     NotWaiting,
     TurnmeshError,
 )
-from turnmesh.server import pauses, validation
 from turnmesh.server.compat._common import (
     POLICIES,
     Mesh,
@@ -46,6 +45,7 @@ from turnmesh.server.compat._common import (
     tool_definition,
 )
 from turnmesh.server.compat._files import Inline, decode, unsupported
+from turnmesh.server.sessions import pauses, validation
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

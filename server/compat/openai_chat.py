@@ -39,7 +39,6 @@ from turnmesh.runtime.errors import (
     TurnmeshError,
 )
 from turnmesh.runtime.events import Answer
-from turnmesh.server import pauses, validation
 from turnmesh.server.compat._common import (
     ContentPart,
     Mesh,
@@ -55,6 +54,7 @@ from turnmesh.server.compat._common import (
     turn_error,
 )
 from turnmesh.server.compat._files import Inline, decode, from_data_url, from_inline, unsupported
+from turnmesh.server.sessions import pauses, validation
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Awaitable
 from google.api import httpbody_pb2
 
 from turnmesh.runtime.handlers import ServicerContext
-from turnmesh.server import validation
 from turnmesh.server.compat import agui, openai_chat, openai_responses, simple_chat
 from turnmesh.server.compat._common import ON_DISCONNECT_HEADER, Mesh, on_disconnect
 from turnmesh.server.compat.openai_models import Models
+from turnmesh.server.sessions import validation
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb

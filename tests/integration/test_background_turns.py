@@ -31,7 +31,7 @@ from turnmesh.client import (
     NotWaitingError,
     SessionBusyError,
 )
-from turnmesh.server.store_redis import RedisStore
+from turnmesh.server.stores.redis import RedisStore
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

@@ -33,12 +33,12 @@ from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.ratelimit import TokenBuckets
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.server.config import SessionLimits
-from turnmesh.server.core import SessionCore
-from turnmesh.server.mesh_limits import MeshRates, TurnLeases
-from turnmesh.server.mesh_limits_redis import RedisLimits, rate_key, turns_key
-from turnmesh.server.store import MemoryStore
-from turnmesh.server.store_redis import connect
-from turnmesh.server.turns import CancelReason
+from turnmesh.server.mesh.limits import MeshRates, TurnLeases
+from turnmesh.server.mesh.limits_redis import RedisLimits, rate_key, turns_key
+from turnmesh.server.sessions.core import SessionCore
+from turnmesh.server.sessions.turns import CancelReason
+from turnmesh.server.stores.base import MemoryStore
+from turnmesh.server.stores.redis import connect
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import session_service_pb2 as spb
@@ -246,12 +246,12 @@ async def test_without_redis_rates_fall_back_to_each_server_and_turn_quotas_fail
     limits = RedisLimits(client)
     rates = MeshRates(limits, 0.001, 2)
     before = _fallbacks()
-    with caplog.at_level(logging.WARNING, logger="turnmesh.server.mesh_limits"):
+    with caplog.at_level(logging.WARNING, logger="turnmesh.server.mesh.limits"):
         waits = [await rates.admit(b"acme") for _ in range(3)]
     # This server's own bucket, exactly: a burst of two, then the rate.
     assert waits[:2] == [0.0, 0.0] and waits[2] == pytest.approx(1000.0, abs=1.0)
     assert _fallbacks() - before == 3
-    said = [r for r in caplog.records if r.name == "turnmesh.server.mesh_limits"]
+    said = [r for r in caplog.records if r.name == "turnmesh.server.mesh.limits"]
     assert len(said) == 1 and "alone" in said[0].getMessage()  # once per outage
     with pytest.raises(Unavailable):
         await TurnLeases(limits, "server-a", 6.0).take("acme", 1)

@@ -18,9 +18,9 @@ import redis.asyncio as redis
 from tests.support.mesh import RedisServer
 from tests.support.redis_cluster import RedisCluster
 from turnmesh.runtime.principals import principal_of
-from turnmesh.server.listing import position
-from turnmesh.server.store import SessionRecord
-from turnmesh.server.store_redis import (
+from turnmesh.server.stores.base import SessionRecord
+from turnmesh.server.stores.listing import position
+from turnmesh.server.stores.redis import (
     LISTING_SHARDS,
     Keys,
     RedisStore,

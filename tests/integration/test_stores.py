@@ -21,9 +21,10 @@ from tests.support.mesh import RedisServer, eventually
 from tests.support.redis_cluster import RedisCluster
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
-from turnmesh.server import store as store_module
-from turnmesh.server import store_redis, store_sqlite
-from turnmesh.server.store import (
+from turnmesh.server.stores import base as store_module
+from turnmesh.server.stores import redis as store_redis
+from turnmesh.server.stores import sqlite as store_sqlite
+from turnmesh.server.stores.base import (
     MemoryStore,
     SessionRecord,
     SessionStore,
@@ -31,8 +32,8 @@ from turnmesh.server.store import (
     TurnAbandoned,
     open_store,
 )
-from turnmesh.server.store_redis import RedisStore
-from turnmesh.server.webhooks import Delivery, Outbox, WebhookSender, WebhookSettings
+from turnmesh.server.stores.redis import RedisStore
+from turnmesh.server.webhooks.sender import Delivery, Outbox, WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 
 # A database of its own, emptied for each test: the records these tests
@@ -984,7 +985,7 @@ async def test_notices_of_the_layout_before_owner_queues_are_adopted(
     outbox = redis_store.outbox()
     await _empty(outbox)
     raw = redis_store.client
-    from turnmesh.server import outbox_redis
+    from turnmesh.server.stores import redis_outbox as outbox_redis
 
     for n, owner in enumerate(("acme", "acme", None)):
         fields = ["url", "http://127.0.0.1:1/", "body", "old", "attempts", "0"]

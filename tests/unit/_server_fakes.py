@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
 from typing import Any
 
-from turnmesh.server.turns import CancelReason, PendingTurn
+from turnmesh.server.sessions.turns import CancelReason, PendingTurn
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

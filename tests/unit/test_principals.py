@@ -27,8 +27,8 @@ from turnmesh.runtime.principals import (
     scoped,
 )
 from turnmesh.runtime.ratelimit import TokenBuckets
-from turnmesh.server import listing
-from turnmesh.server.listing import Page, merge
+from turnmesh.server.stores import listing
+from turnmesh.server.stores.listing import Page, merge
 
 
 def _sha(key: str) -> str:

@@ -18,10 +18,10 @@ from tests.unit.test_worker_service import BlockingAgent, names, run_request, wo
 from turnmesh.agent import AgentRequest, AgentResponse, EventEmitter
 from turnmesh.agent.builtin.echo import EchoAgent
 from turnmesh.runtime import metrics
-from turnmesh.server import relay as server_relay
-from turnmesh.server.relay import RelayLink
-from turnmesh.server.runner import TurnRunner
-from turnmesh.server.workers import WorkerRef
+from turnmesh.server.sessions.runner import TurnRunner
+from turnmesh.server.workers import relay as server_relay
+from turnmesh.server.workers.pool import WorkerRef
+from turnmesh.server.workers.relay import RelayLink
 from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker import WorkerServicer
 from turnmesh.worker import relay as worker_relay

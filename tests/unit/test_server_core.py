@@ -19,14 +19,14 @@ from turnmesh.runtime.errors import (
     NotWaiting,
     Unavailable,
 )
-from turnmesh.server import eventlog
 from turnmesh.server.config import SessionLimits
-from turnmesh.server.core import SessionCore
-from turnmesh.server.eventlog import EventLogs, TurnLog
-from turnmesh.server.store import MemoryStore, SessionRecord, now
-from turnmesh.server.store_sqlite import SqliteStore
-from turnmesh.server.turns import CancelReason, PendingTurn, SessionTurns
-from turnmesh.server.webhooks import MemoryOutbox, WebhookSender, WebhookSettings
+from turnmesh.server.sessions import eventlog
+from turnmesh.server.sessions.core import SessionCore
+from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
+from turnmesh.server.sessions.turns import CancelReason, PendingTurn, SessionTurns
+from turnmesh.server.stores.base import MemoryStore, SessionRecord, now
+from turnmesh.server.stores.sqlite import SqliteStore
+from turnmesh.server.webhooks.sender import MemoryOutbox, WebhookSender, WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -688,8 +688,8 @@ async def test_the_sweep_goes_past_lost_turns_whose_notice_cannot_be_queued(
     """A lost turn whose webhook's outbox fails stays open (its notice must
     not be lost); it does not count as settled, so the sweep's next page is
     not pulled back onto it and the turns behind it are settled."""
-    from turnmesh.server.outbox_redis import RedisOutbox
-    from turnmesh.server.store_redis import connect
+    from turnmesh.server.stores.redis import connect
+    from turnmesh.server.stores.redis_outbox import RedisOutbox
 
     secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
     failing = RedisOutbox(connect("redis://127.0.0.1:9/0"))  # nothing listens there

@@ -9,8 +9,8 @@ import pytest
 
 from tests.unit._server_fakes import FakeClock, fake_time_module, spin, spin_until
 from turnmesh.runtime.errors import NotFound, OutOfRange
-from turnmesh.server import eventlog
-from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.sessions import eventlog
+from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

@@ -16,18 +16,18 @@ from turnmesh.runtime.errors import AlreadyExists, ResourceExhausted, Unavailabl
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.principals import PRINCIPAL_METADATA, Principal
 from turnmesh.server.config import SessionLimits
-from turnmesh.server.core import SessionCore
-from turnmesh.server.forwarding import (
+from turnmesh.server.mesh.forwarding import (
     FORWARDED_METADATA,
     TOOK_CALL_METADATA,
     UNREACHABLE_METADATA,
     Forwarder,
     OwnerFailed,
 )
-from turnmesh.server.leases import HELD_ELSEWHERE
-from turnmesh.server.ownership import LOCAL, Forward, Owner, SessionOwnership
+from turnmesh.server.mesh.leases import HELD_ELSEWHERE
+from turnmesh.server.mesh.ownership import LOCAL, Forward, Owner, SessionOwnership
 from turnmesh.server.service import SessionServicer
-from turnmesh.server.store import MemoryStore
+from turnmesh.server.sessions.core import SessionCore
+from turnmesh.server.stores.base import MemoryStore
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

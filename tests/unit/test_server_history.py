@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
-from turnmesh.server import pauses
-from turnmesh.server.history import HistoryBuilder
+from turnmesh.server.sessions import pauses
+from turnmesh.server.sessions.history import HistoryBuilder
 from turnmesh.v1 import event_pb2, message_pb2
 
 ET = event_pb2.EventType

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from turnmesh.runtime.errors import Unavailable
-from turnmesh.server.leases import HELD_ELSEWHERE, HeldBy, Leases, Mine, Missing, Owner
-from turnmesh.server.ownership import LOCAL, Forward, SessionOwnership
+from turnmesh.server.mesh.leases import HELD_ELSEWHERE, HeldBy, Leases, Mine, Missing, Owner
+from turnmesh.server.mesh.ownership import LOCAL, Forward, SessionOwnership
 
 TTL = 6.0
 A = Owner("server-a", "127.0.0.1:1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.store import MemoryStore, SessionRecord
+from turnmesh.server.stores.base import MemoryStore, SessionRecord
 from turnmesh.v1 import message_pb2
 
 

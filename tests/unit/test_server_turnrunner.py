@@ -17,10 +17,10 @@ from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import spin, spin_until
 from turnmesh.runtime.errors import NotFound, Unavailable
-from turnmesh.server.eventlog import TurnLog
-from turnmesh.server.runner import TurnRunner
-from turnmesh.server.turns import CancelReason, PendingTurn
-from turnmesh.server.workers import WorkerRef
+from turnmesh.server.sessions.eventlog import TurnLog
+from turnmesh.server.sessions.runner import TurnRunner
+from turnmesh.server.sessions.turns import CancelReason, PendingTurn
+from turnmesh.server.workers.pool import WorkerRef
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1 import worker_service_pb2 as wpb

@@ -17,8 +17,8 @@ from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import FakeRunner, spin, spin_until
 from turnmesh.runtime.errors import NotFound, SessionBusy
-from turnmesh.server.eventlog import EventLogs, TurnLog
-from turnmesh.server.turns import (
+from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
+from turnmesh.server.sessions.turns import (
     MAX_IDEMPOTENCY_KEYS,
     CancelReason,
     KeyUse,

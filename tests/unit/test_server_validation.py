@@ -11,8 +11,8 @@ from google.protobuf import struct_pb2
 from tests.support.samples import DOCX, XLSX, minimal
 from turnmesh.files import ALLOWED_MIME_TYPES, MAX_FILE_BYTES, MAX_TOTAL_FILE_BYTES
 from turnmesh.runtime.errors import InvalidArgument
-from turnmesh.server import validation
-from turnmesh.server.validation import (
+from turnmesh.server.sessions import validation
+from turnmesh.server.sessions.validation import (
     MAX_METADATA_BYTES,
     validate_create_session,
     validate_session_id,

@@ -15,8 +15,8 @@ import pytest
 
 from tests.unit._server_fakes import FakeClock, fake_time_module
 from turnmesh.runtime.membership import MemberInfo
-from turnmesh.server import workers as workers_module
-from turnmesh.server.workers import (
+from turnmesh.server.workers import pool as workers_module
+from turnmesh.server.workers.pool import (
     FAILED_WORKER_QUARANTINE,
     STICKY_SLACK,
     WorkerPool,

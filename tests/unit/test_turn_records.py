@@ -7,11 +7,11 @@ import json
 import pytest
 
 from tests.support.webhooks import SECRET, receiving
-from turnmesh.server import turn_records
-from turnmesh.server.outbox_redis import RedisOutbox
-from turnmesh.server.store import MemoryStore, SessionRecord
-from turnmesh.server.store_redis import connect
-from turnmesh.server.webhooks import (
+from turnmesh.server.sessions import turn_records
+from turnmesh.server.stores.base import MemoryStore, SessionRecord
+from turnmesh.server.stores.redis import connect
+from turnmesh.server.stores.redis_outbox import RedisOutbox
+from turnmesh.server.webhooks.sender import (
     MAX_NOTICE_BYTES,
     OutboxUnavailable,
     WebhookSender,

@@ -14,7 +14,7 @@ from standardwebhooks import Webhook
 
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import InvalidArgument
-from turnmesh.server.webhooks import (
+from turnmesh.server.webhooks.sender import (
     Delivery,
     MemoryOutbox,
     WebhookSender,
@@ -349,7 +349,7 @@ def test_webhooks_need_a_secret() -> None:
 
 
 def test_a_notice_body_is_compact_json() -> None:
-    from turnmesh.server.webhooks import notice
+    from turnmesh.server.webhooks.sender import notice
 
     notice_id, body = notice("turn.finished", {"turn_id": "t1"})
     assert notice_id.startswith("msg_")
@@ -372,7 +372,7 @@ async def test_one_owner_cannot_fill_the_outbox() -> None:
 
 
 async def test_a_notice_past_its_byte_bound_is_dropped() -> None:
-    from turnmesh.server.webhooks import MAX_NOTICE_BYTES
+    from turnmesh.server.webhooks.sender import MAX_NOTICE_BYTES
 
     outbox = WatchedOutbox()
     sender = WebhookSender(_settings(), outbox)  # not started: nothing drains

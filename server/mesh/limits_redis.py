@@ -3,7 +3,7 @@ key layout): loaded only by a server whose store is Redis."""
 
 from __future__ import annotations
 
-from turnmesh.server.store_redis import Client, tag, unavailable_when_down
+from turnmesh.server.stores.redis import Client, tag, unavailable_when_down
 
 # KEYS: the principal's rate key. ARGV: interval between requests (us), burst.
 # Returns 0 if the request may go (and counts it), else the microseconds until one may.

@@ -13,7 +13,7 @@ from turnmesh.runtime import tracing
 from turnmesh.runtime.errors import Unavailable, from_rpc_error
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
-from turnmesh.server.ownership import Owner
+from turnmesh.server.mesh.ownership import Owner
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 

@@ -32,7 +32,7 @@ import secrets
 from typing import Any, cast
 
 from turnmesh.runtime.principals import ANONYMOUS, scoped
-from turnmesh.server.store_redis import (
+from turnmesh.server.stores.redis import (
     IDLE_SHARDS,
     SCHEMA_KEY,
     SCHEMA_VERSION,

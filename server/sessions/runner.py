@@ -25,13 +25,13 @@ from turnmesh.runtime import metrics, tracing, wire
 from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, Unavailable, from_rpc_error
 from turnmesh.runtime.events import sum_usage
 from turnmesh.runtime.principals import principal_of
-from turnmesh.server import pauses
-from turnmesh.server.eventlog import TurnLog
-from turnmesh.server.history import HistoryBuilder
-from turnmesh.server.relay import RelayedTurn
-from turnmesh.server.store import SessionStore, TurnAbandoned, now
-from turnmesh.server.turns import CancelReason, PendingTurn
-from turnmesh.server.workers import WorkerPool, WorkerRef
+from turnmesh.server.sessions import pauses
+from turnmesh.server.sessions.eventlog import TurnLog
+from turnmesh.server.sessions.history import HistoryBuilder
+from turnmesh.server.sessions.turns import CancelReason, PendingTurn
+from turnmesh.server.stores.base import SessionStore, TurnAbandoned, now
+from turnmesh.server.workers.pool import WorkerPool, WorkerRef
+from turnmesh.server.workers.relay import RelayedTurn
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1 import worker_service_pb2 as wpb

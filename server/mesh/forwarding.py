@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from turnmesh.runtime.errors import Unavailable, from_rpc_error
-from turnmesh.server.leases import HELD_ELSEWHERE
-from turnmesh.server.ownership import Forward, Owner, Placement, SessionOwnership
+from turnmesh.server.mesh.leases import HELD_ELSEWHERE
+from turnmesh.server.mesh.ownership import Forward, Owner, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
 
 if TYPE_CHECKING:

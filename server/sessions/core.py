@@ -29,21 +29,27 @@ from turnmesh.runtime.errors import (
 )
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
-from turnmesh.server import pauses, turn_records
 from turnmesh.server.config import SessionLimits
-from turnmesh.server.eventlog import EventLogs, TurnLog, recorded
-from turnmesh.server.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
-from turnmesh.server.ownership import SessionOwnership
-from turnmesh.server.runner import TurnRunner
-from turnmesh.server.store import SessionRecord, SessionStore, now, session_quota_exceeded
-from turnmesh.server.turns import CancelReason, KeyUse, PendingTurn, SessionTurns, pending_bytes
-from turnmesh.server.webhooks import WebhookSender, allowed, check_destination
-from turnmesh.server.workers import WorkerPool
+from turnmesh.server.mesh.ownership import SessionOwnership
+from turnmesh.server.sessions import pauses, turn_records
+from turnmesh.server.sessions.eventlog import EventLogs, TurnLog, recorded
+from turnmesh.server.sessions.runner import TurnRunner
+from turnmesh.server.sessions.turns import (
+    CancelReason,
+    KeyUse,
+    PendingTurn,
+    SessionTurns,
+    pending_bytes,
+)
+from turnmesh.server.stores.base import SessionRecord, SessionStore, now, session_quota_exceeded
+from turnmesh.server.stores.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
+from turnmesh.server.webhooks.sender import WebhookSender, allowed, check_destination
+from turnmesh.server.workers.pool import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 if TYPE_CHECKING:
-    from turnmesh.server.mesh_limits import TurnLease, TurnLeases
+    from turnmesh.server.mesh.limits import TurnLease, TurnLeases
 
 log = logging.getLogger(__name__)
 

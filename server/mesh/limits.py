@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.ratelimit import RequestRates, TokenBuckets
-from turnmesh.server.store import SessionStore
+from turnmesh.server.stores.base import SessionStore
 
 if TYPE_CHECKING:
-    from turnmesh.server.mesh_limits_redis import RedisLimits
+    from turnmesh.server.mesh.limits_redis import RedisLimits
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,10 @@ RETRY_SECONDS = 1.0
 def redis_limits(store: SessionStore) -> RedisLimits | None:
     """Limits shared through the store's Redis; None for stores of one server.
     Redis's modules load only for a Redis store (a fifth of a server's start)."""
-    if "turnmesh.server.store_redis" not in sys.modules:
+    if "turnmesh.server.stores.redis" not in sys.modules:
         return None  # no store of this process can be a RedisStore
-    from turnmesh.server.mesh_limits_redis import RedisLimits
-    from turnmesh.server.store_redis import RedisStore
+    from turnmesh.server.mesh.limits_redis import RedisLimits
+    from turnmesh.server.stores.redis import RedisStore
 
     return RedisLimits(store.client) if isinstance(store, RedisStore) else None
 

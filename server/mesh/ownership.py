@@ -26,7 +26,7 @@ from typing import Protocol
 from turnmesh.router.state import OWNER_AWAY
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.principals import public_id
-from turnmesh.server.leases import HELD_ELSEWHERE, Claim, HeldBy, Leases, Mine, Missing, Owner
+from turnmesh.server.mesh.leases import HELD_ELSEWHERE, Claim, HeldBy, Leases, Mine, Missing, Owner
 
 __all__ = ["LOCAL", "Forward", "Local", "Owner", "Placement", "Router", "SessionOwnership"]
 
@@ -50,7 +50,7 @@ LOCAL = Local()
 
 
 class Router(Protocol):
-    """What ownership needs of the router (``turnmesh.server.routing.RouterClient``)."""
+    """What ownership needs of the router (``turnmesh.server.mesh.routing.RouterClient``)."""
 
     async def route(
         self, session_id: str, *, unreachable: Owner | None = None, assign: bool = False

@@ -21,7 +21,7 @@ import grpc
 from turnmesh.runtime import wire
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
-from turnmesh.server.relay import RelayLink
+from turnmesh.server.workers.relay import RelayLink
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import worker_service_pb2 as wpb
 from turnmesh.v1.worker_service_pb2_grpc import WorkerServiceStub

@@ -20,7 +20,7 @@ from turnmesh.files import (
 from turnmesh.files.extract import MAX_TEXT_CHARS as MAX_FILE_TEXT_CHARS
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument
 from turnmesh.runtime.ids import SESSION_ID_PATTERN
-from turnmesh.server import pauses
+from turnmesh.server.sessions import pauses
 from turnmesh.v1 import message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

@@ -54,8 +54,7 @@ from redis.exceptions import RedisClusterException
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id, scoped
-from turnmesh.server.listing import Page, Position, merge, position
-from turnmesh.server.store import (
+from turnmesh.server.stores.base import (
     IDEMPOTENCY_KEYS_PER_SESSION,
     TURN_RECORDS_PER_SESSION,
     TURNS_INDEXED_PER_SESSION,
@@ -64,10 +63,11 @@ from turnmesh.server.store import (
     TurnCommits,
     session_quota_exceeded,
 )
+from turnmesh.server.stores.listing import Page, Position, merge, position
 from turnmesh.v1 import event_pb2, message_pb2
 
 if TYPE_CHECKING:
-    from turnmesh.server.outbox_redis import RedisOutbox
+    from turnmesh.server.stores.redis_outbox import RedisOutbox
 
 IDLE_SHARDS = 16
 LISTING_SHARDS = 8
@@ -381,7 +381,7 @@ class RedisStore(TurnCommits):
 
     async def open(self) -> None:
         """Check the server answers and bring data of an older layout up to date."""
-        from turnmesh.server.store_redis_migrate import migrate
+        from turnmesh.server.stores.redis_migrate import migrate
 
         await migrate(self._redis, self._legacy_principal)
 
@@ -725,7 +725,7 @@ class RedisStore(TurnCommits):
         return found, cursor + len(found) if more else None
 
     def outbox(self) -> RedisOutbox:
-        from turnmesh.server.outbox_redis import RedisOutbox
+        from turnmesh.server.stores.redis_outbox import RedisOutbox
 
         return RedisOutbox(self._redis)
 

@@ -45,8 +45,7 @@ from turnmesh.runtime.principals import (
     public_id,
     scoped,
 )
-from turnmesh.server.listing import Page, Position, position
-from turnmesh.server.store import (
+from turnmesh.server.stores.base import (
     IDEMPOTENCY_KEYS_PER_SESSION,
     TURN_RECORDS_PER_SESSION,
     SessionRecord,
@@ -55,7 +54,8 @@ from turnmesh.server.store import (
     TurnCommits,
     session_quota_exceeded,
 )
-from turnmesh.server.webhooks import Delivery, capped_owners
+from turnmesh.server.stores.listing import Page, Position, position
+from turnmesh.server.webhooks.sender import Delivery, capped_owners
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")

@@ -22,9 +22,9 @@ from google.protobuf import json_format, message, timestamp_pb2
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import TurnError, Unavailable
 from turnmesh.runtime.principals import principal_of, public_id
-from turnmesh.server.eventlog import TurnLog
-from turnmesh.server.store import SessionStore
-from turnmesh.server.webhooks import MAX_NOTICE_BYTES, OutboxUnavailable, WebhookSender
+from turnmesh.server.sessions.eventlog import TurnLog
+from turnmesh.server.stores.base import SessionStore
+from turnmesh.server.webhooks.sender import MAX_NOTICE_BYTES, OutboxUnavailable, WebhookSender
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id
-from turnmesh.server.listing import Page, Position, position
-from turnmesh.server.webhooks import MemoryOutbox, Outbox
+from turnmesh.server.stores.listing import Page, Position, position
+from turnmesh.server.webhooks.sender import MemoryOutbox, Outbox
 from turnmesh.v1 import event_pb2, message_pb2
 
 # Turn records a session keeps at most; the oldest go first.
@@ -506,11 +506,11 @@ def open_store(
     if url in ("", "memory"):
         return MemoryStore()
     if url.startswith("sqlite:"):
-        from turnmesh.server.store_sqlite import SqliteStore
+        from turnmesh.server.stores.sqlite import SqliteStore
 
         return SqliteStore(url.removeprefix("sqlite:"), event_ttl_seconds, legacy_principal)
     if url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
-        from turnmesh.server.store_redis import RedisStore
+        from turnmesh.server.stores.redis import RedisStore
 
         return RedisStore(url, event_ttl_seconds, legacy_principal)
     raise ValueError(

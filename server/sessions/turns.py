@@ -3,7 +3,7 @@
 A ``SessionTurns`` is the single place that decides when a session's turns
 run. ``submit`` makes its decision without awaiting, so two requests can never
 interleave; a drain task runs queued turns one after another on the
-``TurnRunner`` (``turnmesh.server.runner``). A turn's history is appended only
+``TurnRunner`` (``turnmesh.server.sessions.runner``). A turn's history is appended only
 when it finishes, so a failed, cancelled or interrupted turn leaves history
 exactly as it was.
 
@@ -32,8 +32,8 @@ from turnmesh.runtime import metrics, requests
 from turnmesh.runtime.errors import NotFound, SessionBusy, TurnError
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
-from turnmesh.server import pauses
-from turnmesh.server.eventlog import EventLogs, TurnLog
+from turnmesh.server.sessions import pauses
+from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -134,7 +134,7 @@ class KeyUse(NamedTuple):
 
 
 class Runner(Protocol):
-    """What SessionTurns needs of ``turnmesh.server.runner.TurnRunner``."""
+    """What SessionTurns needs of ``turnmesh.server.sessions.runner.TurnRunner``."""
 
     def run(
         self, session_id: str, agent_name: str, turn: PendingTurn
