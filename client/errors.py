@@ -9,6 +9,7 @@ found by the status's ``ErrorInfo.reason`` first, then by its code::
     ├── DeadlineExceededError      DEADLINE_EXCEEDED
     ├── NotFoundError              NOT_FOUND
     ├── AlreadyExistsError         ALREADY_EXISTS
+    │   └── IdempotencyKeyReusedError  IDEMPOTENCY_KEY_REUSED (the key named another request)
     ├── PermissionDeniedError      PERMISSION_DENIED
     ├── ResourceExhaustedError     RESOURCE_EXHAUSTED (a server's limits; .retry_after)
     │   ├── RateLimitedError       RATE_LIMITED (this principal's request rate)

@@ -27,6 +27,7 @@ from turnmesh.server.mesh.forwarding import (
 )
 from turnmesh.server.mesh.ownership import Local, Placement, SessionOwnership
 from turnmesh.server.sessions import validation
+from turnmesh.server.sessions.admission import admit
 from turnmesh.server.sessions.core import SessionCore
 from turnmesh.server.sessions.history import up_to_turn
 from turnmesh.server.stores import listing
@@ -399,9 +400,9 @@ class SessionServicer:
         sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> AsyncIterator[event_pb2.Event]:
-            tlog = await self._core.start_turn(request, sid)
-            cancel = request.on_disconnect == spb.DISCONNECT_POLICY_CANCEL
-            return self._core.follow(tlog, 0, cancel)
+            admission = await admit(request, sid)
+            tlog = await self._core.start_turn(admission)
+            return self._core.follow(tlog, 0, admission.cancel_on_disconnect)
 
         events = await self._relay(
             sid, context, lambda stub, md: stub.Turn(request, metadata=md), local
@@ -421,8 +422,9 @@ class SessionServicer:
         sid = principals.scoped(principals.current().name, request.session_id)
 
         async def local() -> spb.StartTurnResponse:
+            admission = await admit(request.turn, sid, background=True)
             try:
-                turn = await self._core.start_background_turn(request.turn, sid)
+                turn = await self._core.start_background_turn(admission)
             except InvalidArgument as exc:  # the answers to a pause, checked as placed
                 raise _in_turn(exc) from None
             return spb.StartTurnResponse(turn=turn)

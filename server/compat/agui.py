@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from turnmesh.runtime.errors import (
     AlreadyExists,
-    FieldViolation,
     InvalidArgument,
     NotFound,
     NotWaiting,
@@ -45,7 +44,7 @@ from turnmesh.server.compat._common import (
     tool_definition,
 )
 from turnmesh.server.compat._files import Inline, decode, unsupported
-from turnmesh.server.sessions import pauses, validation
+from turnmesh.server.sessions import answers, validation
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -199,30 +198,17 @@ def _resume(entries: list[AguiResume]) -> list[message_pb2.ResumeEntry]:
     ]
 
 
-def _as_caller_field(field: str, indices: Sequence[int], last: int) -> str:
-    """A violation's field named as in the RunAgentInput: a tool result is
-    its tool message, the message is the last user message's content."""
-    head, _, rest = field.partition(".")
-    if head.startswith("tool_results["):
-        n = int(head[len("tool_results[") : -1])
-        name = {"tool_call_id": "toolCallId"}.get(rest, rest)
-        where = f"messages[{indices[n]}]" if n < len(indices) else "messages"
-        return f"{where}.{name}" if name else where
-    if head == "tool_results":
-        return "messages"
-    if head.startswith("resume["):
-        return f"{head}.{'interruptId' if rest == 'interrupt_id' else rest}"
-    if head == "message":
-        return f"messages[{last}].content"
-    return field
-
-
-def _renamed(exc: InvalidArgument, indices: Sequence[int], last: int) -> InvalidArgument:
-    return InvalidArgument(
-        [
-            FieldViolation(_as_caller_field(v.field, indices, last), v.description)
-            for v in exc.violations
-        ]
+def _names(indices: Sequence[int], last: int) -> answers.Names:
+    """The RunAgentInput's names for a TurnRequest's fields: a tool result
+    is its tool message, the message is the last user message's content."""
+    return answers.Names(
+        results=[f"messages[{i}]" for i in indices],
+        results_field="messages",
+        message=f"messages[{last}].content",
+        keys={
+            "messages": {"tool_call_id": "toolCallId"},
+            "resume": {"interrupt_id": "interruptId"},
+        },
     )
 
 
@@ -334,11 +320,10 @@ def _seed_until(messages: list[AguiMessage], indices: range) -> int | None:
     return indices.start if before.role == "assistant" and before.tool_calls else None
 
 
-def _check_seeded(thread: str, seed: list[message_pb2.Message], answers: pauses.Answers) -> None:
+def _check_seeded(seed: list[message_pb2.Message], given: answers.Answers) -> None:
     """The tool messages must answer the seeded calls exactly, checked
     before the thread is made (a refused run leaves no session behind)."""
-    # The pause the server seeds; its expiry plays no part here.
-    pauses.check_answers(thread, pauses.seeded(seed, timeout_seconds=3600.0), answers)
+    answers.check_resent(seed[-1].tool_calls, given)
 
 
 async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.HttpBody]:
@@ -374,11 +359,10 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
             seed = _history(messages[:last])
         else:
             seed = _history(messages[:seed_end])
-            answers = pauses.Answers(_tool_results(messages, indices))
             try:
-                _check_seeded(thread, seed, answers)
+                _check_seeded(seed, answers.Answers(_tool_results(messages, indices)))
             except InvalidArgument as exc:
-                raise _renamed(exc, indices, last) from None
+                raise _names(indices, last).rename(exc) from None
         agent = request.forwarded_props.get("agent")
         # A concurrent first run on the same thread may have created it.
         with contextlib.suppress(AlreadyExists):
@@ -388,7 +372,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
         user is not None
         and resume
         and not session.HasField("pause")
-        and pauses.withdraws(pauses.Answers(resume=resume))
+        and answers.withdraws(answers.Answers(resume=resume))
     ):
         # The client withdraws interrupts the thread waits for no more
         # (expired, cancelled, or answered by another run): its client
@@ -423,5 +407,5 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
         if made:
             await mesh.drop_session(thread, exc, len(seed))
         if isinstance(exc, InvalidArgument):
-            raise _renamed(exc, indices, last) from None
+            raise _names(indices, last).rename(exc) from None
         raise

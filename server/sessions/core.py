@@ -7,16 +7,14 @@ everything here is the owner's side.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
-from turnmesh.runtime import metrics, wire
+from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import (
     AlreadyExists,
     FieldViolation,
@@ -24,7 +22,6 @@ from turnmesh.runtime.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
-    TurnQuotaExceeded,
     Unavailable,
 )
 from turnmesh.runtime.ids import new_id
@@ -32,15 +29,12 @@ from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.mesh.ownership import SessionOwnership
 from turnmesh.server.sessions import pauses, turn_records
+from turnmesh.server.sessions.admission import Admission
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog, recorded
+from turnmesh.server.sessions.quotas import TurnQuotas
+from turnmesh.server.sessions.recorded import SWEEP_BATCH, SWEEP_PAGES, RecordedTurns
 from turnmesh.server.sessions.runner import TurnRunner
-from turnmesh.server.sessions.turns import (
-    CancelReason,
-    KeyUse,
-    PendingTurn,
-    SessionTurns,
-    pending_bytes,
-)
+from turnmesh.server.sessions.turns import CancelReason, KeyUse, PendingTurn, SessionTurns
 from turnmesh.server.stores.base import SessionRecord, SessionStore, now, session_quota_exceeded
 from turnmesh.server.stores.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
 from turnmesh.server.webhooks.sender import WebhookSender, allowed, check_destination
@@ -49,17 +43,28 @@ from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 if TYPE_CHECKING:
-    from turnmesh.server.mesh.limits import TurnLease, TurnLeases
+    from turnmesh.server.mesh.limits import TurnLeases
 
 log = logging.getLogger(__name__)
 
 
-# Open turn records looked at per page of a sweep, and pages per sweep
-# (SessionCore.settle_open_turns): a sweep's work is bounded, and the next
-# one goes on from where it stopped, so records that stay open (running on
-# live servers, or unreadable) never hide the ones behind them.
-SWEEP_BATCH = 100
-SWEEP_PAGES = 10
+@dataclass(frozen=True)
+class KeyedTurn:
+    """The turn a request's idempotency key named before the request was
+    placed, and its log (None once its events are gone)."""
+
+    use: KeyUse
+    log: TurnLog | None
+    # Its events went early (the server's budget for them): it finished.
+    dropped_early: bool
+
+    @property
+    def runs_again(self) -> bool:
+        """It changed nothing (failed, cancelled, or its events expired): a
+        retry runs the turn again (the key then names the new one)."""
+        if self.log is None:
+            return not self.dropped_early
+        return self.log.done and self.log.state != spb.TURN_STATE_FINISHED
 
 
 @dataclass(frozen=True)
@@ -85,33 +90,29 @@ class SessionCore:
         webhooks: WebhookSender | None = None,
     ) -> None:
         self.store = store
-        # Set when the turn quota is the whole mesh's (Redis): its leases.
-        self.turn_leases = turn_leases
         self.workers = workers
         self.default_agent = default_agent
         self.limits = limits
+        # Turns' ends notified to the callers' URLs (None: none allowed).
+        self.webhooks = webhooks
+        # The records of background turns and of turns with a webhook:
+        # written as each is accepted and, told by the event logs, as it ends.
+        self.records = turn_records.TurnRecords(store, limits.turn_record_ttl_seconds, webhooks)
         self.logs = EventLogs(
             limits.event_log_max_events,
             limits.event_log_max_turns,
             limits.event_log_ttl_seconds,
             store,
             limits.event_log_max_bytes,
+            on_recorded_end=self.records.turn_ended,
         )
-        # Turns' ends notified to the callers' URLs (None: none allowed).
-        self.webhooks = webhooks
-        # The records of background turns and of turns with a webhook:
-        # written as each is accepted and ends.
-        self.records = turn_records.TurnRecords(store, limits.turn_record_ttl_seconds, webhooks)
-        self.logs.on_recorded_end = self.records.turn_ended
-        self._sweep_cursor = 0  # where settle_open_turns goes on
         self._turns: dict[str, SessionTurns] = {}
-        # Turns running or queued here, per principal (its turn quota).
-        self._in_flight: Counter[str] = Counter()
-        # Bytes of messages and files those turns hold, per principal.
-        self._held_bytes: Counter[str] = Counter()
         self.draining = False
         # Told when sessions are created here and when they go.
         self.ownership = ownership or SessionOwnership("")
+        self.recorded = RecordedTurns(
+            store, self.logs, self.records, self.ownership, self.get_record
+        )
         # A turn whose commit was fenced off: the session is no longer ours.
         self.runner = TurnRunner(
             store,
@@ -120,6 +121,8 @@ class SessionCore:
             principal_label=limits.metrics_principal_label,
             pause_timeout_seconds=limits.pause_timeout_seconds,
         )
+        # With Redis the turn quota is the whole mesh's: ``turn_leases``.
+        self.quotas = TurnQuotas(limits, lambda: self.runner.inflight, turn_leases)
 
     # Sessions ---------------------------------------------------------------
 
@@ -259,123 +262,25 @@ class SessionCore:
 
     # Turns ------------------------------------------------------------------
 
-    async def start_background_turn(self, request: spb.TurnRequest, session_id: str) -> spb.Turn:
-        """Place a turn as ``start_turn`` does, one that runs to its end with
-        no caller (no disconnect cancels it), and record it in the store
-        before answering: the turn as it was accepted."""
-        tlog = await self.start_turn(request, session_id, background=True)
-        return turn_records.of_log(tlog)
+    async def start_background_turn(self, admission: Admission) -> spb.Turn:
+        """Place a turn as ``start_turn`` does (a background admission: it
+        runs to its end with no caller), recorded in the store before this
+        answers: the turn as it was accepted."""
+        return turn_records.of_log(await self.start_turn(admission))
 
     async def get_turn(self, session_id: str, turn_id: str) -> spb.Turn:
-        """A turn of the session: from this server's log of a turn it runs or
-        ran, else its record, else the store's events; NotFound if none knows it.
-
-        A record that says the turn ended is final. One that does not, for a
-        turn this owner does not run, is settled by what the store knows: its
-        events (a turn stored unfinished is given up for lost, atomically
-        against its commit, as SubscribeTurn does), or, with none kept, its
-        commit (its messages in the history). The answer is written to the
-        record, so it never says "running" again."""
-        tlog = self.logs.peek(session_id, turn_id)
-        if tlog is not None and not tlog.restored:
-            return turn_records.of_log(tlog)
-        await self.get_record(session_id)  # NotFound for a missing session
-        record = await self.records.load(session_id, turn_id)
-        if record is not None and turn_records.ended(record):
-            return record
-        if tlog is None:
-            try:
-                tlog = await self.logs.find(session_id, turn_id)
-            except NotFound:
-                if record is None:
-                    raise NotFound(
-                        f"turn {turn_id!r} of session {public_id(session_id)!r} not found"
-                    ) from None
-        if tlog is not None:
-            turn = turn_records.of_log(tlog, record)
-            if record is not None and turn_records.ended(turn):
-                await self.records.save(session_id, turn)
-            return turn
-        assert record is not None
-        return await self._settle(session_id, record)
+        return await self.recorded.get(session_id, turn_id)
 
     async def settle_open_turns(self, limit: int = SWEEP_BATCH, pages: int = SWEEP_PAGES) -> int:
-        """Settle recorded turns whose server died before it recorded their
-        end (no reader need ask for them first: their webhooks are sent now).
-        Only turns of sessions placed here, and not running here: a live
-        owner records its own turns' ends. At most ``pages`` pages of
-        ``limit`` records, from where the last call stopped. How many were
-        settled."""
-        settled = 0
-        for _ in range(pages):
-            page, cursor = await self.store.open_turns(limit, self._sweep_cursor)
-            done = 0
-            for session_id, turn_id in page:
-                done += await self._settle_open(session_id, turn_id)
-            settled += done
-            if cursor is None:  # the last page: the next sweep starts over
-                self._sweep_cursor = 0
-                break
-            # Those settled left the open records: the next page is that
-            # much nearer the start.
-            self._sweep_cursor = max(0, cursor - done)
-        return settled
+        return await self.recorded.settle_open(limit, pages)
 
-    async def _settle_open(self, session_id: str, turn_id: str) -> bool:
-        tlog = self.logs.peek(session_id, turn_id)
-        if tlog is not None and not tlog.restored:
-            if not tlog.done or self.records.writing(session_id, turn_id):
-                return False  # it runs here, or its end is being recorded here
-            # It ended here and its record is still open: writing the end
-            # failed (its webhook could not be queued, say). Again, now.
-            return await self.records.save(session_id, turn_records.of_log(tlog))
-        # A log restored from the store (a SubscribeTurn found the turn lost)
-        # records nothing by itself: settled here like any other.
-        try:
-            # Ours, or taken over from a holder whose lease lapsed; a live
-            # holder records its own turns' ends.
-            if not await self.ownership.holds_or_takes(session_id):
-                return False
-            if not turn_records.ended(await self.get_turn(session_id, turn_id)):
-                return False
-            # Settled only if its end was written (its notice queued): one
-            # that could not be stays open, where the next page begins.
-            stored = await self.records.load(session_id, turn_id)
-        except (NotFound, Unavailable):
-            return False
-        return stored is not None and turn_records.ended(stored)
-
-    async def _settle(self, session_id: str, record: spb.Turn) -> spb.Turn:
-        """A recorded turn that this owner does not run and that left no
-        events: accepted by a server that stopped (or by this one before a
-        restart). Given up for lost unless it committed."""
-        turn_id = record.turn_id
-        lost = await self.store.abandon_turn(session_id, turn_id)
-        # The commit status expires with the events: the history says too.
-        mine = [m for m in await self.store.history(session_id) if m.turn_id == turn_id]
-        if mine or not lost:
-            session = await self.store.get(session_id)
-            pause = (
-                message_pb2.Pause.FromString(session.pause) if session and session.pause else None
-            )
-            turn = turn_records.committed(record, mine, pause)
-        else:
-            log.info("background turn %s was lost with the server running it", turn_id)
-            turn = turn_records.lost(record)
-        await self.records.save(session_id, turn)
-        return turn
-
-    async def start_turn(
-        self, request: spb.TurnRequest, session_id: str = "", *, background: bool = False
-    ) -> TurnLog:
-        """Place a turn of the session (its scoped id; the request's id if
-        unset) under its policy; returns the log its caller follows.
-        ``background``: the turn (or the one it joins) runs to its end
-        whoever leaves (StartTurn). A background turn, and one with a
-        webhook, is recorded in the store before this returns."""
-        if request.webhook_url:
-            self.check_webhook(request.webhook_url)
-        tlog = await self._start_turn(request, session_id, background)
+    async def start_turn(self, admission: Admission) -> TurnLog:
+        """Place a turn of the session under its policy; returns the log its
+        caller follows. A background turn, and one with a webhook, is
+        recorded in the store before this returns."""
+        if admission.webhook_url:
+            self.check_webhook(admission.webhook_url)
+        tlog = await self._start_turn(admission)
         if recorded(tlog):
             # Its state now (an idempotent retry's turn may have ended
             # already): a record that says it ended is final, so this never
@@ -398,74 +303,27 @@ class SessionCore:
             )
         check_destination(url, self.webhooks.settings.allow, "webhook_url")
 
-    async def _start_turn(
-        self, request: spb.TurnRequest, session_id: str, background: bool
-    ) -> TurnLog:
+    async def _start_turn(self, admission: Admission) -> TurnLog:
         if self.draining:
             raise Unavailable("this server is shutting down; retry on another")
-        known = self._turns.get(session_id or request.session_id)
+        known = self._turns.get(admission.session_id)
         # No turns known here yet: any made while the record is read start at 0.
         read_at = known.pause_version if known is not None else 0
-        record = await self.get_record(session_id or request.session_id)
+        record = await self.get_record(admission.session_id)
         fence = self.ownership.fence(record.session_id, record.owner)
         turns = self._session_turns(record)
         # A turn that committed here while the record was read: it is newer.
         turns.sync_pause(record.pause, read_at if known is None or turns is known else None)
-        key = request.idempotency_key
-        files = list(request.files)
-        # What the request holds until its turn ends, joined or not: its size
-        # on the wire, or (a call made here, not received) measured, which
-        # copies each file's bytes: in a thread then.
-        size = wire.received_bytes()
-        if size is None:
-            size = (
-                await asyncio.to_thread(pending_bytes, request.message, files)
-                if files
-                else pending_bytes(request.message, files)
-            )
-        digest = ""
-        # Hashing files copies their bytes too: in a thread, where the event
-        # loop runs between one file's copy and the next.
-        if key and files:
-            digest = await asyncio.to_thread(request_digest, request)
-        elif key:
-            digest = request_digest(request)
-        earlier: str | None = None
-        if key:
-            use = turns.turn_for_key(key) or await self._stored_key(record.session_id, key)
-            if use is not None:
-                _same_request(use, digest, key)
-                earlier = use.turn_id
-                try:
-                    tlog = await self.logs.find(record.session_id, earlier)
-                except NotFound:
-                    if self.logs.finished_early_dropped(record.session_id, earlier):
-                        # Its events went early (the server's budget for
-                        # them); running it again would answer twice.
-                        raise AlreadyExists(
-                            f"turn {earlier!r} with this idempotency key finished; its events are"
-                            " no longer kept (the session's history has its messages)",
-                            reason="TURN_ALREADY_FINISHED",
-                        ) from None
-                    # Its events expired (or it failed): run it as a new turn.
-                else:
-                    if not (tlog.done and tlog.state != spb.TURN_STATE_FINISHED):
-                        turns.rejoin(earlier)
-                        tlog.background |= background
-                        tlog.webhook = tlog.webhook or request.webhook_url or record.webhook_url
-                        return tlog
-                    # It failed or was cancelled, so it changed nothing: a
-                    # retry runs the turn again (the key then names the new one).
-        if not self.workers.has_agent(record.agent_name):
-            await self.workers.refresh()
-            if not self.workers.has_agent(record.agent_name):
-                raise Unavailable(f"no live worker serves agent {record.agent_name!r}")
-        principal = principal_of(record.session_id)
-        # With Redis the turn quota is the whole mesh's: its lease is taken
-        # first, so the checks below and the submit still never await.
-        lease = await self._turn_lease(principal)
+        keyed = await self._keyed_turn(turns, admission)
+        lease = None
+        if keyed is None or keyed.runs_again:
+            # A new turn (unless one with the key arrives meanwhile): a
+            # worker for it, and with Redis its place in the mesh's quota
+            # first, so that the decision below never awaits.
+            await self._require_worker(record.agent_name)
+            lease = await self.quotas.lease(admission.principal)
         try:
-            placed = self._place(record, turns, request, files, size, key, digest, earlier, fence)
+            placed = self._place(record, turns, admission, keyed, fence)
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -473,8 +331,8 @@ class SessionCore:
         # Before any await: the turn may end (and be recorded) meanwhile. A
         # turn joined (COLLECT) keeps the webhook it had, if any.
         placed_log = placed.log if isinstance(placed, PendingTurn) else placed
-        placed_log.background |= background
-        placed_log.webhook = placed_log.webhook or request.webhook_url or record.webhook_url
+        placed_log.background |= admission.background
+        placed_log.webhook = placed_log.webhook or admission.webhook_url or record.webhook_url
         if lease is not None:
             if isinstance(placed, PendingTurn) and placed.on_end is None:
                 placed.on_end = lease.release  # a new turn: it holds the lease
@@ -484,10 +342,9 @@ class SessionCore:
             return placed
         turn = placed
         try:
-            if key:
-                await self.store.set_key(
-                    record.session_id, key, KeyUse(turn.turn_id, digest).encode()
-                )
+            if key := admission.idempotency_key:
+                use = KeyUse(turn.turn_id, admission.digest)
+                await self.store.set_key(record.session_id, key, use.encode())
             await self.store.touch(record.session_id, now())
         except Unavailable:
             # The turn runs already: its caller follows it rather than retry
@@ -495,68 +352,61 @@ class SessionCore:
             log.warning("could not record turn %s's key or activity", turn.turn_id)
         return turn.log
 
+    async def _keyed_turn(self, turns: SessionTurns, admission: Admission) -> KeyedTurn | None:
+        """The turn the request's idempotency key named before it came (here
+        or in the store), with its log if its events are still kept."""
+        key = admission.idempotency_key
+        if not key:
+            return None
+        use = turns.turn_for_key(key) or await self._stored_key(turns.session_id, key)
+        if use is None:
+            return None
+        _same_request(use, admission.digest, key)
+        try:
+            tlog = await self.logs.find(turns.session_id, use.turn_id)
+        except NotFound:
+            dropped = self.logs.finished_early_dropped(turns.session_id, use.turn_id)
+            return KeyedTurn(use, None, dropped)
+        return KeyedTurn(use, tlog, False)
+
     def _place(
         self,
         record: SessionRecord,
         turns: SessionTurns,
-        request: spb.TurnRequest,
-        files: list[message_pb2.File],
-        size: int,
-        key: str,
-        digest: str,
-        earlier: str | None,
+        admission: Admission,
+        keyed: KeyedTurn | None,
         fence: str,
     ) -> PendingTurn | TurnLog:
-        """The checks that refuse a turn before its stream starts (HTTP 429,
-        Retry-After), then the turn placed; never awaits."""
-        if self.runner.inflight >= self.limits.max_turns_in_flight:
-            raise ResourceExhausted(
-                f"this server runs its maximum of {self.limits.max_turns_in_flight} turns"
-            )
-        if turns.queued >= self.limits.max_queued_per_session:
-            raise ResourceExhausted(
-                f"session {public_id(record.session_id)!r} has {turns.queued} messages"
-                " waiting already"
-            )
-        quota = self.limits.max_turns_per_principal
-        principal = principal_of(record.session_id)
-        if quota is not None and self.turn_leases is None and self._in_flight[principal] >= quota:
-            raise TurnQuotaExceeded(
-                f"this caller has its maximum of {quota} turns running or waiting here"
-            )
-        self._check_budgets(turns, size)
+        """The one decision on a turn request, after the last await: the turn
+        its idempotency key names (that turn's log), or a new turn placed
+        under the session's policy, unless a limit refuses it (HTTP 429,
+        Retry-After). Never awaits, so nothing changes meanwhile."""
+        key = admission.idempotency_key
         arrived = turns.turn_for_key(key) if key else None
-        if arrived is not None and arrived.turn_id != earlier:
+        if arrived is not None and (keyed is None or arrived.turn_id != keyed.use.turn_id):
             # The same key arrived (and was submitted) while we looked in the store.
-            _same_request(arrived, digest, key)
+            _same_request(arrived, admission.digest, key)
             turns.rejoin(arrived.turn_id)
             return self.logs.get(record.session_id, arrived.turn_id)
-        return turns.submit(
-            request.message,
-            files,
-            request.metadata,
-            request.policy,
-            key,
-            fence,
-            digest,
-            size,
-            list(request.tools),
-            pauses.Answers(request.tool_results, request.resume),
-            webhook=request.webhook_url or record.webhook_url,
-        )
+        if keyed is not None and not keyed.runs_again:
+            if keyed.log is None:
+                # Its events went early (the server's budget for them);
+                # running it again would answer twice.
+                raise AlreadyExists(
+                    f"turn {keyed.use.turn_id!r} with this idempotency key finished; its events"
+                    " are no longer kept (the session's history has its messages)",
+                    reason="TURN_ALREADY_FINISHED",
+                )
+            turns.rejoin(keyed.use.turn_id)
+            return keyed.log
+        self.quotas.check(turns, admission.size)
+        return turns.submit(admission, fence, webhook=admission.webhook_url or record.webhook_url)
 
-    async def _turn_lease(self, principal: str) -> TurnLease | None:
-        """A place in the principal's turn quota of the whole mesh (None
-        when the quota is this server's, counted in ``_place``)."""
-        quota = self.limits.max_turns_per_principal
-        if quota is None or self.turn_leases is None:
-            return None
-        lease = await self.turn_leases.take(principal, quota)
-        if lease is None:
-            raise TurnQuotaExceeded(
-                f"this caller has its maximum of {quota} turns running or waiting in the mesh"
-            )
-        return lease
+    async def _require_worker(self, agent: str) -> None:
+        if not self.workers.has_agent(agent):
+            await self.workers.refresh()
+            if not self.workers.has_agent(agent):
+                raise Unavailable(f"no live worker serves agent {agent!r}")
 
     def refuse_over_budget(self, session_id: str, size: int) -> None:
         """429 at once if a request of ``size`` bytes would take a session
@@ -564,19 +414,7 @@ class SessionCore:
         request's files are read or copied (``start_turn`` checks again)."""
         turns = self._turns.get(session_id)
         if turns is not None:
-            self._check_budgets(turns, size)
-
-    def _check_budgets(self, turns: SessionTurns, size: int) -> None:
-        if turns.pending_bytes + size > self.limits.max_pending_bytes_per_session:
-            raise ResourceExhausted(
-                f"session {public_id(turns.session_id)!r} holds"
-                f" {turns.pending_bytes // 2**20} MiB of turns running or waiting already"
-            )
-        budget = self.limits.max_pending_bytes_per_principal
-        if self._held_bytes[principal_of(turns.session_id)] + size > budget:
-            raise TurnQuotaExceeded(
-                f"this caller's turns running or waiting here hold {budget // 2**20} MiB already"
-            )
+            self.quotas.check_bytes(turns, size)
 
     async def _stored_key(self, session_id: str, key: str) -> KeyUse | None:
         stored = await self.store.get_key(session_id, key)
@@ -590,8 +428,8 @@ class SessionCore:
                 record.agent_name,
                 self.runner,
                 self.logs,
-                self._in_flight,
-                self._held_bytes,
+                self.quotas.in_flight,
+                self.quotas.held_bytes,
             )
             self._turns[record.session_id] = turns
         return turns
@@ -744,16 +582,6 @@ class SessionCore:
             session.pause.CopyFrom(stored)
             session.pause.ClearField("agent_checkpoint")  # the agent's own, never shown
         return session
-
-
-def request_digest(request: spb.TurnRequest) -> str:
-    """What makes a turn the same turn: the request without its key and its
-    disconnect policy (a retry may come from a client that behaves otherwise)."""
-    same = spb.TurnRequest()
-    same.CopyFrom(request)
-    same.ClearField("idempotency_key")
-    same.ClearField("on_disconnect")
-    return hashlib.sha256(same.SerializeToString(deterministic=True)).hexdigest()[:32]
 
 
 def _same_request(use: KeyUse, digest: str, key: str) -> None:

@@ -302,6 +302,7 @@ class EventLogs:
         ttl_seconds: float,
         store: EventStore | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        on_recorded_end: Callable[[TurnLog], None] | None = None,
     ) -> None:
         self._max_events = max_events
         self._max_turns = max_turns_per_session
@@ -318,8 +319,8 @@ class EventLogs:
         self._outcomes: OrderedDict[tuple[str, str], tuple[bool, float]] = OrderedDict()
         self._packing: set[asyncio.Task[None]] = set()
         # Told when a turn with a record (background, or with a webhook) that
-        # ran here ends: its record's end.
-        self.on_recorded_end: Callable[[TurnLog], None] | None = None
+        # ran here ends: its record's end (``TurnRecords.turn_ended``).
+        self._on_recorded_end = on_recorded_end
 
     @property
     def _sink(self) -> EventSink | None:
@@ -408,8 +409,8 @@ class EventLogs:
 
     def _ended(self, log: TurnLog) -> None:
         """A log's turn ended: packed, and last in line to go."""
-        if recorded(log) and not log.restored and self.on_recorded_end is not None:
-            self.on_recorded_end(log)
+        if recorded(log) and not log.restored and self._on_recorded_end is not None:
+            self._on_recorded_end(log)
         if log.event_count > PACK_ON_LOOP_EVENTS:
             with contextlib.suppress(RuntimeError):  # no loop (a synchronous caller): inline
                 task = asyncio.get_running_loop().create_task(self._pack_off_loop(log))

@@ -1,11 +1,10 @@
-"""Turns that wait for the client: what a session waits for, and the checks
-its next turn passes.
+"""Turns that wait for the client: what a session waits for.
 
 A turn pauses when its agent leaves calls of the caller's tools without a
 result, or asks for approvals and answers (the RUN_FINISHED outcome). Its
 commit records a ``Pause`` on the session (durably, with the history); the
-next turn must answer it: one ``ToolResult`` per call and one
-``ResumeEntry`` per interrupt. A pause past its expiry, or cancelled, is
+next turn must answer it (``answers``: one ``ToolResult`` per call and one
+``ResumeEntry`` per interrupt). A pause past its expiry, or cancelled, is
 answered by the server: each call gets an error result and each interrupt a
 "cancelled" entry, which the next turn (or the cancel) writes.
 """
@@ -17,57 +16,27 @@ from collections.abc import Sequence
 
 from google.protobuf import timestamp_pb2
 
-from turnmesh.runtime.errors import AwaitingClient, FieldViolation, InvalidArgument, NotWaiting
+from turnmesh.runtime.errors import AwaitingClient
 from turnmesh.runtime.principals import public_id
 from turnmesh.v1 import event_pb2, message_pb2
 
 __all__ = [
     "EXPIRED",
-    "MAX_ANSWERS",
-    "MAX_TOOLS",
-    "Answers",
     "active",
-    "answers_violations",
-    "check_answers",
     "expired",
     "gated_results",
     "keep_interrupts",
-    "lead_messages",
     "make_pause",
     "parse",
     "refuse_plain_turn",
     "seeded",
-    "unanswered",
+    "since",
     "why_unanswered",
-    "withdraws",
 ]
 
-MAX_TOOLS = 128
-MAX_ANSWERS = 128
-MAX_RESULT_CHARS = 1_000_000
-# A call or interrupt id a caller sends back (ids the mesh and agents make are far shorter).
-MAX_ID_CHARS = 256
-RESUME_STATUSES = ("resolved", "cancelled")
 EXPIRED = "the client did not answer before the pause expired"
 CANCELLED = "the client cancelled the pause"
 NO_RESULT = "the agent reported no result for this call"
-
-
-class Answers:
-    """What a turn answers a pause with."""
-
-    __slots__ = ("resume", "tool_results")
-
-    def __init__(
-        self,
-        tool_results: Sequence[message_pb2.ToolResult] = (),
-        resume: Sequence[message_pb2.ResumeEntry] = (),
-    ) -> None:
-        self.tool_results = list(tool_results)
-        self.resume = list(resume)
-
-    def __bool__(self) -> bool:
-        return bool(self.tool_results or self.resume)
 
 
 def parse(stored: bytes) -> message_pb2.Pause | None:
@@ -186,7 +155,8 @@ def keep_interrupts(
         kept.ClearField("expires_at")  # the pause's, renewed by whatever seeds from it
 
 
-def _since(pause: message_pb2.Pause) -> str:
+def since(pause: message_pb2.Pause) -> str:
+    """What a pause waits since, in words."""
     return f"turn {pause.turn_id!r}" if pause.turn_id else "its seeded history"
 
 
@@ -216,156 +186,9 @@ def refuse_plain_turn(session_id: str, pause: message_pb2.Pause) -> AwaitingClie
     cancel = f", or cancel turn {pause.turn_id!r}" if pause.turn_id else ""
     return AwaitingClient(
         f"session {public_id(session_id)!r} waits for the client since"
-        f" {_since(pause)}: send {_describe(pause)}{cancel}",
+        f" {since(pause)}: send {_describe(pause)}{cancel}",
         metadata=_waits_for(pause),
     )
-
-
-def answers_violations(answers: Answers) -> list[FieldViolation]:
-    """What is wrong with answers on their own (before the pause is known)."""
-    out: list[FieldViolation] = []
-    if len(answers.tool_results) > MAX_ANSWERS:
-        out.append(FieldViolation("tool_results", f"at most {MAX_ANSWERS}"))
-    if len(answers.resume) > MAX_ANSWERS:
-        out.append(FieldViolation("resume", f"at most {MAX_ANSWERS}"))
-    for n, result in enumerate(answers.tool_results[:MAX_ANSWERS]):
-        if not result.tool_call_id:
-            out.append(FieldViolation(f"tool_results[{n}].tool_call_id", "required"))
-        elif len(result.tool_call_id) > MAX_ID_CHARS:
-            out.append(
-                FieldViolation(
-                    f"tool_results[{n}].tool_call_id", f"at most {MAX_ID_CHARS} characters"
-                )
-            )
-        if len(result.content) + len(result.error) > MAX_RESULT_CHARS:
-            out.append(
-                FieldViolation(
-                    f"tool_results[{n}].content", f"at most {MAX_RESULT_CHARS} characters"
-                )
-            )
-    for n, entry in enumerate(answers.resume[:MAX_ANSWERS]):
-        if not entry.interrupt_id:
-            out.append(FieldViolation(f"resume[{n}].interrupt_id", "required"))
-        elif len(entry.interrupt_id) > MAX_ID_CHARS:
-            out.append(
-                FieldViolation(f"resume[{n}].interrupt_id", f"at most {MAX_ID_CHARS} characters")
-            )
-        if entry.status not in RESUME_STATUSES:
-            out.append(FieldViolation(f"resume[{n}].status", "must be resolved or cancelled"))
-    return out
-
-
-def check_answers(session_id: str, pause: message_pb2.Pause | None, answers: Answers) -> None:
-    """Answers must answer the session's pause exactly: each call and each
-    interrupt once, nothing else."""
-    if pause is None:
-        raise NotWaiting(
-            f"session {public_id(session_id)!r} waits for no tool results or resume entries"
-            " (no turn paused, or its pause was answered already)"
-        )
-    if expired(pause):
-        if withdraws(answers) and not _match(
-            "resume",
-            "interrupt_id",
-            [e.interrupt_id for e in answers.resume],
-            [i.id for i in pause.interrupts],
-            "interrupt",
-            complete=False,
-        ):
-            # What an AG-UI client insists on for an interrupt that expired
-            # or was cancelled: it withdraws it. The server's own answers
-            # (the same cancellations, errors for the calls) are given.
-            return
-        what = "was cancelled" if pause.cancelled else "expired"
-        raise NotWaiting(
-            f"session {public_id(session_id)!r}'s pause since {_since(pause)} {what};"
-            " the next turn tells the agent its calls went unanswered: send a message",
-            metadata={"why": "cancelled" if pause.cancelled else "expired"},
-        )
-    violations = _match(
-        "tool_results",
-        "tool_call_id",
-        [r.tool_call_id for r in answers.tool_results],
-        [c.id for c in pause.tool_calls],
-        "call",
-    ) + _match(
-        "resume",
-        "interrupt_id",
-        [e.interrupt_id for e in answers.resume],
-        [i.id for i in pause.interrupts],
-        "interrupt",
-    )
-    if violations:
-        raise InvalidArgument(violations)
-
-
-def _a(what: str) -> str:
-    return f"an {what}" if what[0] in "aeiou" else f"a {what}"
-
-
-def withdraws(answers: Answers) -> bool:
-    """Answers that only cancel interrupts (no results, nothing resolved)."""
-    return (
-        bool(answers.resume)
-        and not answers.tool_results
-        and all(e.status == "cancelled" for e in answers.resume)
-    )
-
-
-def _match(
-    field: str,
-    key: str,
-    given: list[str],
-    wanted: list[str],
-    what: str,
-    *,
-    complete: bool = True,
-) -> list[FieldViolation]:
-    out: list[FieldViolation] = []
-    seen: set[str] = set()
-    expected = ", ".join(wanted) or "none"
-    for n, value in enumerate(given):
-        if value not in wanted:
-            out.append(
-                FieldViolation(
-                    f"{field}[{n}].{key}",
-                    f"not {_a(what)} the session waits for (it waits for: {expected})",
-                )
-            )
-        elif value in seen:
-            out.append(FieldViolation(f"{field}[{n}].{key}", f"answers {what} {value!r} twice"))
-        seen.add(value)
-    missing = [w for w in wanted if w not in seen]
-    if missing and complete:
-        out.append(FieldViolation(field, f"no answer for {what} {', '.join(missing)}"))
-    return out
-
-
-def unanswered(pause: message_pb2.Pause, why: str) -> Answers:
-    """The server's answers to a pause the client did not answer: an error
-    result per call, "cancelled" per interrupt."""
-    return Answers(
-        [message_pb2.ToolResult(tool_call_id=c.id, error=why) for c in pause.tool_calls],
-        [message_pb2.ResumeEntry(interrupt_id=i.id, status="cancelled") for i in pause.interrupts],
-    )
-
-
-def lead_messages(
-    turn_id: str, answers: Answers, created: timestamp_pb2.Timestamp
-) -> list[message_pb2.Message]:
-    """The tool messages a turn's answers add to history, before its user
-    message: the client's results (and the errors of unanswered calls)."""
-    return [
-        message_pb2.Message(
-            role="tool",
-            content=result.content,
-            tool_call_id=result.tool_call_id,
-            error=result.error,
-            turn_id=turn_id,
-            created_at=created,
-        )
-        for result in answers.tool_results
-    ]
 
 
 def gated_results(

@@ -25,7 +25,7 @@ from turnmesh.runtime import metrics, tracing, wire
 from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, Unavailable, from_rpc_error
 from turnmesh.runtime.events import sum_usage
 from turnmesh.runtime.principals import principal_of
-from turnmesh.server.sessions import pauses
+from turnmesh.server.sessions import answers, pauses
 from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.sessions.history import HistoryBuilder
 from turnmesh.server.sessions.turns import CancelReason, PendingTurn
@@ -186,7 +186,7 @@ class TurnRunner:
         if end.outcome is not None and end.outcome.interrupts:
             pauses.keep_interrupts(built, end.outcome, run.turn.turn_id, created)
         messages = (
-            pauses.lead_messages(run.turn.turn_id, run.turn.answers, created)
+            answers.lead_messages(run.turn.turn_id, run.turn.answers, created)
             + gated
             + self._user_messages(run, created)
             + built

@@ -32,7 +32,8 @@ from turnmesh.runtime import metrics, requests
 from turnmesh.runtime.errors import NotFound, SessionBusy, TurnError
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
-from turnmesh.server.sessions import pauses
+from turnmesh.server.sessions import answers, pauses
+from turnmesh.server.sessions.admission import Admission
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -93,20 +94,12 @@ class PendingTurn:
     keys: dict[str, str] = field(default_factory=dict)
     # What the turn answers the session's pause with (the client's answers,
     # or the server's for an expired or cancelled pause), and that pause.
-    answers: pauses.Answers = field(default_factory=pauses.Answers)
+    answers: answers.Answers = field(default_factory=answers.Answers)
     answering: message_pb2.Pause | None = None
     # The answers are the client's (not the server's for a pause that ended).
     client_answers: bool = False
     # Set by the runner when the turn commits: what the session waits for now.
     pause_after: message_pb2.Pause | None = None
-
-
-def pending_bytes(message: str, files: list[message_pb2.File]) -> int:
-    """What a turn's request holds in memory until the turn ends. Each file's
-    content is copied to be measured (the protobuf runtime has no other way):
-    a server measures a request by its size on the wire instead
-    (``runtime.wire.received_bytes``)."""
-    return len(message.encode()) + sum(len(f.content) for f in files)
 
 
 def _fits(batch: PendingTurn, files: int, size: int) -> bool:
@@ -240,37 +233,25 @@ class SessionTurns:
         """The turn a retried request with this idempotency key belongs to."""
         return self._by_key.get(key) if key else None
 
-    def submit(
-        self,
-        message: str,
-        files: list[message_pb2.File],
-        metadata: struct_pb2.Struct,
-        policy: spb.TurnPolicy.ValueType,
-        idempotency_key: str,
-        fence: str = "",
-        digest: str = "",
-        size: int | None = None,
-        tools: list[message_pb2.ToolDefinition] | None = None,
-        answers: pauses.Answers | None = None,
-        *,
-        webhook: str = "",
-    ) -> PendingTurn:
-        """Place a new message under the policy. Never awaits: decisions are
-        atomic. ``size``: what the request holds, if the caller knows it.
+    def submit(self, admission: Admission, fence: str = "", *, webhook: str = "") -> PendingTurn:
+        """Place the request under its policy. Never awaits: decisions are
+        atomic. ``fence``: the owner token the session carried (its commit
+        writes nothing if the session changed owner since); ``webhook``:
+        where the turn's end is notified.
 
-        A turn that answers the session's pause (``answers``) runs only on a
-        session that waits, with no turn running or queued, whatever its
-        policy; a plain turn on a session that waits gets 409 (one queued
-        behind a turn that pauses ends with RUN_ERROR ``awaiting_client``)."""
-        if size is None:
-            size = pending_bytes(message, files)
-        if answers:
+        A turn that answers the session's pause runs only on a session that
+        waits, with no turn running or queued, whatever its policy; a plain
+        turn on a session that waits gets 409 (one queued behind a turn that
+        pauses ends with RUN_ERROR ``awaiting_client``)."""
+        message, files, size = admission.message, admission.files, admission.size
+        policy, given = admission.policy, admission.answers
+        if given:
             if self.busy or self._pause_write is not None:
                 raise SessionBusy(
                     f"session {public_id(self.session_id)!r} has a turn running; answers are"
                     " taken once it waits for them"
                 )
-            pauses.check_answers(self.session_id, self.pause, answers)
+            answers.check(self.session_id, self.pause, given)
         elif not self.busy and self.pause is not None and not pauses.expired(self.pause):
             raise pauses.refuse_plain_turn(self.session_id, self.pause)
         if policy == spb.TURN_POLICY_REJECT and self.busy:
@@ -286,7 +267,7 @@ class SessionTurns:
                 f"session {public_id(self.session_id)!r} runs the turn that answers its pause;"
                 " it is not interrupted: send this once it ends"
             )
-        if policy in COLLECTING and not answers:
+        if policy in COLLECTING and not given:
             # The head of the queue of an idle session is as good as running
             # (the drain task just has not picked it up yet): never join it.
             head_is_next = self.running is None and len(self._queue) == 1
@@ -301,27 +282,27 @@ class SessionTurns:
                 and (not webhook or batch.log.webhook in ("", webhook))
             ):
                 batch.messages.append(message)
-                batch.tools = list(tools or batch.tools)  # the newest request's
+                batch.tools = list(admission.tools or batch.tools)  # the newest request's
                 batch.files.extend(files)
-                batch.metadata.MergeFrom(metadata)
+                batch.metadata.MergeFrom(admission.metadata)
                 batch.waiters += 1
                 self._hold(batch, size)
-                self._remember_key(batch, idempotency_key, digest)
+                self._remember_key(batch, admission.idempotency_key, admission.digest)
                 return batch
             # A batch that would outgrow one turn's file limits stays as it
             # is: this message starts the next batch (one more queued turn).
-        turn = self._new_turn(message, files, metadata, policy, fence)
+        turn = self._new_turn(message, files, admission.metadata, policy, fence)
         if not message:  # an answer alone
             turn.messages = []
             turn.collecting = False
-        turn.tools = list(tools or ())
-        if answers:
-            turn.answers = answers
+        turn.tools = list(admission.tools)
+        if given:
+            turn.answers = given
             turn.client_answers = True
             turn.collecting = False
         self._hold(turn, size)
         turn.waiters = 1
-        self._remember_key(turn, idempotency_key, digest)
+        self._remember_key(turn, admission.idempotency_key, admission.digest)
         if policy == spb.TURN_POLICY_INTERRUPT:
             self._queue.appendleft(turn)
             if self.running is not None:
@@ -446,8 +427,8 @@ class SessionTurns:
         pause = self.pause
         if pause is None:
             return True
-        if pauses.expired(pause) and pauses.withdraws(turn.answers):
-            turn.answers = pauses.Answers()  # the server answers it, as below
+        if pauses.expired(pause) and answers.withdraws(turn.answers):
+            turn.answers = answers.Answers()  # the server answers it, as below
         if not turn.answers:
             if not pauses.expired(pause):
                 turn.log.append(
@@ -458,7 +439,7 @@ class SessionTurns:
                 )
                 turn.log.set_state(spb.TURN_STATE_FAILED)
                 return False
-            turn.answers = pauses.unanswered(pause, pauses.why_unanswered(pause))
+            turn.answers = answers.unanswered(pause, pauses.why_unanswered(pause))
         turn.answering = pause
         return True
 

@@ -20,7 +20,7 @@ from turnmesh.files import (
 from turnmesh.files.extract import MAX_TEXT_CHARS as MAX_FILE_TEXT_CHARS
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument
 from turnmesh.runtime.ids import SESSION_ID_PATTERN
-from turnmesh.server.sessions import pauses
+from turnmesh.server.sessions import answers
 from turnmesh.v1 import message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -36,6 +36,8 @@ MAX_SEED_TOOL_CALLS = 128
 MAX_SEED_INTERRUPTS = 16
 MAX_SEED_INTERRUPT_BYTES = 64 * 1024
 MAX_SEED_BYTES = 64 * 2**20
+# The caller's tools for one turn.
+MAX_TOOLS = 128
 
 
 def _raise_if(violations: list[FieldViolation]) -> None:
@@ -175,8 +177,8 @@ def _seed_call_id_violations(at: str, message: message_pb2.Message) -> list[Fiel
         where = f"{at}.tool_calls[{n}].id"
         if not call.id:
             out.append(FieldViolation(where, "required"))
-        elif len(call.id) > pauses.MAX_ID_CHARS:
-            out.append(FieldViolation(where, f"must be at most {pauses.MAX_ID_CHARS} characters"))
+        elif len(call.id) > answers.MAX_ID_CHARS:
+            out.append(FieldViolation(where, f"must be at most {answers.MAX_ID_CHARS} characters"))
         elif call.id in seen:
             out.append(FieldViolation(where, f"repeats call id {call.id!r}"))
         seen.add(call.id)
@@ -198,9 +200,9 @@ def _seed_interrupt_violations(at: str, message: message_pb2.Message) -> list[Fi
         where = f"{at}.interrupts[{n}]"
         if not interrupt.id:
             out.append(FieldViolation(f"{where}.id", "required"))
-        elif len(interrupt.id) > pauses.MAX_ID_CHARS:
+        elif len(interrupt.id) > answers.MAX_ID_CHARS:
             out.append(
-                FieldViolation(f"{where}.id", f"must be at most {pauses.MAX_ID_CHARS} characters")
+                FieldViolation(f"{where}.id", f"must be at most {answers.MAX_ID_CHARS} characters")
             )
         elif interrupt.id in seen:
             out.append(FieldViolation(f"{where}.id", f"repeats interrupt id {interrupt.id!r}"))
@@ -236,11 +238,11 @@ def message_violations(message: str, field: str = "message") -> list[FieldViolat
 
 def validate_turn(request: spb.TurnRequest) -> None:
     violations = session_id_violations(request.session_id)
-    answers = pauses.Answers(request.tool_results, request.resume)
+    given = answers.Answers(request.tool_results, request.resume)
     # A turn that answers a pause needs no message of its own.
-    if request.message or not answers:
+    if request.message or not given:
         violations += message_violations(request.message)
-    violations += pauses.answers_violations(answers)
+    violations += answers.violations(given)
     violations += tool_violations(request.tools)
     violations += _file_violations(request)
     if request.policy not in spb.TurnPolicy.values():
@@ -288,8 +290,8 @@ def tool_violations(
     """The caller's tools: named as OpenAI names functions, each once, in
     at most 1 MiB together."""
     out: list[FieldViolation] = []
-    if len(tools) > pauses.MAX_TOOLS:
-        return [FieldViolation(field, f"at most {pauses.MAX_TOOLS} tools")]
+    if len(tools) > MAX_TOOLS:
+        return [FieldViolation(field, f"at most {MAX_TOOLS} tools")]
     names: set[str] = set()
     for n, tool in enumerate(tools):
         if not TOOL_NAME.fullmatch(tool.name):

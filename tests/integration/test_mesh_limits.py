@@ -35,7 +35,9 @@ from turnmesh.runtime.serving import insecure_channel
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.mesh.limits import MeshRates, TurnLeases
 from turnmesh.server.mesh.limits_redis import RedisLimits, rate_key, turns_key
+from turnmesh.server.sessions.admission import admit
 from turnmesh.server.sessions.core import SessionCore
+from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.sessions.turns import CancelReason
 from turnmesh.server.stores.base import MemoryStore
 from turnmesh.server.stores.redis import connect
@@ -200,27 +202,28 @@ async def test_each_turn_holds_one_lease_from_placed_to_ended(
     for sid in ("acme/s1", "acme/s2"):
         await core.create_session(sid, "demo", struct_pb2.Struct())
 
-    def turn(sid: str, policy: spb.TurnPolicy.ValueType) -> spb.TurnRequest:
-        return spb.TurnRequest(session_id=sid, message="hi", policy=policy)
+    async def turn(sid: str, policy: spb.TurnPolicy.ValueType) -> TurnLog:
+        request = spb.TurnRequest(session_id=sid, message="hi", policy=policy)
+        return await core.start_turn(await admit(request, sid))
 
     async def held(count: int) -> bool:
         return bool(await raw.zcard(turns_key("acme")) == count)
 
-    running = await core.start_turn(turn("acme/s1", spb.TURN_POLICY_ENQUEUE))
+    running = await turn("acme/s1", spb.TURN_POLICY_ENQUEUE)
     await spin_until(lambda: running.turn_id in runner.started)
-    batch = await core.start_turn(turn("acme/s1", spb.TURN_POLICY_COLLECT))
+    batch = await turn("acme/s1", spb.TURN_POLICY_COLLECT)
     assert await held(2)
     # A message that joins the batch gives back the lease it took.
-    joined = await core.start_turn(turn("acme/s1", spb.TURN_POLICY_COLLECT))
+    joined = await turn("acme/s1", spb.TURN_POLICY_COLLECT)
     assert joined.turn_id == batch.turn_id
     await eventually(lambda: held(2), what="the joined message's lease to go")
     # So does one refused after its lease was taken.
     with pytest.raises(SessionBusy):
-        await core.start_turn(turn("acme/s1", spb.TURN_POLICY_REJECT))
+        await turn("acme/s1", spb.TURN_POLICY_REJECT)
     await eventually(lambda: held(2), what="the refused turn's lease to go")
-    await core.start_turn(turn("acme/s2", spb.TURN_POLICY_ENQUEUE))
+    await turn("acme/s2", spb.TURN_POLICY_ENQUEUE)
     with pytest.raises(TurnQuotaExceeded, match="in the mesh"):
-        await core.start_turn(turn("acme/s2", spb.TURN_POLICY_ENQUEUE))
+        await turn("acme/s2", spb.TURN_POLICY_ENQUEUE)
     assert await held(3)  # the refused one took none
     for turns in core._turns.values():
         turns.cancel_all(CancelReason.CANCELLED)

@@ -114,3 +114,29 @@ def test_turn_options_are_typed_keywords() -> None:
             (options,) = [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
             # **options: Unpack[TurnOptions]: a type checker knows each keyword.
             assert options.annotation == "Unpack[TurnOptions]"
+
+
+def test_the_error_tree_in_the_docstring_is_the_class_tree() -> None:
+    """Each client error class stands in the drawn tree under its parent."""
+    from turnmesh.client import errors
+
+    doc = errors.__doc__ or ""
+    drawn: dict[str, tuple[int, str]] = {}  # name -> (depth, parent)
+    stack: list[str] = []
+    for line in doc.splitlines():
+        words = line.replace("│", " ").replace("├──", "   ").replace("└──", "   ").split()
+        if not words or not words[0].endswith("Error"):
+            continue
+        depth = (len(line) - len(line.lstrip(" │├└─")) - 4) // 4
+        del stack[depth:]
+        drawn[words[0]] = (depth, stack[-1] if stack else "")
+        stack.append(words[0])
+    classes = {
+        name: cls
+        for name, cls in vars(errors).items()
+        if isinstance(cls, type) and issubclass(cls, errors.TurnmeshClientError)
+    }
+    assert set(drawn) == set(classes)
+    for name, cls in classes.items():
+        parent = cls.__bases__[0].__name__
+        assert drawn[name][1] == ("" if cls is errors.TurnmeshClientError else parent), name

@@ -13,6 +13,7 @@ from turnmesh.runtime.errors import (
     AwaitingClient,
     InvalidArgument,
     TurnCancelled,
+    TurnError,
     TurnFailed,
     TurnmeshError,
     Unavailable,
@@ -256,3 +257,17 @@ def test_a_failed_turn_maps_to_one_error_on_every_surface(
     assert type(mapped) is error
     if status is not None:
         assert mapped.http_status == status
+
+
+@pytest.mark.parametrize("error", list(TurnError))
+def test_a_streamed_chat_error_frame_is_typed_by_the_error_table(error: TurnError) -> None:
+    """The stream's error frame says what the same turn answered in one
+    piece says: a mesh fault is a server_error (retried), an agent's failure
+    or a cancel the caller's request error (not retried)."""
+    event = error.event("it went wrong")
+    frame = openai_chat.error_payload(event)["error"]
+    assert frame["type"] == type(_common.turn_error(event)).openai_type
+    assert frame["code"] == error.code
+    faults = (TurnError.WORKER_FAILED, TurnError.WORKER_UNAVAILABLE, TurnError.OWNER_LOST)
+    fault = error in (*faults, TurnError.SHUTDOWN)
+    assert frame["type"] == ("server_error" if fault else "invalid_request_error")

@@ -21,6 +21,7 @@ from turnmesh.runtime.errors import (
 )
 from turnmesh.server.config import SessionLimits
 from turnmesh.server.sessions import eventlog
+from turnmesh.server.sessions.admission import admit
 from turnmesh.server.sessions.core import SessionCore
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.server.sessions.turns import CancelReason, PendingTurn, SessionTurns
@@ -69,6 +70,14 @@ async def core(pool: FakePool, runner: FakeRunner) -> AsyncIterator[SessionCore]
     for turns in c._turns.values():
         turns.cancel_all(CancelReason.SHUTDOWN)
         await turns.wait_idle()
+
+
+async def start(
+    core: SessionCore, request: spb.TurnRequest, session_id: str = "", *, background: bool = False
+) -> TurnLog:
+    """The turn placed as the service places it: its admission first."""
+    admission = await admit(request, session_id or request.session_id, background=background)
+    return await core.start_turn(admission)
 
 
 def request(
@@ -131,7 +140,7 @@ async def test_create_session_for_an_unknown_agent_refreshes_then_raises(
 
 async def test_session_proto_shows_the_running_turn(core: SessionCore, runner: FakeRunner) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     await spin_until(lambda: tlog.last_seq >= 1)
     session = await core.get_session("s1")
     assert session.turn_running
@@ -145,8 +154,8 @@ async def test_delete_session_cancels_its_turns_and_forgets_everything(
     core: SessionCore, pool: FakePool
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    running = await core.start_turn(request("one"))
-    queued = await core.start_turn(request("two"))
+    running = await start(core, request("one"))
+    queued = await start(core, request("two"))
     await spin_until(lambda: running.last_seq >= 1)
     assert await core.delete_session("s1") is True
     assert (await outcome(running))[1] == "session_deleted"
@@ -162,7 +171,7 @@ async def test_expire_idle_skips_sessions_with_turns(core: SessionCore, runner: 
     for sid in ("idle", "busy", "fresh"):
         await core.store.create(SessionRecord(sid, "demo", old, old))
     await core.store.touch("fresh", now())
-    tlog = await core.start_turn(request(session_id="busy"))
+    tlog = await start(core, request(session_id="busy"))
     await core.store.touch("busy", old)
     assert await core.expire_idle() == ["idle"]
     assert await core.store.get("idle") is None
@@ -201,14 +210,14 @@ async def test_a_session_is_idle_only_a_ttl_after_its_pause_ends(core: SessionCo
 
 async def test_start_turn_on_an_unknown_session_raises_not_found(core: SessionCore) -> None:
     with pytest.raises(NotFound):
-        await core.start_turn(request(session_id="nope"))
+        await start(core, request(session_id="nope"))
 
 
 async def test_start_turn_while_draining_is_unavailable(core: SessionCore) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
     core.draining = True
     with pytest.raises(Unavailable):
-        await core.start_turn(request())
+        await start(core, request())
 
 
 async def test_start_turn_without_a_worker_for_the_agent_is_unavailable(
@@ -217,7 +226,7 @@ async def test_start_turn_without_a_worker_for_the_agent_is_unavailable(
     await core.create_session("s1", "demo", struct_pb2.Struct())
     pool.agents.clear()
     with pytest.raises(Unavailable):
-        await core.start_turn(request())
+        await start(core, request())
     assert pool.refreshes == 1
     assert not core._turns["s1"].busy
 
@@ -225,7 +234,7 @@ async def test_start_turn_without_a_worker_for_the_agent_is_unavailable(
 async def test_start_turn_touches_the_session(core: SessionCore, runner: FakeRunner) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
     await core.store.touch("s1", 5.0)
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     record = await core.store.get("s1")
     assert record is not None and record.last_activity > 5.0
     runner.finish(turn_of(core, tlog))
@@ -235,16 +244,16 @@ async def test_a_retried_idempotency_key_returns_the_same_log(
     core: SessionCore, runner: FakeRunner
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    first = await core.start_turn(request("one", key="k"))
-    again = await core.start_turn(request("one", key="k"))
+    first = await start(core, request("one", key="k"))
+    again = await start(core, request("one", key="k"))
     assert again is first
-    other = await core.start_turn(request("two", key="k2"))
+    other = await start(core, request("two", key="k2"))
     assert other is not first
     runner.finish(turn_of(core, first))
     runner.finish(turn_of(core, other))
     await core._turns["s1"].wait_idle()
     # Still the same turn after it ended, while its log is kept.
-    assert await core.start_turn(request("one", key="k")) is first
+    assert await start(core, request("one", key="k")) is first
 
 
 class KeyedStore(MemoryStore):
@@ -267,23 +276,23 @@ async def test_a_key_reused_with_another_request_is_refused(
     core = SessionCore(KeyedStore(), pool, "demo", SessionLimits())  # type: ignore[arg-type]
     core.runner = runner  # type: ignore[assignment]
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    first = await core.start_turn(request("one", key="k"))
+    first = await start(core, request("one", key="k"))
     with pytest.raises(IdempotencyKeyReused, match="different request") as refused:
-        await core.start_turn(request("one, changed", key="k"))
+        await start(core, request("one, changed", key="k"))
     assert refused.value.retry_after is None  # never retryable as it is
     runner.finish(turn_of(core, first))
     await core._turns["s1"].wait_idle()
     # Also once the turn ended, and from the store alone (another server).
     with pytest.raises(IdempotencyKeyReused):
-        await core.start_turn(request("one, changed", key="k"))
+        await start(core, request("one, changed", key="k"))
     core._turns.pop("s1")
     stored = await core.store.get_key("s1", "k")
     assert stored is not None and stored.startswith(first.turn_id + " ")
     with pytest.raises(IdempotencyKeyReused):
-        await core.start_turn(request("one, changed", key="k"))
+        await start(core, request("one, changed", key="k"))
     # A key stored by an older server (no digest) is taken as the same request.
     await core.store.set_key("s1", "old", first.turn_id)
-    assert (await core.start_turn(request("anything", key="old"))).turn_id == first.turn_id
+    assert (await start(core, request("anything", key="old"))).turn_id == first.turn_id
     for turns in core._turns.values():
         turns.cancel_all(CancelReason.SHUTDOWN)
         await turns.wait_idle()
@@ -295,11 +304,11 @@ async def test_a_retried_key_whose_log_expired_runs_a_new_turn(
     clock = FakeClock()
     monkeypatch.setattr(eventlog, "time", fake_time_module(clock))
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    first = await core.start_turn(request(key="k"))
+    first = await start(core, request(key="k"))
     runner.finish(turn_of(core, first))
     await core._turns["s1"].wait_idle()
     clock.advance(core.limits.event_log_ttl_seconds + 1)
-    again = await core.start_turn(request(key="k"))
+    again = await start(core, request(key="k"))
     assert again is not first
     runner.finish(turn_of(core, again))
 
@@ -315,23 +324,23 @@ async def test_a_retried_key_whose_events_the_budget_dropped_is_not_run_again(
     core = SessionCore(MemoryStore(), pool, "demo", limits)  # type: ignore[arg-type]
     core.runner = runner  # type: ignore[assignment]
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    first = await core.start_turn(request(key="k"))
+    first = await start(core, request(key="k"))
     runner.finish(turn_of(core, first))
     await core._turns["s1"].wait_idle()
     with pytest.raises(AlreadyExists, match="finished") as refused:
-        await core.start_turn(request(key="k"))
+        await start(core, request(key="k"))
     assert refused.value.reason == "TURN_ALREADY_FINISHED"
     clock.advance(limits.event_log_ttl_seconds + 1)  # past the window: as before
     core.logs.sweep()
-    again = await core.start_turn(request(key="k"))
+    again = await start(core, request(key="k"))
     assert again.turn_id != first.turn_id
     runner.finish(turn_of(core, again))
     await core._turns["s1"].wait_idle()
-    failed = await core.start_turn(request(key="f"))
+    failed = await start(core, request(key="f"))
     await spin_until(lambda: failed.last_seq >= 1)
     await core.cancel_turn("s1", failed.turn_id)
     await core._turns["s1"].wait_idle()
-    retried = await core.start_turn(request(key="f"))  # it changed nothing: runs again
+    retried = await start(core, request(key="f"))  # it changed nothing: runs again
     assert retried.turn_id != failed.turn_id
     runner.finish(turn_of(core, retried))
     await core._turns["s1"].wait_idle()
@@ -342,7 +351,7 @@ async def test_a_retried_key_whose_events_the_budget_dropped_is_not_run_again(
 
 async def test_cancel_turn(core: SessionCore) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     await spin_until(lambda: tlog.last_seq >= 1)
     assert await core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_CANCELLED
     assert await outcome(tlog) == ([ET.RUN_STARTED, ET.RUN_ERROR], "cancelled")
@@ -352,7 +361,7 @@ async def test_cancel_turn_of_an_ended_turn_returns_its_state(
     core: SessionCore, runner: FakeRunner
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     runner.finish(turn_of(core, tlog))
     await core._turns["s1"].wait_idle()
     assert await core.cancel_turn("s1", tlog.turn_id) == spb.TURN_STATE_FINISHED
@@ -368,7 +377,7 @@ async def test_cancel_turn_of_an_unknown_turn_raises_not_found(core: SessionCore
 
 async def test_a_follower_that_asked_to_cancel_cancels_on_disconnect(core: SessionCore) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     follower = Follower(core, tlog, cancel_on_disconnect=True)
     await spin_until(lambda: len(follower.events) == 1)
     await spin()
@@ -380,7 +389,7 @@ async def test_a_follower_that_did_not_ask_to_cancel_leaves_the_turn_running(
     core: SessionCore, runner: FakeRunner
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     follower = Follower(core, tlog, cancel_on_disconnect=False)
     await spin_until(lambda: len(follower.events) == 1)
     await spin()
@@ -395,7 +404,7 @@ async def test_a_follower_that_read_to_the_end_cancels_nothing(
     core: SessionCore, runner: FakeRunner
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     runner.finish(turn_of(core, tlog))
     seen = [e.type async for e in core.follow(tlog, 0, True)]
     assert seen == [ET.RUN_STARTED, ET.RUN_FINISHED]
@@ -405,7 +414,7 @@ async def test_a_follower_closed_between_events_cancels_on_disconnect(
     core: SessionCore, runner: FakeRunner
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     await spin_until(lambda: tlog.last_seq >= 1)
     stream = core.follow(tlog, 0, True)
     assert (await anext(stream)).type == ET.RUN_STARTED
@@ -419,11 +428,11 @@ async def test_a_retry_with_the_same_key_keeps_the_turn_alive_when_the_first_str
     core: SessionCore, runner: FakeRunner
 ) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    first_log = await core.start_turn(request(key="k"))
+    first_log = await start(core, request(key="k"))
     first = Follower(core, first_log, cancel_on_disconnect=True)
     await spin_until(lambda: len(first.events) == 1)
     # The client lost its stream and retried before the server noticed.
-    retry_log = await core.start_turn(request(key="k"))
+    retry_log = await start(core, request(key="k"))
     assert retry_log is first_log
     retry = Follower(core, retry_log, cancel_on_disconnect=True)
     await spin_until(lambda: len(retry.events) == 1)
@@ -440,7 +449,7 @@ async def test_a_retry_with_the_same_key_keeps_the_turn_alive_when_the_first_str
 
 async def test_drain_waits_for_turns_to_finish(core: SessionCore, runner: FakeRunner) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    tlog = await core.start_turn(request())
+    tlog = await start(core, request())
     await spin_until(lambda: tlog.last_seq >= 1)
 
     async def finish_soon() -> None:
@@ -456,8 +465,8 @@ async def test_drain_waits_for_turns_to_finish(core: SessionCore, runner: FakeRu
 
 async def test_drain_cancels_what_is_left_after_the_timeout(core: SessionCore) -> None:
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    running = await core.start_turn(request("one"))
-    queued = await core.start_turn(request("two"))
+    running = await start(core, request("one"))
+    queued = await start(core, request("two"))
     await spin_until(lambda: running.last_seq >= 1)
     await core.drain(timeout=0)
     assert (await outcome(running))[1] == "shutdown"
@@ -486,7 +495,7 @@ async def test_the_sweep_reaches_every_lost_turn_past_unreadable_and_running_one
     parse) fill the first pages; the sweep goes on past them, a page at a
     time, and settles every lost turn behind them."""
     await core.create_session("s1", "demo", struct_pb2.Struct())
-    running = await core.start_turn(request(), "s1", background=True)
+    running = await start(core, request(), "s1", background=True)
     await spin_until(lambda: running.turn_id in runner.started)
     store = core.store
     assert await store.put_turn("s1", "garbled", b"\xff\xff\xff", ended=False, ttl_seconds=600)
@@ -579,15 +588,15 @@ async def test_a_message_with_another_webhook_does_not_join_the_batch(
         sent.webhook_url = url
         return sent
 
-    running = await core.start_turn(request("first"))
+    running = await start(core, request("first"))
     await spin_until(lambda: running.turn_id in runner.started)
-    alice = await core.start_turn(collect("a", "http://127.0.0.1:9/alice"))
-    bob = await core.start_turn(collect("b", "http://127.0.0.1:9/bob"))
+    alice = await start(core, collect("a", "http://127.0.0.1:9/alice"))
+    bob = await start(core, collect("b", "http://127.0.0.1:9/bob"))
     assert bob.turn_id != alice.turn_id
     assert (alice.webhook, bob.webhook) == ("http://127.0.0.1:9/alice", "http://127.0.0.1:9/bob")
     # The same URL, or none, joins the newest batch.
-    assert (await core.start_turn(collect("b2", "http://127.0.0.1:9/bob"))).turn_id == bob.turn_id
-    assert (await core.start_turn(collect("plain"))).turn_id == bob.turn_id
+    assert (await start(core, collect("b2", "http://127.0.0.1:9/bob"))).turn_id == bob.turn_id
+    assert (await start(core, collect("plain"))).turn_id == bob.turn_id
     for turns in core._turns.values():
         turns.cancel_all(CancelReason.SHUTDOWN)
         await turns.wait_idle()
@@ -638,9 +647,9 @@ async def test_answers_read_against_a_pause_answered_meanwhile_are_refused(
     is refused (not taken twice)."""
     store, core = await _waiting_on_c1(pool, runner)
 
-    first = await core.start_turn(answer())
+    first = await start(core, answer())
     gate = store.hold = asyncio.Event()
-    second = asyncio.create_task(core.start_turn(answer()))
+    second = asyncio.create_task(start(core, answer()))
     await store.reading.wait()  # its record, with the pause, is read
     runner.finish(turn_of(core, first))
     await core._turns["s1"].wait_idle()  # the first answer committed here
@@ -657,9 +666,9 @@ async def test_a_record_read_before_this_server_knew_the_session_is_not_newer(
     store, core = await _waiting_on_c1(pool, runner)
 
     gate = store.hold = asyncio.Event()
-    slow = asyncio.create_task(core.start_turn(answer()))
+    slow = asyncio.create_task(start(core, answer()))
     await store.reading.wait()
-    first = await core.start_turn(answer())  # read after, run and committed first
+    first = await start(core, answer())  # read after, run and committed first
     runner.finish(turn_of(core, first))
     await core._turns["s1"].wait_idle()
     gate.set()

@@ -17,6 +17,8 @@ from google.protobuf import struct_pb2
 
 from tests.unit._server_fakes import FakeRunner, spin, spin_until
 from turnmesh.runtime.errors import NotFound, SessionBusy
+from turnmesh.server.sessions.admission import Admission, pending_bytes
+from turnmesh.server.sessions.answers import Answers
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.server.sessions.turns import (
     MAX_IDEMPOTENCY_KEYS,
@@ -68,7 +70,31 @@ def submit(
     meta = struct_pb2.Struct()
     if metadata:
         meta.update(metadata)
-    return turns.submit(message, files or [], meta, policy, key)
+    return turns.submit(admission(message, files or [], meta, policy, key))
+
+
+def admission(
+    message: str,
+    files: list[message_pb2.File],
+    metadata: struct_pb2.Struct,
+    policy: spb.TurnPolicy.ValueType,
+    key: str = "",
+) -> Admission:
+    return Admission(
+        session_id="s1",
+        message=message,
+        files=files,
+        metadata=metadata,
+        policy=policy,
+        tools=[],
+        answers=Answers(),
+        webhook_url="",
+        idempotency_key=key,
+        digest="",
+        size=pending_bytes(message, files),
+        background=False,
+        cancel_on_disconnect=False,
+    )
 
 
 async def started(turn: PendingTurn) -> None:
@@ -132,7 +158,7 @@ async def test_submit_copies_files_and_metadata(turns: SessionTurns, runner: Fak
     files = [message_pb2.File(content=b"x", mime_type="text/plain")]
     meta = struct_pb2.Struct()
     meta.update({"k": "v"})
-    turn = turns.submit("hi", files, meta, ENQUEUE, "")
+    turn = turns.submit(admission("hi", files, meta, ENQUEUE))
     files.clear()
     meta["k"] = "changed"
     assert len(turn.files) == 1
