@@ -31,6 +31,8 @@ class Admission:
     """One turn request, as its session's owner places it."""
 
     session_id: str
+    # Whose turn it is: the principal the session is scoped to.
+    principal: str
     message: str
     files: list[message_pb2.File]
     metadata: struct_pb2.Struct
@@ -48,10 +50,6 @@ class Admission:
     background: bool
     # The caller's stream ending cancels the turn (DISCONNECT_POLICY_CANCEL).
     cancel_on_disconnect: bool
-
-    @property
-    def principal(self) -> str:
-        return principal_of(self.session_id)
 
 
 async def admit(
@@ -75,6 +73,7 @@ async def admit(
         digest = request_digest(request) if key else ""
     return Admission(
         session_id=session_id,
+        principal=principal_of(session_id),
         message=request.message,
         files=files,
         metadata=request.metadata,

@@ -82,6 +82,7 @@ def admission(
 ) -> Admission:
     return Admission(
         session_id="s1",
+        principal="",
         message=message,
         files=files,
         metadata=metadata,
