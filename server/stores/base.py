@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id
 from turnmesh.server.stores.listing import Page, Position, position
-from turnmesh.server.webhooks.sender import MemoryOutbox, Outbox
+from turnmesh.server.webhooks.outbox import MemoryOutbox, Outbox
 from turnmesh.v1 import event_pb2, message_pb2
 
 # Turn records a session keeps at most; the oldest go first.

@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 from turnmesh.server.stores.redis import Client, unavailable_when_down
-from turnmesh.server.webhooks.sender import Delivery
+from turnmesh.server.webhooks.outbox import Delivery
 
 DUE = "tm:{webhooks}:due"
 NOTICE = "tm:{webhooks}:n:"

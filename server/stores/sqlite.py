@@ -55,7 +55,7 @@ from turnmesh.server.stores.base import (
     session_quota_exceeded,
 )
 from turnmesh.server.stores.listing import Page, Position, position
-from turnmesh.server.webhooks.sender import Delivery, capped_owners
+from turnmesh.server.webhooks.outbox import Delivery, capped_owners
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")

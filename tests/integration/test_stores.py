@@ -33,7 +33,9 @@ from turnmesh.server.stores.base import (
     open_store,
 )
 from turnmesh.server.stores.redis import RedisStore
-from turnmesh.server.webhooks.sender import Delivery, Outbox, WebhookSender, WebhookSettings
+from turnmesh.server.webhooks.outbox import Delivery, Outbox
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 
 # A database of its own, emptied for each test: the records these tests

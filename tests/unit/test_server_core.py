@@ -26,7 +26,9 @@ from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.server.sessions.turns import CancelReason, PendingTurn, SessionTurns
 from turnmesh.server.stores.base import MemoryStore, SessionRecord, now
 from turnmesh.server.stores.sqlite import SqliteStore
-from turnmesh.server.webhooks.sender import MemoryOutbox, WebhookSender, WebhookSettings
+from turnmesh.server.webhooks.outbox import MemoryOutbox
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
