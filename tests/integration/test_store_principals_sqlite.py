@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from turnmesh.server.stores import open_store
 from turnmesh.server.stores import sqlite as store_sqlite
-from turnmesh.server.stores.base import SessionRecord, open_store
+from turnmesh.server.stores.base import SessionRecord
 from turnmesh.server.stores.listing import position
 from turnmesh.v1 import event_pb2, message_pb2
 

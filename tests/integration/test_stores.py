@@ -21,17 +21,12 @@ from tests.support.mesh import RedisServer, eventually
 from tests.support.redis_cluster import RedisCluster
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
-from turnmesh.server.stores import base as store_module
+from turnmesh.server.stores import memory as store_memory
+from turnmesh.server.stores import open_store
 from turnmesh.server.stores import redis as store_redis
 from turnmesh.server.stores import sqlite as store_sqlite
-from turnmesh.server.stores.base import (
-    MemoryStore,
-    SessionRecord,
-    SessionStore,
-    StoreInUse,
-    TurnAbandoned,
-    open_store,
-)
+from turnmesh.server.stores.base import SessionRecord, SessionStore, StoreInUse, TurnAbandoned
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.server.stores.redis import RedisStore
 from turnmesh.server.webhooks.outbox import Delivery, Outbox
 from turnmesh.server.webhooks.sender import WebhookSender
@@ -365,7 +360,7 @@ async def _stored_keys(store: SessionStore, sid: str) -> list[str]:
 async def test_a_session_keeps_a_bounded_number_of_idempotency_keys(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (store_module, store_sqlite, store_redis):
+    for module in (store_sqlite, store_redis):
         monkeypatch.setattr(module, "IDEMPOTENCY_KEYS_PER_SESSION", 3)
     sid, other = _sid(), _sid()
     await store.create(_record(sid))
@@ -743,7 +738,7 @@ async def test_turn_records_expire_on_their_own_ttl(store: SessionStore) -> None
 async def test_a_session_keeps_a_bounded_number_of_turn_records(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (store_module, store_sqlite, store_redis):
+    for module in (store_memory, store_sqlite, store_redis):
         monkeypatch.setattr(module, "TURN_RECORDS_PER_SESSION", 3)
     sid, other = _sid(), _sid()
     await store.create(_record(sid))

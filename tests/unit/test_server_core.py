@@ -24,7 +24,8 @@ from turnmesh.server.sessions import eventlog
 from turnmesh.server.sessions.core import SessionCore
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.server.sessions.turns import CancelReason, PendingTurn, SessionTurns
-from turnmesh.server.stores.base import MemoryStore, SessionRecord, now
+from turnmesh.server.stores.base import SessionRecord, now
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.server.stores.sqlite import SqliteStore
 from turnmesh.server.webhooks.outbox import MemoryOutbox
 from turnmesh.server.webhooks.sender import WebhookSender
