@@ -22,7 +22,7 @@ from tests.support.redis_cluster import RedisCluster
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.server.stores import memory as store_memory
-from turnmesh.server.stores import open_store
+from turnmesh.server.stores import open_store, sqlite_schema
 from turnmesh.server.stores import redis as store_redis
 from turnmesh.server.stores import sqlite as store_sqlite
 from turnmesh.server.stores.base import SessionRecord, SessionStore, StoreInUse, TurnAbandoned
@@ -818,7 +818,7 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION == 7
     finally:
         db.close()
 
@@ -967,7 +967,7 @@ async def test_a_version_4_sqlite_file_gets_the_outboxs_owners(tmp_path: Path) -
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION
         indexes = {row[1] for row in db.execute("PRAGMA index_list(webhook_outbox)")}
         assert "webhook_outbox_by_owner" not in indexes
     finally:
