@@ -4,10 +4,11 @@
 record, the commit's rules); ``memory`` keeps one server's sessions in its
 memory; ``sqlite`` in a file, with ``sqlite_schema`` its layout and
 migrations and ``sqlite_outbox`` its webhook outbox; ``redis`` shares them
-between servers, with ``redis_outbox`` its webhook outbox and
-``redis_migrate`` its layout moves; ``listing`` is the keyset pages every
-backend lists sessions by.
-``open_store`` picks a backend from a URL; it imports a durable backend only
+between servers, with ``redis_client`` its connection (shared with the
+mesh's limits), ``redis_keys`` its key layout, ``redis_scripts`` its Lua
+scripts, ``redis_outbox`` its webhook outbox and ``redis_migrate`` its
+layout moves; ``listing`` is the keyset pages every backend lists sessions
+by. ``open_store`` picks a backend from a URL; it imports a durable backend only
 when asked for it (Redis's client is a fifth of a server's start).
 """
 

@@ -22,7 +22,7 @@ from tests.support.redis_cluster import RedisCluster
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.server.stores import memory as store_memory
-from turnmesh.server.stores import open_store, sqlite_schema
+from turnmesh.server.stores import open_store, redis_keys, sqlite_schema
 from turnmesh.server.stores import redis as store_redis
 from turnmesh.server.stores import sqlite as store_sqlite
 from turnmesh.server.stores.base import SessionRecord, SessionStore, StoreInUse, TurnAbandoned
@@ -342,7 +342,7 @@ def _texts(reply: object) -> list[str]:
 async def _stored_keys(store: SessionStore, sid: str) -> list[str]:
     """The idempotency keys the store holds for the session, read raw."""
     if isinstance(store, RedisStore):
-        keys = store_redis.Keys(sid)
+        keys = redis_keys.Keys(sid)
         held = sorted(_texts(await store.client.hkeys(keys.keys)))
         timed = sorted(_texts(await store.client.zrange(keys.key_times, 0, -1)))
         assert held == timed  # every key has its time
@@ -417,7 +417,7 @@ async def test_a_sessions_turn_index_is_bounded_and_leaves_the_old_set_to_the_de
     monkeypatch.setattr(store_redis, "time", clock)
     raw = redis_store.client
     sid = _sid()
-    keys = store_redis.Keys(sid)
+    keys = redis_keys.Keys(sid)
     await redis_store.create(_record(sid))
     await raw.sadd(keys.turns, *(f"ancient{n}" for n in range(50)))  # an older server's
     started = event_pb2.Event(type=event_pb2.RUN_STARTED, seq=1)
@@ -447,7 +447,7 @@ async def test_keys_written_before_their_times_are_kept_then_trimmed(
     monkeypatch.setattr(store_redis, "IDEMPOTENCY_KEYS_PER_SESSION", 3)
     raw = redis_store.client
     sid = _sid()
-    keys = store_redis.Keys(sid)
+    keys = redis_keys.Keys(sid)
     await redis_store.create(_record(sid))
     await raw.hset(keys.keys, mapping={f"legacy{n}": f"l{n}" for n in range(5)})
     assert await redis_store.get_key(sid, "legacy0") == "l0"  # no time: still kept
@@ -467,7 +467,7 @@ async def test_a_delete_after_new_commits_removes_the_turns_of_before_the_index(
     are in a set, which later commits leave for the delete to read."""
     raw = redis_store.client
     sid = _sid()
-    keys = store_redis.Keys(sid)
+    keys = redis_keys.Keys(sid)
     await redis_store.create(_record(sid))
     await raw.sadd(keys.turns, "old")
     await raw.rpush(keys.events("old"), b"x")

@@ -691,7 +691,7 @@ async def test_the_sweep_goes_past_lost_turns_whose_notice_cannot_be_queued(
     """A lost turn whose webhook's outbox fails stays open (its notice must
     not be lost); it does not count as settled, so the sweep's next page is
     not pulled back onto it and the turns behind it are settled."""
-    from turnmesh.server.stores.redis import connect
+    from turnmesh.server.stores.redis_client import connect
     from turnmesh.server.stores.redis_outbox import RedisOutbox
 
     secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()

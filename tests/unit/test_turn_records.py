@@ -10,7 +10,7 @@ from tests.support.webhooks import SECRET, receiving
 from turnmesh.server.sessions import turn_records
 from turnmesh.server.stores.base import SessionRecord
 from turnmesh.server.stores.memory import MemoryStore
-from turnmesh.server.stores.redis import connect
+from turnmesh.server.stores.redis_client import connect
 from turnmesh.server.stores.redis_outbox import RedisOutbox
 from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES, OutboxUnavailable
 from turnmesh.server.webhooks.sender import WebhookSender
