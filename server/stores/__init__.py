@@ -8,7 +8,10 @@ between servers, with ``redis_client`` its connection (shared with the
 mesh's limits), ``redis_keys`` its key layout, ``redis_scripts`` its Lua
 scripts, ``redis_outbox`` its webhook outbox and ``redis_migrate`` its
 layout moves; ``listing`` is the keyset pages every backend lists sessions
-by. ``open_store`` picks a backend from a URL; it imports a durable backend only
+by. No module imports one that imports it back, lazily or not
+(``tests/unit/test_import_graph.py``).
+
+``open_store`` picks a backend from a URL; it imports a durable backend only
 when asked for it (Redis's client is a fifth of a server's start).
 """
 
