@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from tests.support.mesh import RedisServer
-from turnmesh.server.stores.base import SessionRecord, SessionStore, open_store
+from turnmesh.server.stores import open_store
+from turnmesh.server.stores.base import SessionRecord, SessionStore
 from turnmesh.v1 import event_pb2, message_pb2
 
 

@@ -40,8 +40,9 @@ from turnmesh.server.mesh.ownership import SessionOwnership
 from turnmesh.server.mesh.routing import RouterClient
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.sessions.core import SessionCore
-from turnmesh.server.stores.base import open_store
-from turnmesh.server.webhooks.sender import WebhookSender, settings_from
+from turnmesh.server.stores import open_store
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import settings_from
 from turnmesh.server.workers.pool import WorkerPool
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc

@@ -52,7 +52,7 @@ class Owner:
 
 
 class LeaseStore(Protocol):
-    """What leases need of a shared store (``store_redis.RedisStore``)."""
+    """What leases need of a shared store (``stores.redis.RedisStore``)."""
 
     async def owner_of(self, session_id: str) -> str | None: ...
 

@@ -1,9 +1,10 @@
-"""The Redis scripts behind ``server.mesh_limits`` (its docstring has the
+"""The Redis scripts behind ``mesh.limits`` (its docstring has the
 key layout): loaded only by a server whose store is Redis."""
 
 from __future__ import annotations
 
-from turnmesh.server.stores.redis import Client, tag, unavailable_when_down
+from turnmesh.server.stores.redis_client import Client, unavailable_when_down
+from turnmesh.server.stores.redis_keys import tag
 
 # KEYS: the principal's rate key. ARGV: interval between requests (us), burst.
 # Returns 0 if the request may go (and counts it), else the microseconds until one may.

@@ -37,7 +37,8 @@ from turnmesh.server.sessions.runner import TurnRunner
 from turnmesh.server.sessions.turns import CancelReason, KeyUse, PendingTurn, SessionTurns
 from turnmesh.server.stores.base import SessionRecord, SessionStore, now, session_quota_exceeded
 from turnmesh.server.stores.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
-from turnmesh.server.webhooks.sender import WebhookSender, allowed, check_destination
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import allowed, check_destination
 from turnmesh.server.workers.pool import WorkerPool
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb

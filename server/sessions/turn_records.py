@@ -24,7 +24,8 @@ from turnmesh.runtime.errors import TurnError, Unavailable
 from turnmesh.runtime.principals import principal_of, public_id
 from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.stores.base import SessionStore
-from turnmesh.server.webhooks.sender import MAX_NOTICE_BYTES, OutboxUnavailable, WebhookSender
+from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES, OutboxUnavailable
+from turnmesh.server.webhooks.sender import WebhookSender
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

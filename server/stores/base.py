@@ -1,10 +1,13 @@
-"""Where sessions live: one interface, three backends.
+"""The contract every session store keeps: the interface (``SessionStore``),
+a session's record, the errors a store raises, the bounds it keeps, and
+``TurnCommits`` (a commit's entry points over one ``_commit``).
 
-``memory`` (this module), ``sqlite:PATH`` (``store_sqlite``) and
-``redis://HOST:PORT/DB`` or ``redis+cluster://HOST:PORT`` (``store_redis``);
-``open_store`` picks one from a URL. Only Redis is ``shared``: with it a
-session can move between servers, and leases (``server.leases``) say which
-one owns it; memory and SQLite belong to one server.
+Three backends keep it: ``memory``, ``sqlite`` (``sqlite:PATH``) and
+``redis`` (``redis://HOST:PORT/DB`` or ``redis+cluster://HOST:PORT``);
+``open_store`` (the package's) picks one from a URL. Only Redis is
+``shared``: with it a session can move between servers, and leases
+(``server.mesh.leases``) say which one owns it; memory and SQLite belong to
+one server.
 
 The contract every backend keeps: a turn is committed atomically (all of its
 messages and its terminal event, or nothing), and committing costs the
@@ -25,18 +28,13 @@ write that ends a turn happens once: where a later outbox (webhooks) hangs.
 from __future__ import annotations
 
 import abc
-import bisect
-import copy
-import dataclasses
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
-from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id
-from turnmesh.server.stores.listing import Page, Position, position
-from turnmesh.server.webhooks.sender import MemoryOutbox, Outbox
+from turnmesh.runtime.errors import SessionQuotaExceeded
+from turnmesh.server.stores.listing import Page, Position
+from turnmesh.server.webhooks.outbox import Outbox
 from turnmesh.v1 import event_pb2, message_pb2
 
 # Turn records a session keeps at most; the oldest go first.
@@ -47,10 +45,6 @@ TURN_RECORDS_PER_SESSION = 1_000
 # index of a session's turns with stored events (Redis), which a delete reads.
 IDEMPOTENCY_KEYS_PER_SESSION = 1_000
 TURNS_INDEXED_PER_SESSION = 1_000
-# Turn records a memory store keeps at most (a few hundred bytes each, at
-# most ``turn_records.MAX_TURN_BYTES``), and their bytes in all.
-MAX_MEMORY_TURN_RECORDS = 10_000
-MAX_MEMORY_TURN_RECORD_BYTES = 64 * 2**20
 
 
 @dataclass(slots=True)
@@ -74,7 +68,7 @@ class SessionStore(Protocol):
     @property
     def shared(self) -> bool:
         """Whether every server sees the sessions (so a session can move to
-        another server, under a lease: ``server.leases``)."""
+        another server, under a lease: ``server.mesh.leases``)."""
 
     async def open(self) -> None:
         """Connect, and bring data of an older layout up to date."""
@@ -148,7 +142,7 @@ class SessionStore(Protocol):
         self, principal: str, before: Position | None, limit: int
     ) -> Page[SessionRecord]:
         """The principal's sessions positioned below ``before`` (all if None),
-        newest first, at most ``limit`` (``server.listing``)."""
+        newest first, at most ``limit`` (``stores.listing``)."""
 
     async def count_of(self, principal: str) -> int:
         """The sessions the principal holds (the whole mesh's in a shared store)."""
@@ -215,238 +209,6 @@ class TurnAbandoned(Exception):
     """The turn was given up for lost and re-run elsewhere: its result is void."""
 
 
-@dataclass(slots=True)
-class _KeptTurn:
-    record: bytes
-    ended: bool
-    expires: float
-
-
-class MemoryStore:
-    """Sessions in this process's memory: lost when it stops."""
-
-    def __init__(
-        self,
-        *,
-        max_turn_records: int = MAX_MEMORY_TURN_RECORDS,
-        max_turn_record_bytes: int = MAX_MEMORY_TURN_RECORD_BYTES,
-    ) -> None:
-        self._records: dict[str, SessionRecord] = {}
-        # The agents' checkpoints of the sessions' pauses (commit_turn).
-        self._checkpoints: dict[str, bytes] = {}
-        # Per principal: (position, scoped id), ascending, for listing.
-        self._listed: dict[str, list[tuple[Position, str]]] = {}
-        # Serialized: a few hundred bytes less per message than live protobuf
-        # objects, and turns read only the tail they need.
-        self._messages: dict[str, list[bytes]] = {}
-        # Turn records, least recently written first (so the first to
-        # expire), and each session's turn ids in the order they came.
-        self._turn_records: OrderedDict[tuple[str, str], _KeptTurn] = OrderedDict()
-        self._turns_of: dict[str, dict[str, None]] = {}
-        self._max_turn_records = max_turn_records
-        self._max_turn_record_bytes = max_turn_record_bytes
-        self._turn_record_bytes = 0
-        self._outbox = MemoryOutbox()  # lost with the process, as the sessions are
-
-    @property
-    def shared(self) -> bool:
-        return False
-
-    async def open(self) -> None:
-        return None
-
-    async def create(
-        self,
-        record: SessionRecord,
-        messages: list[message_pb2.Message] | None = None,
-        quota: int | None = None,
-    ) -> None:
-        if record.session_id in self._records:
-            raise AlreadyExists(f"session {public_id(record.session_id)!r} already exists")
-        if (
-            quota is not None
-            and len(self._listed.get(principal_of(record.session_id), [])) >= quota
-        ):
-            raise session_quota_exceeded(quota)
-        initial = [m.SerializeToString() for m in messages or []]
-        record.message_count = len(initial)
-        self._records[record.session_id] = record
-        self._messages[record.session_id] = initial
-        entry = (position(record.created_at, record.session_id), record.session_id)
-        bisect.insort(self._listed.setdefault(principal_of(record.session_id), []), entry)
-
-    async def get(self, session_id: str) -> SessionRecord | None:
-        record = self._records.get(session_id)
-        if record is None:
-            return None
-        return dataclasses.replace(record, metadata=copy.deepcopy(record.metadata))
-
-    async def delete(self, session_id: str) -> bool:
-        self._messages.pop(session_id, None)
-        for turn_id in self._turns_of.pop(session_id, {}):
-            if (gone := self._turn_records.pop((session_id, turn_id), None)) is not None:
-                self._turn_record_bytes -= len(gone.record)
-        self._checkpoints.pop(session_id, None)
-        record = self._records.pop(session_id, None)
-        if record is None:
-            return False
-        principal = principal_of(session_id)
-        listed = self._listed[principal]
-        entry = (position(record.created_at, session_id), session_id)
-        del listed[bisect.bisect_left(listed, entry)]
-        if not listed:
-            del self._listed[principal]
-        return True
-
-    async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
-        if session_id not in self._messages:
-            raise NotFound(f"session {public_id(session_id)!r} not found")
-        return [message_pb2.Message.FromString(m) for m in self._messages[session_id][start:]]
-
-    async def append_messages(
-        self, session_id: str, messages: list[message_pb2.Message], now: float
-    ) -> None:
-        record = self._records.get(session_id)
-        if record is None:
-            raise NotFound(f"session {public_id(session_id)!r} not found")
-        self._messages[session_id].extend(m.SerializeToString() for m in messages)
-        record.message_count += len(messages)
-        record.last_activity = now
-
-    async def commit_turn(
-        self,
-        session_id: str,
-        messages: list[message_pb2.Message],
-        final_event: event_pb2.Event,
-        now: float,
-        fence: str = "",
-        pause: bytes = b"",
-        checkpoint: bytes = b"",
-    ) -> None:
-        # The event log of this process holds the final event; no other
-        # server can own the session, so there is nothing to fence.
-        await self.append_messages(session_id, messages, now)
-        self._records[session_id].pause = pause
-        if checkpoint:
-            self._checkpoints[session_id] = checkpoint
-        else:
-            self._checkpoints.pop(session_id, None)
-
-    async def set_pause(self, session_id: str, pause: bytes, now: float, fence: str = "") -> None:
-        await self.append_messages(session_id, [], now)
-        self._records[session_id].pause = pause
-
-    async def checkpoint(self, session_id: str) -> bytes:
-        return self._checkpoints.get(session_id, b"")
-
-    async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
-        # Not shared: a turn seen failed here was ended by its own runner,
-        # which commits nothing afterwards.
-        return True
-
-    @property
-    def persists_events(self) -> bool:
-        return False
-
-    async def append_events(
-        self, session_id: str, turn_id: str, events: list[event_pb2.Event]
-    ) -> None:
-        return None
-
-    async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None:
-        return None
-
-    async def get_key(self, session_id: str, key: str) -> str | None:
-        return None
-
-    async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
-        return None
-
-    async def put_turn(
-        self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
-    ) -> bool:
-        if session_id not in self._records:
-            return False
-        key = (session_id, turn_id)
-        kept = self._turn_records.get(key)
-        if kept is not None and kept.ended:
-            return False
-        at = time.monotonic()
-        self._turn_record_bytes += len(record) - (len(kept.record) if kept is not None else 0)
-        self._turn_records[key] = _KeptTurn(record, ended, at + ttl_seconds)
-        self._turn_records.move_to_end(key)
-        order = self._turns_of.setdefault(session_id, {})
-        order[turn_id] = None
-        if len(order) > TURN_RECORDS_PER_SESSION:
-            self._drop_turn((session_id, next(iter(order))))
-        # Expired ones first, then the least recently written past the bounds.
-        while self._turn_records:
-            oldest, first = next(iter(self._turn_records.items()))
-            if (
-                first.expires > at
-                and len(self._turn_records) <= self._max_turn_records
-                and self._turn_record_bytes <= self._max_turn_record_bytes
-            ):
-                break
-            self._drop_turn(oldest)
-        return True
-
-    def _drop_turn(self, key: tuple[str, str]) -> None:
-        if (gone := self._turn_records.pop(key, None)) is not None:
-            self._turn_record_bytes -= len(gone.record)
-        order = self._turns_of.get(key[0])
-        if order is not None:
-            order.pop(key[1], None)
-            if not order:
-                del self._turns_of[key[0]]
-
-    def outbox(self) -> MemoryOutbox:
-        return self._outbox
-
-    async def open_turns(
-        self, limit: int, cursor: int = 0
-    ) -> tuple[list[tuple[str, str]], int | None]:
-        now = time.monotonic()
-        open_ = [
-            k for k, kept in self._turn_records.items() if not kept.ended and kept.expires > now
-        ]
-        end = cursor + limit
-        return open_[cursor:end], end if end < len(open_) else None
-
-    async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
-        kept = self._turn_records.get((session_id, turn_id))
-        if kept is None or kept.expires <= time.monotonic():
-            return None
-        return kept.record
-
-    async def close(self) -> None:
-        return None
-
-    async def touch(self, session_id: str, now: float) -> None:
-        record = self._records.get(session_id)
-        if record is not None:
-            record.last_activity = now
-
-    async def idle_sessions(self, last_activity_before: float) -> list[str]:
-        return [sid for sid, r in self._records.items() if r.last_activity < last_activity_before]
-
-    async def count(self) -> int:
-        return len(self._records)
-
-    async def list_sessions(
-        self, principal: str, before: Position | None, limit: int
-    ) -> Page[SessionRecord]:
-        listed = self._listed.get(principal, [])
-        end = len(listed) if before is None else bisect.bisect_left(listed, (before, ""))
-        chosen = listed[max(0, end - limit) : end][::-1]
-        items = [(at, self._records[sid]) for at, sid in chosen]
-        frontier = chosen[-1][0] if chosen and end - limit > 0 else None
-        return Page([(at, dataclasses.replace(r)) for at, r in items], frontier)
-
-    async def count_of(self, principal: str) -> int:
-        return len(self._listed.get(principal, ()))
-
-
 class TurnCommits(abc.ABC):
     """``append_messages`` and ``commit_turn`` for a backend whose ``_commit``
     does both (the final event is optional)."""
@@ -492,28 +254,3 @@ class TurnCommits(abc.ABC):
 
 def now() -> float:
     return time.time()
-
-
-def open_store(
-    url: str, event_ttl_seconds: float, legacy_principal: str = ANONYMOUS
-) -> SessionStore:
-    """A store from ``memory``, ``sqlite:PATH``, ``redis://HOST:PORT/DB`` or
-    ``redis+cluster://HOST:PORT`` (any node of a Redis Cluster).
-
-    ``legacy_principal`` owns the sessions a durable store held from before
-    sessions had principals (the one principal of a mesh with one; else
-    anonymous), given to it once, when ``open`` brings the data up to date."""
-    if url in ("", "memory"):
-        return MemoryStore()
-    if url.startswith("sqlite:"):
-        from turnmesh.server.stores.sqlite import SqliteStore
-
-        return SqliteStore(url.removeprefix("sqlite:"), event_ttl_seconds, legacy_principal)
-    if url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
-        from turnmesh.server.stores.redis import RedisStore
-
-        return RedisStore(url, event_ttl_seconds, legacy_principal)
-    raise ValueError(
-        f"unknown store {url!r}: use memory, sqlite:PATH, redis://HOST:PORT/DB"
-        " or redis+cluster://HOST:PORT"
-    )

@@ -2,33 +2,9 @@
 server, so a session survives the loss of its owner and a stream can be
 resumed on any server.
 
-Keys. Every key of session S carries the hash tag ``{S'}`` (S with ``%``,
-``{`` and ``}`` percent-escaped, so the encoding is injective), so all of a
-session's keys live on one cluster slot and its scripts never cross slots:
-``tm:{S'}:s`` (hash: the record, and ``owner``, the lease token of the server
-that owns it), ``tm:{S'}:h`` (list: history, one protobuf per message),
-``tm:{S'}:e:T`` (list: turn T's events, expiring), ``tm:{S'}:x:T`` (turn T's
-commit status, expiring), ``tm:{S'}:k`` (hash: idempotency key -> turn),
-``tm:{S'}:t`` (set: turns with events, for deletion), ``tm:{S'}:r:T`` (hash:
-turn T's record and whether it says the turn ended, expiring on its own TTL),
-``tm:{S'}:r`` (sorted set: the turns with records, by first write, to bound
-and delete them). Turn ids come last, so ``S`` + ``T`` never reads another
-session's keys.
-
-Indexes that span sessions are sharded, each shard its own slot and written
-beside (not inside) the per-session scripts: ``tm:idle:{N}`` (N in 0..15,
-sorted sets of sessions by last activity; their total is the mesh-wide
-session count), ``tm:p:{P#N'}`` (N in 0..7: principal P's sessions for
-listing, sharded by the scoped id so one tenant's sessions spread over the
-cluster; every score 0, members ``NANOS|ID``, creation time in Unix
-nanoseconds as 20 digits and the public id, so lexical order is listing order
-and ZREVRANGEBYLEX reads a keyset page), ``tm:m:{M'}`` (member M's lease: its
-address, expiring), ``tm:a:{A'}`` (which member holds address A, expiring
-with its lease); ``tm:l:{P}:r`` and ``tm:l:{P}:t`` are principal P's limits
-shared by the mesh (``mesh_limits``). A create indexes its session before
-its script runs and a delete unlists it after its keys are gone, so a crash
-leaves an index entry without a session (skipped, and dropped in time), never
-a session that is not listed or expired.
+Its key layout is in ``redis_keys``, its Lua scripts in ``redis_scripts``,
+its connection in ``redis_client``; its webhook outbox is ``redis_outbox``,
+its layout moves ``redis_migrate``.
 
 Creating a session, committing a turn and taking a session over are Lua
 scripts, each atomic on its slot: a commit to a deleted session cannot
@@ -38,21 +14,11 @@ writes nothing (``TurnAbandoned``).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
-import logging
 import time
-import zlib
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import cast
 
-import redis.asyncio as redis
-from redis import exceptions
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
-
-from turnmesh.runtime.errors import AlreadyExists, NotFound, Unavailable
+from turnmesh.runtime.errors import AlreadyExists, NotFound
 from turnmesh.runtime.principals import ANONYMOUS, principal_of, public_id, scoped
 from turnmesh.server.stores.base import (
     IDEMPOTENCY_KEYS_PER_SESSION,
@@ -64,294 +30,40 @@ from turnmesh.server.stores.base import (
     session_quota_exceeded,
 )
 from turnmesh.server.stores.listing import Page, Position, merge, position
+from turnmesh.server.stores.redis_client import Client, connect, unavailable_when_down
+from turnmesh.server.stores.redis_keys import (
+    IDLE_SHARDS,
+    LISTING_SHARDS,
+    OPEN_TURNS,
+    Keys,
+    address_key,
+    idle_key,
+    listed_position,
+    listing_entry,
+    listing_key,
+    listing_key_of,
+    listing_member,
+    member_key,
+    open_turn_member,
+)
+from turnmesh.server.stores.redis_migrate import migrate
+from turnmesh.server.stores.redis_outbox import RedisOutbox
+from turnmesh.server.stores.redis_scripts import (
+    ABANDON,
+    COMMIT,
+    CREATE,
+    PUT_TURN,
+    SET_KEY,
+    SWAP_OWNER,
+    TOUCH,
+)
 from turnmesh.v1 import event_pb2, message_pb2
 
-if TYPE_CHECKING:
-    from turnmesh.server.stores.redis_outbox import RedisOutbox
-
-IDLE_SHARDS = 16
-LISTING_SHARDS = 8
 # A create writes its listing entry just before its session: an entry without
 # a session is dropped only once it is older than this (clocks may differ).
 DANGLING_AFTER_SECONDS = 300
-SCHEMA_KEY = "tm:schema"
 # Keys one DEL names at most (a session's turns' keys, deleted with it).
 DELETE_BATCH = 1_000
-SCHEMA_VERSION = 3
-# Redis refusing service (auth, protected mode, loading, a read-only replica,
-# a cluster that is down or resharding, out of memory): redis-py raises these
-# classes (with the code cut from the message), or a plain ResponseError whose
-# message starts with the code.
-REFUSED = (
-    exceptions.AuthenticationError,
-    exceptions.AuthorizationError,
-    exceptions.NoPermissionError,
-    exceptions.BusyLoadingError,
-    exceptions.ReadOnlyError,
-    exceptions.MasterDownError,
-    exceptions.ClusterDownError,
-    exceptions.TryAgainError,
-    exceptions.OutOfMemoryError,
-)
-REFUSALS = (
-    "DENIED",
-    "NOAUTH",
-    "WRONGPASS",
-    "NOPERM",
-    "LOADING",
-    "READONLY",
-    "MASTERDOWN",
-    "CLUSTERDOWN",
-    "TRYAGAIN",
-    "OOM",
-)
-T = TypeVar("T")
-Client = redis.Redis | RedisCluster
-log = logging.getLogger(__name__)
-
-# KEYS: record, history. ARGV: agent, created, activity, metadata, n, owner,
-# the pause ('' for none), the webhook URL ('' for none), messages...
-CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'agent_name', ARGV[1], 'created_at', ARGV[2],
-           'last_activity', ARGV[3], 'metadata', ARGV[4], 'message_count', ARGV[5],
-           'owner', ARGV[6])
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'pause', ARGV[7]) end
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'webhook_url', ARGV[8]) end
-for i = 9, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-return 1
-"""
-
-# KEYS: record, history, events, turn index, turn status, the turn set of
-# before the index (unused: a delete reads it), checkpoint. ARGV: activity,
-# ttl, final event or '', turn, fence or '', pause op ('keep' or 'set'), the
-# pause ('' clears it), now (the clock the index is trimmed by), turns indexed
-# at most, checkpoint op ('keep' or 'set'), the checkpoint ('' clears it),
-# messages...
-# 0: no session; 2: void (another server owns the session now, or the turn
-# was given up for lost); 1: committed.
-COMMIT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[5] then return 2 end
-if ARGV[3] ~= '' then
-  if redis.call('GET', KEYS[5]) == 'abandoned' then return 2 end
-  redis.call('SET', KEYS[5], 'committed', 'EX', ARGV[2])
-end
-for i = 12, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
-redis.call('HINCRBY', KEYS[1], 'message_count', #ARGV - 11)
-redis.call('HSET', KEYS[1], 'last_activity', ARGV[1])
-if ARGV[6] == 'set' then
-  if ARGV[7] == '' then redis.call('HDEL', KEYS[1], 'pause')
-  else redis.call('HSET', KEYS[1], 'pause', ARGV[7]) end
-end
-if ARGV[10] == 'set' then
-  if ARGV[11] == '' then redis.call('DEL', KEYS[7])
-  else redis.call('SET', KEYS[7], ARGV[11]) end
-end
-if ARGV[3] ~= '' then
-  redis.call('RPUSH', KEYS[3], ARGV[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
-  redis.call('ZADD', KEYS[4], ARGV[8], ARGV[4])
-  -- Entries past the window name keys expired by now; past the bound, keys
-  -- that expire on their own within it.
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (tonumber(ARGV[8]) - tonumber(ARGV[2])))
-  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, -tonumber(ARGV[9]) - 1)
-end
-return 1
-"""
-
-# KEYS: idempotency keys, their times. ARGV: key, turn, now, window, most
-# kept. Keys written by a server of before the times count from now (kept
-# one more window, never less); then those past the window or the bound go.
-SET_KEY = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-if redis.call('HLEN', KEYS[1]) > redis.call('ZCARD', KEYS[2]) then
-  -- Just older than the key written now: past the bound they go first.
-  local before = tonumber(ARGV[3]) - 0.001
-  for _, key in ipairs(redis.call('HKEYS', KEYS[1])) do
-    redis.call('ZADD', KEYS[2], 'NX', before, key)
-  end
-end
-local since = '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4]))
-local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since)
-local over = redis.call('ZCARD', KEYS[2]) - #old - tonumber(ARGV[5])
-if over > 0 then
-  for _, key in ipairs(redis.call('ZRANGE', KEYS[2], #old, #old + over - 1)) do
-    table.insert(old, key)
-  end
-end
-for i = 1, #old, 500 do
-  local part = {unpack(old, i, math.min(i + 499, #old))}
-  redis.call('HDEL', KEYS[1], unpack(part))
-  redis.call('ZREM', KEYS[2], unpack(part))
-end
-return #old
-"""
-
-# KEYS: turn status. ARGV: ttl. 1: abandoned (now or before), 0: committed.
-ABANDON = """
-local status = redis.call('GET', KEYS[1])
-if status == 'committed' then return 0 end
-redis.call('SET', KEYS[1], 'abandoned', 'EX', ARGV[1])
-return 1
-"""
-
-# KEYS: record. ARGV: the owner expected, the new owner. 1: swapped; 0: the
-# owner was not the one expected; -1: no session.
-SWAP_OWNER = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local owner = redis.call('HGET', KEYS[1], 'owner') or ''
-if owner ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[2])
-return 1
-"""
-
-# KEYS: record, turn record, turn records. ARGV: the turn record, ended ('1'
-# or '0'), ttl, turn, now (ms). -1: no session; 0: not written (it says the
-# turn ended already, which is final); else the session's turn records.
-PUT_TURN = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('HGET', KEYS[2], 'ended') == '1' then return 0 end
-redis.call('HSET', KEYS[2], 'turn', ARGV[1], 'ended', ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('ZADD', KEYS[3], 'NX', ARGV[5], ARGV[4])
-redis.call('EXPIRE', KEYS[3], ARGV[3])
-return redis.call('ZCARD', KEYS[3])
-"""
-
-# KEYS: record. ARGV: activity. Touches only a session that exists.
-TOUCH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'last_activity', ARGV[1])
-return 1
-"""
-
-
-def tag(value: str) -> str:
-    """``value`` as a hash tag: percent-escaped so that it holds no brace
-    (which would end the tag early) and two values never share a tag."""
-    escaped = value.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
-    return "{" + escaped + "}"
-
-
-class Keys:
-    """The keys of one session (all on the slot of its hash tag)."""
-
-    __slots__ = (
-        "_prefix",
-        "checkpoint",
-        "history",
-        "key_times",
-        "keys",
-        "record",
-        "turn_index",
-        "turn_records",
-        "turns",
-    )
-
-    def __init__(self, session_id: str) -> None:
-        self._prefix = f"tm:{tag(session_id)}:"
-        self.record = self._prefix + "s"
-        self.history = self._prefix + "h"
-        self.keys = self._prefix + "k"
-        # When each idempotency key was written (to trim them by).
-        self.key_times = self._prefix + "kw"
-        # The turns with events (a set): written by servers of before the
-        # index (no longer grown), read by deletes, which drop it.
-        self.turns = self._prefix + "t"
-        # The turns with events, by when they were last written.
-        self.turn_index = self._prefix + "tw"
-        self.turn_records = self._prefix + "r"
-        # The agent's checkpoint of the session's pause (read when answered).
-        self.checkpoint = self._prefix + "cp"
-
-    def turn_record(self, turn_id: str) -> str:
-        return f"{self._prefix}r:{turn_id}"
-
-    def events(self, turn_id: str) -> str:
-        return f"{self._prefix}e:{turn_id}"
-
-    def status(self, turn_id: str) -> str:
-        return f"{self._prefix}x:{turn_id}"
-
-
-def idle_key(session_id: str) -> str:
-    """The shard of the idle index that holds the session."""
-    return f"tm:idle:{{{zlib.crc32(session_id.encode()) % IDLE_SHARDS}}}"
-
-
-def listing_key(principal: str, shard: int) -> str:
-    return f"tm:p:{tag(f'{principal}#{shard}')}"
-
-
-def listing_key_of(session_id: str) -> str:
-    """The shard of its principal's listing that holds the session."""
-    shard = zlib.crc32(session_id.encode()) % LISTING_SHARDS
-    return listing_key(principal_of(session_id), shard)
-
-
-def listing_member(at: Position) -> str:
-    # Fixed-width nanoseconds, then the id: byte order is position order.
-    return f"{at[0]:020d}|{at[1]}"
-
-
-def listing_entry(created_at: float, session_id: str) -> str:
-    return listing_member(position(created_at, session_id))
-
-
-def listed_position(member: bytes) -> Position:
-    nanos, _, public = member.decode().partition("|")
-    return (int(nanos), public)
-
-
-def member_key(member_id: str) -> str:
-    return f"tm:m:{tag(member_id)}"
-
-
-def address_key(address: str) -> str:
-    return f"tm:a:{tag(address)}"
-
-
-def unavailable_when_down(cls: type[T]) -> type[T]:
-    """Every public coroutine of ``cls`` turns Redis being unreachable or
-    refusing us into Unavailable (a retryable 503), not an internal error."""
-    # Inherited ones too (commit_turn and append_messages come from TurnCommits).
-    members = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
-    for name, member in members.items():
-        if not inspect.iscoroutinefunction(member):
-            continue
-
-        def wrap(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-            @functools.wraps(method)
-            async def guarded(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await method(*args, **kwargs)
-                except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
-                    refused = isinstance(exc, REFUSED) or str(exc).startswith(REFUSALS)
-                    if isinstance(exc, redis.ResponseError) and not refused:
-                        raise  # our own mistake (a script error): internal, logged as such
-                    log.warning("the session store failed: %s", type(exc).__name__)
-                    raise Unavailable("the session store is unavailable") from exc
-                except (RedisClusterException, exceptions.ClusterError) as exc:
-                    log.warning("the session store's cluster failed: %s", exc)
-                    raise Unavailable("the session store is unavailable") from exc
-
-            return guarded
-
-        setattr(cls, name, wrap(member))
-    return cls
-
-
-def connect(url: str) -> Client:
-    """A client for ``redis://``, ``rediss://`` or ``redis+cluster://`` (a
-    Redis Cluster, found from any one of its nodes)."""
-    # Bounded waits: a Redis behind a cut link must fail calls, not hang them.
-    timeouts: dict[str, Any] = {"socket_timeout": 10, "socket_connect_timeout": 5}
-    if url.startswith(("redis+cluster://", "rediss+cluster://")):
-        plain = url.replace("+cluster://", "://", 1)
-        return RedisCluster.from_url(plain, **timeouts)
-    return redis.Redis.from_url(url, **timeouts)
 
 
 @unavailable_when_down
@@ -376,13 +88,11 @@ class RedisStore(TurnCommits):
 
     @property
     def client(self) -> Client:
-        """The connection, for what else the mesh keeps in Redis (``mesh_limits``)."""
+        """The connection, for what else the mesh keeps in Redis (``mesh.limits``)."""
         return self._redis
 
     async def open(self) -> None:
         """Check the server answers and bring data of an older layout up to date."""
-        from turnmesh.server.stores.redis_migrate import migrate
-
         await migrate(self._redis, self._legacy_principal)
 
     # Sessions ---------------------------------------------------------------
@@ -669,7 +379,7 @@ class RedisStore(TurnCommits):
         self, session_id: str, turn_id: str, record: bytes, *, ended: bool, ttl_seconds: float
     ) -> bool:
         keys = Keys(session_id)
-        member = _open_member(session_id, turn_id)
+        member = open_turn_member(session_id, turn_id)
         if not ended:
             # Indexed before the record is written (another slot: no script
             # spans both): an entry without an open record is dropped when read.
@@ -725,8 +435,6 @@ class RedisStore(TurnCommits):
         return found, cursor + len(found) if more else None
 
     def outbox(self) -> RedisOutbox:
-        from turnmesh.server.stores.redis_outbox import RedisOutbox
-
         return RedisOutbox(self._redis)
 
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
@@ -801,15 +509,6 @@ def _record(session_id: str, fields: dict[bytes, bytes]) -> SessionRecord | None
         pause=fields.get(b"pause", b""),
         webhook_url=fields.get(b"webhook_url", b"").decode(),
     )
-
-
-# The turn records that do not say their turn ended, mesh-wide: members
-# "SESSION\nTURN", scored by when they were first written.
-OPEN_TURNS = "tm:{turns}:open"
-
-
-def _open_member(session_id: str, turn_id: str) -> str:
-    return f"{session_id}\n{turn_id}"
 
 
 def _text(value: object) -> str:

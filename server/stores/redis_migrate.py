@@ -3,7 +3,7 @@
 Layout 1 (before hash tags) used ``tm:s:S``, ``tm:h:S``, ``tm:k:S``,
 ``tm:t:S``, ``tm:e:S:T``, ``tm:ts:S:T`` and one global ``tm:idle``: keys that
 could collide when ids held ``:`` and that no cluster could hold. Layout 2
-hash-tagged every session's keys (``store_redis``). Layout 3 (principals)
+hash-tagged every session's keys (``redis_keys``). Layout 3 (principals)
 adds the listing index ``tm:p:{…}``, and gives the sessions of before
 principals to the legacy principal (``open_store``): unless that is the
 anonymous one, a session ``S`` becomes ``P/S``.
@@ -32,11 +32,11 @@ import secrets
 from typing import Any, cast
 
 from turnmesh.runtime.principals import ANONYMOUS, scoped
-from turnmesh.server.stores.redis import (
+from turnmesh.server.stores.redis_client import Client
+from turnmesh.server.stores.redis_keys import (
     IDLE_SHARDS,
     SCHEMA_KEY,
     SCHEMA_VERSION,
-    Client,
     Keys,
     idle_key,
     listing_entry,

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any, cast
 
-from turnmesh.server.stores.redis import Client, unavailable_when_down
-from turnmesh.server.webhooks.sender import Delivery
+from turnmesh.server.stores.redis_client import Client, unavailable_when_down
+from turnmesh.server.webhooks.outbox import Delivery
 
 DUE = "tm:{webhooks}:due"
 NOTICE = "tm:{webhooks}:n:"

@@ -10,18 +10,10 @@ one transaction; history rows are appended, never rewritten.
 
 Sessions are keyed by scoped id (``runtime.principals``); each row also keeps
 its principal and its creation time in nanoseconds, indexed together, so a
-principal's listing is one keyset range scan (``server.listing``).
+principal's listing is one keyset range scan (``stores.listing``).
 
-``PRAGMA user_version`` is the layout (``SCHEMA_VERSION`` is today's): 0 is
-a file from before principals (or a new, empty one), 1 added principals, 2 a
-session's pause, 3 turn records, 4 the webhook outbox and a session's
-webhook URL, 5 the outbox's owners by their earliest notice (fair claims), 6
-when each idempotency key was written (they are kept for the event-log window),
-7 the agent's checkpoint of a pause, in a column apart from the pause (read
-only by the turn that answers it).
-Opening an older file brings it up to date in one transaction; a version-0
-file's sessions get those columns and go to ``legacy_principal``, which,
-unless anonymous, also prefixes their ids in every table.
+Its file's layout and migrations are ``sqlite_schema``'s; its webhook
+outbox is ``sqlite_outbox``.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,96 +47,12 @@ from turnmesh.server.stores.base import (
     session_quota_exceeded,
 )
 from turnmesh.server.stores.listing import Page, Position, position
-from turnmesh.server.webhooks.sender import Delivery, capped_owners
+from turnmesh.server.stores.sqlite_outbox import SqliteOutbox
+from turnmesh.server.stores.sqlite_schema import bring_up_to_date, transaction
 from turnmesh.v1 import event_pb2, message_pb2
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 7
-# Statements, not a script: executescript would commit the open transaction.
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sessions (
-    session_id TEXT PRIMARY KEY,
-    agent_name TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    last_activity REAL NOT NULL,
-    metadata TEXT NOT NULL,
-    message_count INTEGER NOT NULL,
-    principal TEXT NOT NULL,
-    created_ns INTEGER NOT NULL,
-    pause BLOB,
-    webhook_url TEXT,
-    checkpoint BLOB
-);
-CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_activity);
-CREATE INDEX IF NOT EXISTS sessions_by_principal
-    ON sessions (principal, created_ns, session_id);
-CREATE TABLE IF NOT EXISTS messages (
-    session_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (session_id, position)
-);
-CREATE TABLE IF NOT EXISTS events (
-    session_id TEXT NOT NULL,
-    turn_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    written_at REAL NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (session_id, turn_id, seq)
-);
-CREATE INDEX IF NOT EXISTS events_by_age ON events (written_at);
-CREATE TABLE IF NOT EXISTS turn_status (
-    session_id TEXT NOT NULL,
-    turn_id TEXT NOT NULL,
-    status TEXT NOT NULL,
-    written_at REAL NOT NULL,
-    PRIMARY KEY (session_id, turn_id)
-);
-CREATE TABLE IF NOT EXISTS idempotency_keys (
-    session_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    turn_id TEXT NOT NULL,
-    written_at REAL NOT NULL,
-    PRIMARY KEY (session_id, key)
-);
-CREATE INDEX IF NOT EXISTS idempotency_keys_by_age ON idempotency_keys (written_at);
-CREATE TABLE IF NOT EXISTS turn_records (
-    session_id TEXT NOT NULL,
-    turn_id TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    expire_at REAL NOT NULL,
-    ended INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    PRIMARY KEY (session_id, turn_id)
-);
-CREATE INDEX IF NOT EXISTS turn_records_by_expiry ON turn_records (expire_at);
-CREATE INDEX IF NOT EXISTS turn_records_open ON turn_records (ended, created_at);
-CREATE TABLE IF NOT EXISTS webhook_outbox (
-    id TEXT PRIMARY KEY,
-    url TEXT NOT NULL,
-    body BLOB NOT NULL,
-    attempts INTEGER NOT NULL,
-    due REAL NOT NULL,
-    owner TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS webhook_outbox_by_due ON webhook_outbox (due);
-CREATE INDEX IF NOT EXISTS webhook_outbox_by_owner_due ON webhook_outbox (owner, due);
-CREATE TABLE IF NOT EXISTS webhook_owners (
-    owner TEXT PRIMARY KEY,
-    head REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS webhook_owners_by_head ON webhook_owners (head);
-"""
-# Every table keyed by session id: a version-0 file's ids are renamed in all.
-SESSION_TABLES = (
-    "sessions",
-    "messages",
-    "events",
-    "turn_status",
-    "idempotency_keys",
-    "turn_records",
-)
 SESSION_COLUMNS = "session_id, agent_name, created_at, last_activity, metadata, message_count"
 # What a record is read from (a pause is written by a create that seeds one,
 # and by commits).
@@ -188,58 +96,11 @@ class SqliteStore(TurnCommits):
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
-            self._bring_up_to_date(db)
+            bring_up_to_date(db, self._path, self._legacy_principal)
         except BaseException:
             db.close()
             raise
         self._db = db
-
-    def _bring_up_to_date(self, db: sqlite3.Connection) -> None:
-        with _transaction(db):
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(
-                    f"the SQLite store {self._path} has layout {version}, from a newer"
-                    f" turnmesh (this one knows up to {SCHEMA_VERSION})"
-                )
-            if version < SCHEMA_VERSION:
-                if _has_table(db, "sessions"):
-                    if version == 0:
-                        _migrate_from_0(db, self._legacy_principal)
-                    if version < 2:
-                        # Layout 2: what a session waits for from the client.
-                        db.execute("ALTER TABLE sessions ADD COLUMN pause BLOB")
-                    if version < 4:
-                        # Layout 4: where its turns' ends are notified.
-                        db.execute("ALTER TABLE sessions ADD COLUMN webhook_url TEXT")
-                    if version < 7 and not _has_column(db, "sessions", "checkpoint"):
-                        # Layout 7: the agent's checkpoint, apart from its
-                        # pause (one written before stays in the pause).
-                        db.execute("ALTER TABLE sessions ADD COLUMN checkpoint BLOB")
-                if (
-                    version < 6
-                    and _has_table(db, "idempotency_keys")
-                    and not _has_column(db, "idempotency_keys", "written_at")
-                ):
-                    # Layout 6: when each key was written. Those of before
-                    # count from now: kept one more window, never less.
-                    db.execute(
-                        "ALTER TABLE idempotency_keys ADD COLUMN written_at REAL NOT NULL DEFAULT 0"
-                    )
-                    db.execute("UPDATE idempotency_keys SET written_at = ?", (time.time(),))
-                # Layouts 3 to 6: turn records, the webhook outbox and its
-                # owners, the keys by age: tables and indexes of the schema's.
-                for statement in filter(str.strip, SCHEMA.split(";")):
-                    db.execute(statement)
-                if version == 4:
-                    # Layout 5: the outbox's owners by their earliest notice
-                    # (fair claims); its index by owner alone is covered now.
-                    db.execute("DROP INDEX IF EXISTS webhook_outbox_by_owner")
-                    db.execute(
-                        "INSERT INTO webhook_owners"
-                        " SELECT owner, MIN(due) FROM webhook_outbox GROUP BY owner"
-                    )
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
@@ -260,7 +121,7 @@ class SqliteStore(TurnCommits):
         principal = principal_of(record.session_id)
 
         def create(db: sqlite3.Connection) -> None:
-            with _transaction(db):
+            with transaction(db):
                 if quota is not None and _count_of(db, principal) >= quota:
                     raise session_quota_exceeded(quota)
                 try:
@@ -302,7 +163,7 @@ class SqliteStore(TurnCommits):
 
     async def delete(self, session_id: str) -> bool:
         def delete(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
+            with transaction(db):
                 deleted = db.execute(
                     "DELETE FROM sessions WHERE session_id = ?", (session_id,)
                 ).rowcount
@@ -349,7 +210,7 @@ class SqliteStore(TurnCommits):
     ) -> None:
         # One server per file (the lock): no other owner to fence against.
         def commit(db: sqlite3.Connection) -> bool | None:
-            with _transaction(db):
+            with transaction(db):
                 row = db.execute(
                     "SELECT message_count FROM sessions WHERE session_id = ?", (session_id,)
                 ).fetchone()
@@ -406,7 +267,7 @@ class SqliteStore(TurnCommits):
 
     async def abandon_turn(self, session_id: str, turn_id: str) -> bool:
         def abandon(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
+            with transaction(db):
                 row = db.execute(
                     "INSERT INTO turn_status VALUES (?, ?, 'abandoned', ?) "
                     "ON CONFLICT DO UPDATE SET status = status RETURNING status",
@@ -481,7 +342,7 @@ class SqliteStore(TurnCommits):
         self, session_id: str, turn_id: str, events: list[event_pb2.Event]
     ) -> None:
         def append(db: sqlite3.Connection) -> None:
-            with _transaction(db):
+            with transaction(db):
                 _insert_events(db, session_id, turn_id, events)
 
         await self._run(append)
@@ -510,7 +371,7 @@ class SqliteStore(TurnCommits):
     async def set_key(self, session_id: str, key: str, turn_id: str) -> None:
         def set_key(db: sqlite3.Connection) -> None:
             at = time.time()
-            with _transaction(db):
+            with transaction(db):
                 db.execute(
                     "INSERT OR REPLACE INTO idempotency_keys VALUES (?, ?, ?, ?)",
                     (session_id, key, turn_id, at),
@@ -535,7 +396,7 @@ class SqliteStore(TurnCommits):
     ) -> bool:
         def put(db: sqlite3.Connection) -> bool:
             at = time.time()
-            with _transaction(db):
+            with transaction(db):
                 if (
                     db.execute(
                         "SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)
@@ -570,7 +431,7 @@ class SqliteStore(TurnCommits):
         return bytes(row[0]) if row else None
 
     def outbox(self) -> SqliteOutbox:
-        return SqliteOutbox(self)
+        return SqliteOutbox(self._run)
 
     async def open_turns(
         self, limit: int, cursor: int = 0
@@ -608,38 +469,6 @@ def _record(row: tuple[Any, ...]) -> SessionRecord:
     )
 
 
-def _has_table(db: sqlite3.Connection, name: str) -> bool:
-    found = db.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-    ).fetchone()
-    return found is not None
-
-
-def _has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
-    return any(row[1] == column for row in db.execute(f"PRAGMA table_info({table})"))
-
-
-def _migrate_from_0(db: sqlite3.Connection, legacy_principal: str) -> None:
-    """Give a version-0 file's sessions their principal and creation
-    nanoseconds (inside the caller's transaction)."""
-    # ADD COLUMN ... NOT NULL needs a default; every insert names both.
-    db.execute("ALTER TABLE sessions ADD COLUMN principal TEXT NOT NULL DEFAULT ''")
-    db.execute("ALTER TABLE sessions ADD COLUMN created_ns INTEGER NOT NULL DEFAULT 0")
-    # In Python, so the nanoseconds are exactly those new sessions get.
-    rows = db.execute("SELECT session_id, created_at FROM sessions").fetchall()
-    db.executemany(
-        "UPDATE sessions SET principal = ?, created_ns = ? WHERE session_id = ?",
-        [(legacy_principal, position(at, sid)[0], sid) for sid, at in rows],
-    )
-    if legacy_principal != ANONYMOUS:
-        # Version-0 ids never hold "/", so no renamed id can meet an old one.
-        # Files from before some tables existed lack them (created after this).
-        for table in filter(lambda t: _has_table(db, t), SESSION_TABLES):
-            db.execute(
-                f"UPDATE {table} SET session_id = ? || '/' || session_id", (legacy_principal,)
-            )
-
-
 def _lock_file(path: str) -> int:
     """An exclusive lock on ``path``, held while the returned descriptor is
     open (the kernel drops it if the process dies)."""
@@ -661,19 +490,6 @@ def _count_of(db: sqlite3.Connection, principal: str) -> int:
     )
 
 
-class _transaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-
 def _insert_events(
     db: sqlite3.Connection, session_id: str, turn_id: str, events: list[event_pb2.Event]
 ) -> None:
@@ -682,127 +498,3 @@ def _insert_events(
         "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?, ?)",
         [(session_id, turn_id, e.seq, written, e.SerializeToString()) for e in events],
     )
-
-
-class SqliteOutbox:
-    """Webhook notices in the store's file: they outlive a restart.
-    ``webhook_owners`` keeps each owner's earliest due time (its head), so a
-    claim reads owners in that order and a few notices of each."""
-
-    def __init__(self, store: SqliteStore) -> None:
-        self._store = store
-
-    async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
-        def add(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
-                kept = "SELECT 1 FROM webhook_outbox WHERE id = ?"
-                if db.execute(kept, (delivery.id,)).fetchone() is not None:
-                    return True  # kept already, as it is
-                waiting = db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0]
-                if waiting >= limit:
-                    return False
-                if owner_limit is not None:
-                    of_owner = db.execute(
-                        "SELECT COUNT(*) FROM webhook_outbox WHERE owner = ?", (delivery.owner,)
-                    ).fetchone()[0]
-                    if of_owner >= owner_limit:
-                        return False
-                db.execute(
-                    "INSERT INTO webhook_outbox VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        delivery.id,
-                        delivery.url,
-                        delivery.body,
-                        delivery.attempts,
-                        delivery.due,
-                        delivery.owner,
-                    ),
-                )
-                db.execute(
-                    "INSERT INTO webhook_owners VALUES (?, ?)"
-                    " ON CONFLICT DO UPDATE SET head = MIN(head, excluded.head)",
-                    (delivery.owner, delivery.due),
-                )
-            return True
-
-        return await self._store._run(add)
-
-    async def claim(
-        self,
-        now: float,
-        lease_seconds: float,
-        limit: int,
-        busy: Mapping[str, int] | None = None,
-        per_owner: int | None = None,
-    ) -> list[Delivery]:
-        busy = busy or {}
-        capped = capped_owners(busy, per_owner)
-
-        def claim(db: sqlite3.Connection) -> list[Delivery]:
-            out: list[Delivery] = []
-            with _transaction(db):
-                # Each owner due and below its cap has a notice for us: these suffice.
-                owners = db.execute(
-                    "SELECT owner FROM webhook_owners WHERE head <= ? ORDER BY head LIMIT ?",
-                    (now, limit + capped),
-                ).fetchall()
-                for (owner,) in owners:
-                    room = limit - len(out)
-                    if per_owner is not None:
-                        room = min(room, per_owner - busy.get(owner, 0))
-                    if room <= 0:
-                        continue
-                    rows = db.execute(
-                        "SELECT id, url, body, attempts FROM webhook_outbox"
-                        " WHERE owner = ? AND due <= ? ORDER BY due LIMIT ?",
-                        (owner, now, room),
-                    ).fetchall()
-                    db.executemany(
-                        "UPDATE webhook_outbox SET due = ? WHERE id = ?",
-                        [(now + lease_seconds, row[0]) for row in rows],
-                    )
-                    _head_of(db, owner)
-                    out += [
-                        Delivery(row[0], row[1], bytes(row[2]), row[3], now + lease_seconds, owner)
-                        for row in rows
-                    ]
-            return out
-
-        return await self._store._run(claim)
-
-    async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
-        def settle(db: sqlite3.Connection) -> None:
-            with _transaction(db):
-                row = db.execute(
-                    "SELECT owner FROM webhook_outbox WHERE id = ?", (delivery.id,)
-                ).fetchone()
-                if row is None:
-                    return
-                if retry_at is None:
-                    db.execute("DELETE FROM webhook_outbox WHERE id = ?", (delivery.id,))
-                else:
-                    db.execute(
-                        "UPDATE webhook_outbox SET attempts = ?, due = ? WHERE id = ?",
-                        (delivery.attempts, retry_at, delivery.id),
-                    )
-                _head_of(db, row[0])
-
-        await self._store._run(settle)
-
-    async def next_due(self, skip: Collection[str] = ()) -> float | None:
-        rows = await self._store._run(
-            lambda db: db.execute(
-                "SELECT owner, head FROM webhook_owners ORDER BY head LIMIT ?", (len(skip) + 1,)
-            ).fetchall()
-        )
-        return next((float(head) for owner, head in rows if owner not in skip), None)
-
-
-def _head_of(db: sqlite3.Connection, owner: str) -> None:
-    """The owner's head again, after its notices changed (inside the
-    caller's transaction)."""
-    head = db.execute("SELECT MIN(due) FROM webhook_outbox WHERE owner = ?", (owner,)).fetchone()[0]
-    if head is None:
-        db.execute("DELETE FROM webhook_owners WHERE owner = ?", (owner,))
-    else:
-        db.execute("UPDATE webhook_owners SET head = ? WHERE owner = ?", (head, owner))

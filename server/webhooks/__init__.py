@@ -1,5 +1,8 @@
 """Webhooks: a turn's end told to the caller's URL.
 
-``sender`` checks destinations against the allow-list, queues notices in
-the store's outbox and delivers them, signed, with retries.
+``settings`` is what the operator allows (the flags, and the allow-list
+every destination is checked against); ``outbox`` the notices waiting and
+the contract each store's outbox keeps (with the memory store's own);
+``sender`` delivers them, signed, with retries. Each imports only those
+before it.
 """

@@ -4,376 +4,45 @@ waiting for the client, signed as Standard Webhooks specifies
 ``webhook-signature: v1,<base64 HMAC-SHA256>``), so any of its libraries
 verifies them.
 
-Delivery is at least once and never in a turn's way: a notice is written to
-an outbox (``Outbox``: the session store's where it has one, so it survives
-a restart), and ``WebhookSender`` delivers from it in the background, retrying
-with exponential backoff until the receiver answers 2xx, answers 410, or the
-attempts run out. A notice keeps its id across attempts (the idempotency key
-receivers drop repeats by); each attempt is signed anew with its own time.
-The outbox is bounded: past its limit a new notice is dropped (counted), never
-the turn.
+``WebhookSender`` puts notices in the store's outbox (``outbox``) and
+delivers from it in the background, retrying with exponential backoff until
+the receiver answers 2xx, answers 410, or the attempts run out; each attempt
+is signed anew with its own time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import dataclasses
 import functools
-import json
 import logging
 import random
-import re
 import time
-import unicodedata
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
+from typing import Any
 
 import httpx
 from standardwebhooks import Webhook
 
 from turnmesh.runtime import metrics
-from turnmesh.runtime.errors import FieldViolation, InvalidArgument
-from turnmesh.runtime.ids import new_id
+from turnmesh.server.webhooks.outbox import (
+    MAX_NOTICE_BYTES,
+    Delivery,
+    Outbox,
+    OutboxUnavailable,
+    notice,
+)
+from turnmesh.server.webhooks.settings import WebhookSettings, allowed
 
-__all__ = [
-    "MAX_NOTICE_BYTES",
-    "Delivery",
-    "MemoryOutbox",
-    "Outbox",
-    "OutboxUnavailable",
-    "WebhookSender",
-    "WebhookSettings",
-    "allowed",
-    "capped_owners",
-    "check_destination",
-    "notice",
-    "settings_from",
-]
+__all__ = ["WebhookSender"]
 
 log = logging.getLogger(__name__)
 
-MAX_URL_CHARS = 2048
-# A notice's body, at most: a turn's is cut to fit (``turn_records.bounded``),
-# so the outbox holds at most its count of these.
-MAX_NOTICE_BYTES = 64 * 1024
-# The memory store's outbox holds at most this many bytes of bodies.
-MAX_MEMORY_OUTBOX_BYTES = 64 * 2**20
 # Of a receiver's answer, read at most (beyond httpx's own buffer of one
 # network read, 64 KiB): its status is all a delivery needs.
 MAX_RESPONSE_BYTES = 4096
-
-
-@dataclass(frozen=True)
-class WebhookSettings:
-    """Where webhooks may go and how hard they are tried."""
-
-    # Allowed destinations: URL prefixes (scheme://host[:port][/path]); none
-    # allowed, no webhooks.
-    allow: Sequence[str] = ()
-    # The signing secret, Standard Webhooks' form ("whsec_" + base64).
-    secret: str = ""
-    max_attempts: int = 8
-    first_retry_seconds: float = 1.0
-    max_retry_seconds: float = 600.0
-    timeout_seconds: float = 10.0
-    # Notices waiting in the outbox, at most; of one principal's turns, at
-    # most (one tenant's failing receiver cannot crowd the others out).
-    max_pending: int = 10_000
-    max_pending_per_owner: int = 1_000
-    # Deliveries in flight at once, from this server; of one principal's
-    # turns, at most (one tenant's slow or failing receiver cannot hold
-    # every slot: the others' notices are claimed past its own).
-    concurrency: int = 8
-    max_in_flight_per_owner: int = 2
-
-
-def settings_from(
-    allow: str | None,
-    secret_file: str | None,
-    max_attempts: int = 8,
-    first_retry_seconds: float = 1.0,
-    timeout_seconds: float = 10.0,
-) -> WebhookSettings:
-    """The server's webhook settings from its flags; ValueError, in words
-    for the operator, if they cannot work."""
-    prefixes = tuple(p.strip() for p in (allow or "").split(",") if p.strip())
-    for prefix in prefixes:
-        parts = urlsplit(prefix)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--webhook-allow: {prefix!r} is not an http(s) URL prefix")
-    secret = ""
-    if prefixes:
-        if not secret_file:
-            raise ValueError("--webhook-allow needs --webhook-secret-file (the signing secret)")
-        try:
-            with open(secret_file, encoding="utf-8") as file:
-                secret = file.read().strip()
-        except OSError as exc:
-            raise ValueError(f"--webhook-secret-file: {exc.strerror}: {secret_file}") from None
-        try:
-            Webhook(secret)
-        except Exception:
-            raise ValueError(
-                "--webhook-secret-file: not a Standard Webhooks secret (whsec_<base64>)"
-            ) from None
-    return WebhookSettings(
-        allow=prefixes,
-        secret=secret,
-        max_attempts=max_attempts,
-        first_retry_seconds=first_retry_seconds,
-        timeout_seconds=timeout_seconds,
-    )
-
-
-def check_destination(url: str, allow: Sequence[str], field_name: str) -> str:
-    """The webhook URL, if the server's allow-list lets notices go there."""
-    problem = _problem(url, allow)
-    if problem:
-        raise InvalidArgument([FieldViolation(field_name, problem)])
-    return url
-
-
-def allowed(url: str, allow: Sequence[str]) -> bool:
-    return not _problem(url, allow)
-
-
-# Path segments a client or the receiver's server may normalise away (httpx
-# does), which would take a request out of the allowed prefix:
-# "/team-a/../admin" is "/admin".
-_DOT_SEGMENTS = frozenset({".", ".."})
-# Percent-encoded "/" and "\\": servers that decode them before they route
-# make "/team-a/..%2fadmin" the "/admin" that the prefix check never saw.
-_ENCODED_SEPARATORS = re.compile(r"%(2f|5c)", re.IGNORECASE)
-
-
-def _problem(url: str, allow: Sequence[str]) -> str:
-    if len(url) > MAX_URL_CHARS:
-        return f"at most {MAX_URL_CHARS} characters"
-    if "\\" in url or any(c.isspace() or not c.isprintable() for c in url):
-        return "must not hold spaces, control characters or backslashes"
-    if not url.isascii():
-        # Sent percent-encoded, and normalised by some servers: two
-        # fullwidth dots (U+FF0E) are ".." to them.
-        return "must hold only ASCII characters (percent-encode the others)"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 -- raises ValueError for a port that is not one
-        httpx.URL(url)  # what the sender will make of it
-    except (ValueError, httpx.InvalidURL):
-        return "must be an http or https URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http or https URL"
-    if parts.username or parts.password:
-        return "must not carry credentials"
-    if _ENCODED_SEPARATORS.search(parts.path):
-        return "must not hold percent-encoded slashes or backslashes (%2F, %5C) in its path"
-    if any(_dot_segment(segment) for segment in parts.path.split("/")):
-        return "must not hold . or .. path segments"
-    if not any(_under(url, prefix) for prefix in allow):
-        if not allow:
-            return "is not a destination this server sends webhooks to (its allow-list is empty)"
-        return "is not a destination this server sends webhooks to (see its allow-list)"
-    return ""
-
-
-def _dot_segment(segment: str) -> bool:
-    """Whether a server could read the segment as "." or "..": decoded once
-    or more ("%252e" is "%2e" is "."), in compatibility form (fullwidth dots
-    are dots), or before a ";" parameter (some servers read "..;" as "..")."""
-    for _ in range(4):  # each decoding level in turn; more would be absurd
-        plain = unicodedata.normalize("NFKC", segment)
-        if plain.split(";", 1)[0] in _DOT_SEGMENTS or "/" in plain or "\\" in plain:
-            return True
-        decoded = unquote(segment)
-        if decoded == segment:
-            return False
-        segment = decoded
-    return True  # still encoded after that: nothing a sender means
-
-
-def _under(url: str, prefix: str) -> bool:
-    # A prefix that ends at a host must end there: an allowed
-    # "https://hooks.example.com" admits its paths on the default port, never
-    # "https://hooks.example.com.evil" nor "https://hooks.example.com:6379"
-    # (a port must be named: "https://hooks.example.com:8443").
-    if not url.startswith(prefix):
-        return False
-    rest = url[len(prefix) :]
-    return prefix.endswith("/") or rest == "" or rest[0] in "/?#"
-
-
-def notice(
-    kind: str, data: Mapping[str, Any], notice_id: str = "", truncated: bool = False
-) -> tuple[str, bytes]:
-    """A notice's id (a new one unless given) and body: ``{"type",
-    "timestamp", "data"}`` (kind: ``turn.finished``, ``turn.failed``...),
-    and ``"truncated": true`` when ``data`` was cut to fit."""
-    notice_id = notice_id or f"msg_{new_id()}"
-    body: dict[str, Any] = {
-        "type": kind,
-        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "data": dict(data),
-    }
-    if truncated:
-        body["truncated"] = True
-    return notice_id, json.dumps(body, separators=(",", ":")).encode()
-
-
-class OutboxUnavailable(Exception):
-    """The outbox could not be written (not full: failing): the notice is
-    not queued, and whoever sent it must be able to send it again."""
-
-
-@dataclass
-class Delivery:
-    """A notice in the outbox: where it goes, and its attempts so far."""
-
-    id: str
-    url: str
-    body: bytes
-    attempts: int = 0
-    due: float = field(default_factory=time.time)
-    # The principal whose turn it tells of (its share of the outbox).
-    owner: str = ""
-
-
-def capped_owners(busy: Mapping[str, int], per_owner: int | None) -> int:
-    """How many owners have ``per_owner`` deliveries in flight already."""
-    return sum(1 for n in busy.values() if per_owner is not None and n >= per_owner)
-
-
-class Outbox(Protocol):
-    """Where notices wait to be delivered (each store has one)."""
-
-    async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
-        """Keep the notice (one with its id kept already stays as it is);
-        False (nothing kept) if ``limit`` are waiting, or ``owner_limit`` of
-        its owner's."""
-
-    async def claim(
-        self,
-        now: float,
-        lease_seconds: float,
-        limit: int,
-        busy: Mapping[str, int] | None = None,
-        per_owner: int | None = None,
-    ) -> list[Delivery]:
-        """At most ``limit`` notices due by ``now``, each held for
-        ``lease_seconds`` (a server that dies holding one leaves it due again
-        after that), with their owners. Fair by owner: owners are taken by
-        their earliest due notice, and of each at most ``per_owner`` (None:
-        no cap) less the deliveries ``busy`` says it has in flight here, so
-        an owner at its cap is passed over, however many of its notices are
-        due first. A claim looks at no more than ``limit`` plus the owners at
-        their cap, and reads at most ``limit`` notices."""
-
-    async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
-        """Delivered or given up (``retry_at`` None: gone), or due again then."""
-
-    async def next_due(self, skip: Collection[str] = ()) -> float | None:
-        """When the earliest notice of an owner not in ``skip`` (those at
-        their cap here) is due, if any waits."""
-
-
-class MemoryOutbox:
-    """The memory store's outbox: lost with the process, as its sessions are."""
-
-    def __init__(self, max_bytes: int = MAX_MEMORY_OUTBOX_BYTES) -> None:
-        self._waiting: dict[str, Delivery] = {}
-        self._owners: Counter[str] = Counter()
-        # Each owner's notices as (due, id), in order; and the owners as
-        # (their earliest due, owner), in order: a claim reads only the heads
-        # of the owners it takes from.
-        self._queues: dict[str, list[tuple[float, str]]] = {}
-        self._heads: list[tuple[float, str]] = []
-        # The bodies it holds, in bytes: in this process's memory, so bounded
-        # below what the count and each body's bound allow (625 MiB).
-        self._bytes = 0
-        self._max_bytes = max_bytes
-
-    async def add(self, delivery: Delivery, limit: int, owner_limit: int | None = None) -> bool:
-        if delivery.id in self._waiting:
-            return True
-        if len(self._waiting) >= limit or self._bytes + len(delivery.body) > self._max_bytes:
-            return False
-        if owner_limit is not None and self._owners[delivery.owner] >= owner_limit:
-            return False
-        kept = dataclasses.replace(delivery)  # its due time is our index's key: ours alone
-        self._waiting[kept.id] = kept
-        self._owners[kept.owner] += 1
-        self._bytes += len(kept.body)
-        self._queue(kept)
-        return True
-
-    async def claim(
-        self,
-        now: float,
-        lease_seconds: float,
-        limit: int,
-        busy: Mapping[str, int] | None = None,
-        per_owner: int | None = None,
-    ) -> list[Delivery]:
-        busy = busy or {}
-        capped = capped_owners(busy, per_owner)
-        # Each owner due and below its cap has a notice for us: these suffice.
-        owners = [owner for head, owner in self._heads[: limit + capped] if head <= now]
-        out: list[Delivery] = []
-        for owner in owners:
-            room = limit - len(out)
-            if per_owner is not None:
-                room = min(room, per_owner - busy.get(owner, 0))
-            due = [self._waiting[i] for at, i in self._queues[owner][: max(room, 0)] if at <= now]
-            for delivery in due:
-                self._unqueue(delivery)
-                delivery.due = now + lease_seconds
-                self._queue(delivery)
-                out.append(dataclasses.replace(delivery))
-        return out
-
-    async def settle(self, delivery: Delivery, retry_at: float | None) -> None:
-        if (kept := self._waiting.get(delivery.id)) is None:
-            return
-        self._unqueue(kept)
-        if retry_at is None:
-            del self._waiting[kept.id]
-            self._bytes -= len(kept.body)
-            self._owners[kept.owner] -= 1
-            if self._owners[kept.owner] <= 0:
-                del self._owners[kept.owner]
-        else:
-            kept.attempts, kept.due = delivery.attempts, retry_at
-            self._queue(kept)
-
-    async def next_due(self, skip: Collection[str] = ()) -> float | None:
-        return next((at for at, owner in self._heads if owner not in skip), None)
-
-    def _queue(self, delivery: Delivery) -> None:
-        queue = self._queues.setdefault(delivery.owner, [])
-        before = queue[0][0] if queue else None
-        bisect.insort(queue, (delivery.due, delivery.id))
-        self._head_moved(delivery.owner, before, queue[0][0])
-
-    def _unqueue(self, delivery: Delivery) -> None:
-        queue = self._queues[delivery.owner]
-        before = queue[0][0]
-        del queue[bisect.bisect_left(queue, (delivery.due, delivery.id))]
-        self._head_moved(delivery.owner, before, queue[0][0] if queue else None)
-        if not queue:
-            del self._queues[delivery.owner]
-
-    def _head_moved(self, owner: str, before: float | None, after: float | None) -> None:
-        if before == after:
-            return
-        if before is not None:
-            del self._heads[bisect.bisect_left(self._heads, (before, owner))]
-        if after is not None:
-            bisect.insort(self._heads, (after, owner))
 
 
 class WebhookSender:

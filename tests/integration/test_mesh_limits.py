@@ -39,8 +39,8 @@ from turnmesh.server.sessions.admission import admit
 from turnmesh.server.sessions.core import SessionCore
 from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.sessions.turns import CancelReason
-from turnmesh.server.stores.base import MemoryStore
-from turnmesh.server.stores.redis import connect
+from turnmesh.server.stores.memory import MemoryStore
+from turnmesh.server.stores.redis_client import connect
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import session_service_pb2 as spb

@@ -20,11 +20,11 @@ from tests.support.redis_cluster import RedisCluster
 from turnmesh.runtime.principals import principal_of
 from turnmesh.server.stores.base import SessionRecord
 from turnmesh.server.stores.listing import position
-from turnmesh.server.stores.redis import (
+from turnmesh.server.stores.redis import RedisStore
+from turnmesh.server.stores.redis_client import connect
+from turnmesh.server.stores.redis_keys import (
     LISTING_SHARDS,
     Keys,
-    RedisStore,
-    connect,
     idle_key,
     listing_entry,
     listing_key,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from turnmesh.server.stores import sqlite as store_sqlite
-from turnmesh.server.stores.base import SessionRecord, open_store
+from turnmesh.server.stores import open_store, sqlite_schema
+from turnmesh.server.stores.base import SessionRecord
 from turnmesh.server.stores.listing import position
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -147,7 +147,7 @@ async def test_a_version_0_file_goes_to_the_legacy_principal(tmp_path: Path) -> 
         assert [m.content for m in await store.history(sid)] == ["hi", "hello", "again"]
     finally:
         await store.close()
-    assert _raw(path)[0] == store_sqlite.SCHEMA_VERSION
+    assert _raw(path)[0] == sqlite_schema.SCHEMA_VERSION
 
 
 async def test_a_file_from_before_some_tables_moves_too(tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ async def test_reopening_a_moved_or_new_file_changes_nothing(tmp_path: Path) -> 
         first = open_store(f"sqlite:{path}", 600, legacy_principal="acme")
         await first.close()
         before = _raw(path)
-        assert before[0] == store_sqlite.SCHEMA_VERSION
+        assert before[0] == sqlite_schema.SCHEMA_VERSION
         # Another legacy principal changes nothing either: the move is done.
         again = open_store(f"sqlite:{path}", 600, legacy_principal="other")
         await again.close()
@@ -214,8 +214,8 @@ async def test_a_failed_move_leaves_the_file_as_it_was(
     _old_file(path)
     before = _raw(path)
     # The last rename fails: every earlier change must be rolled back.
-    monkeypatch.setattr(store_sqlite, "SESSION_TABLES", (*store_sqlite.SESSION_TABLES, "nope"))
-    monkeypatch.setattr(store_sqlite, "_has_table", lambda db, name: True)
+    monkeypatch.setattr(sqlite_schema, "SESSION_TABLES", (*sqlite_schema.SESSION_TABLES, "nope"))
+    monkeypatch.setattr(sqlite_schema, "_has_table", lambda db, name: True)
     with pytest.raises(sqlite3.OperationalError, match="no such table"):
         open_store(f"sqlite:{path}", 600, legacy_principal="acme")
     assert _raw(path) == before
@@ -231,7 +231,7 @@ async def test_a_file_of_a_newer_layout_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.db"
     await open_store(f"sqlite:{path}", 600).close()
     db = sqlite3.connect(path)
-    db.execute(f"PRAGMA user_version = {store_sqlite.SCHEMA_VERSION + 1}")
+    db.execute(f"PRAGMA user_version = {sqlite_schema.SCHEMA_VERSION + 1}")
     db.close()
     with pytest.raises(RuntimeError, match="newer turnmesh"):
         open_store(f"sqlite:{path}", 600)

@@ -21,19 +21,16 @@ from tests.support.mesh import RedisServer, eventually
 from tests.support.redis_cluster import RedisCluster
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
-from turnmesh.server.stores import base as store_module
+from turnmesh.server.stores import memory as store_memory
+from turnmesh.server.stores import open_store, redis_keys, sqlite_schema
 from turnmesh.server.stores import redis as store_redis
 from turnmesh.server.stores import sqlite as store_sqlite
-from turnmesh.server.stores.base import (
-    MemoryStore,
-    SessionRecord,
-    SessionStore,
-    StoreInUse,
-    TurnAbandoned,
-    open_store,
-)
+from turnmesh.server.stores.base import SessionRecord, SessionStore, StoreInUse, TurnAbandoned
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.server.stores.redis import RedisStore
-from turnmesh.server.webhooks.sender import Delivery, Outbox, WebhookSender, WebhookSettings
+from turnmesh.server.webhooks.outbox import Delivery, Outbox
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 
 # A database of its own, emptied for each test: the records these tests
@@ -345,7 +342,7 @@ def _texts(reply: object) -> list[str]:
 async def _stored_keys(store: SessionStore, sid: str) -> list[str]:
     """The idempotency keys the store holds for the session, read raw."""
     if isinstance(store, RedisStore):
-        keys = store_redis.Keys(sid)
+        keys = redis_keys.Keys(sid)
         held = sorted(_texts(await store.client.hkeys(keys.keys)))
         timed = sorted(_texts(await store.client.zrange(keys.key_times, 0, -1)))
         assert held == timed  # every key has its time
@@ -363,7 +360,7 @@ async def _stored_keys(store: SessionStore, sid: str) -> list[str]:
 async def test_a_session_keeps_a_bounded_number_of_idempotency_keys(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (store_module, store_sqlite, store_redis):
+    for module in (store_sqlite, store_redis):
         monkeypatch.setattr(module, "IDEMPOTENCY_KEYS_PER_SESSION", 3)
     sid, other = _sid(), _sid()
     await store.create(_record(sid))
@@ -420,7 +417,7 @@ async def test_a_sessions_turn_index_is_bounded_and_leaves_the_old_set_to_the_de
     monkeypatch.setattr(store_redis, "time", clock)
     raw = redis_store.client
     sid = _sid()
-    keys = store_redis.Keys(sid)
+    keys = redis_keys.Keys(sid)
     await redis_store.create(_record(sid))
     await raw.sadd(keys.turns, *(f"ancient{n}" for n in range(50)))  # an older server's
     started = event_pb2.Event(type=event_pb2.RUN_STARTED, seq=1)
@@ -450,7 +447,7 @@ async def test_keys_written_before_their_times_are_kept_then_trimmed(
     monkeypatch.setattr(store_redis, "IDEMPOTENCY_KEYS_PER_SESSION", 3)
     raw = redis_store.client
     sid = _sid()
-    keys = store_redis.Keys(sid)
+    keys = redis_keys.Keys(sid)
     await redis_store.create(_record(sid))
     await raw.hset(keys.keys, mapping={f"legacy{n}": f"l{n}" for n in range(5)})
     assert await redis_store.get_key(sid, "legacy0") == "l0"  # no time: still kept
@@ -470,7 +467,7 @@ async def test_a_delete_after_new_commits_removes_the_turns_of_before_the_index(
     are in a set, which later commits leave for the delete to read."""
     raw = redis_store.client
     sid = _sid()
-    keys = store_redis.Keys(sid)
+    keys = redis_keys.Keys(sid)
     await redis_store.create(_record(sid))
     await raw.sadd(keys.turns, "old")
     await raw.rpush(keys.events("old"), b"x")
@@ -741,7 +738,7 @@ async def test_turn_records_expire_on_their_own_ttl(store: SessionStore) -> None
 async def test_a_session_keeps_a_bounded_number_of_turn_records(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (store_module, store_sqlite, store_redis):
+    for module in (store_memory, store_sqlite, store_redis):
         monkeypatch.setattr(module, "TURN_RECORDS_PER_SESSION", 3)
     sid, other = _sid(), _sid()
     await store.create(_record(sid))
@@ -821,7 +818,7 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION == 7
     finally:
         db.close()
 
@@ -970,7 +967,7 @@ async def test_a_version_4_sqlite_file_gets_the_outboxs_owners(tmp_path: Path) -
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == store_sqlite.SCHEMA_VERSION
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION
         indexes = {row[1] for row in db.execute("PRAGMA index_list(webhook_outbox)")}
         assert "webhook_outbox_by_owner" not in indexes
     finally:

@@ -25,9 +25,12 @@ from turnmesh.server.sessions.admission import admit
 from turnmesh.server.sessions.core import SessionCore
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog
 from turnmesh.server.sessions.turns import CancelReason, PendingTurn, SessionTurns
-from turnmesh.server.stores.base import MemoryStore, SessionRecord, now
+from turnmesh.server.stores.base import SessionRecord, now
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.server.stores.sqlite import SqliteStore
-from turnmesh.server.webhooks.sender import MemoryOutbox, WebhookSender, WebhookSettings
+from turnmesh.server.webhooks.outbox import MemoryOutbox
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -697,7 +700,7 @@ async def test_the_sweep_goes_past_lost_turns_whose_notice_cannot_be_queued(
     """A lost turn whose webhook's outbox fails stays open (its notice must
     not be lost); it does not count as settled, so the sweep's next page is
     not pulled back onto it and the turns behind it are settled."""
-    from turnmesh.server.stores.redis import connect
+    from turnmesh.server.stores.redis_client import connect
     from turnmesh.server.stores.redis_outbox import RedisOutbox
 
     secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()

@@ -27,7 +27,7 @@ from turnmesh.server.mesh.leases import HELD_ELSEWHERE
 from turnmesh.server.mesh.ownership import LOCAL, Forward, Owner, SessionOwnership
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.sessions.core import SessionCore
-from turnmesh.server.stores.base import MemoryStore
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

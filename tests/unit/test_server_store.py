@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from turnmesh.runtime.errors import AlreadyExists, NotFound
-from turnmesh.server.stores.base import MemoryStore, SessionRecord
+from turnmesh.server.stores.base import SessionRecord
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.v1 import message_pb2
 
 

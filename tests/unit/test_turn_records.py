@@ -8,15 +8,13 @@ import pytest
 
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.server.sessions import turn_records
-from turnmesh.server.stores.base import MemoryStore, SessionRecord
-from turnmesh.server.stores.redis import connect
+from turnmesh.server.stores.base import SessionRecord
+from turnmesh.server.stores.memory import MemoryStore
+from turnmesh.server.stores.redis_client import connect
 from turnmesh.server.stores.redis_outbox import RedisOutbox
-from turnmesh.server.webhooks.sender import (
-    MAX_NOTICE_BYTES,
-    OutboxUnavailable,
-    WebhookSender,
-    WebhookSettings,
-)
+from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES, OutboxUnavailable
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import WebhookSettings
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

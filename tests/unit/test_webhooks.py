@@ -14,13 +14,9 @@ from standardwebhooks import Webhook
 
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import InvalidArgument
-from turnmesh.server.webhooks.sender import (
-    Delivery,
-    MemoryOutbox,
-    WebhookSender,
-    WebhookSettings,
-    check_destination,
-)
+from turnmesh.server.webhooks.outbox import Delivery, MemoryOutbox
+from turnmesh.server.webhooks.sender import WebhookSender
+from turnmesh.server.webhooks.settings import WebhookSettings, check_destination
 
 
 def _settings(**kw: object) -> WebhookSettings:
@@ -349,7 +345,7 @@ def test_webhooks_need_a_secret() -> None:
 
 
 def test_a_notice_body_is_compact_json() -> None:
-    from turnmesh.server.webhooks.sender import notice
+    from turnmesh.server.webhooks.outbox import notice
 
     notice_id, body = notice("turn.finished", {"turn_id": "t1"})
     assert notice_id.startswith("msg_")
@@ -372,7 +368,7 @@ async def test_one_owner_cannot_fill_the_outbox() -> None:
 
 
 async def test_a_notice_past_its_byte_bound_is_dropped() -> None:
-    from turnmesh.server.webhooks.sender import MAX_NOTICE_BYTES
+    from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES
 
     outbox = WatchedOutbox()
     sender = WebhookSender(_settings(), outbox)  # not started: nothing drains

@@ -1,0 +1,162 @@
+"""The server's webhook settings (``--webhook-*`` flags), and the allow-list
+every destination is checked against: when a client names a URL, and again
+before each attempt (``allowed``), so a URL a client can dress up (dot
+segments, encoded slashes, credentials, a longer host) never leaves the
+prefixes the operator allowed.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+import httpx
+from standardwebhooks import Webhook
+
+from turnmesh.runtime.errors import FieldViolation, InvalidArgument
+
+__all__ = ["WebhookSettings", "allowed", "check_destination", "settings_from"]
+
+MAX_URL_CHARS = 2048
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where webhooks may go and how hard they are tried."""
+
+    # Allowed destinations: URL prefixes (scheme://host[:port][/path]); none
+    # allowed, no webhooks.
+    allow: Sequence[str] = ()
+    # The signing secret, Standard Webhooks' form ("whsec_" + base64).
+    secret: str = ""
+    max_attempts: int = 8
+    first_retry_seconds: float = 1.0
+    max_retry_seconds: float = 600.0
+    timeout_seconds: float = 10.0
+    # Notices waiting in the outbox, at most; of one principal's turns, at
+    # most (one tenant's failing receiver cannot crowd the others out).
+    max_pending: int = 10_000
+    max_pending_per_owner: int = 1_000
+    # Deliveries in flight at once, from this server; of one principal's
+    # turns, at most (one tenant's slow or failing receiver cannot hold
+    # every slot: the others' notices are claimed past its own).
+    concurrency: int = 8
+    max_in_flight_per_owner: int = 2
+
+
+def settings_from(
+    allow: str | None,
+    secret_file: str | None,
+    max_attempts: int = 8,
+    first_retry_seconds: float = 1.0,
+    timeout_seconds: float = 10.0,
+) -> WebhookSettings:
+    """The server's webhook settings from its flags; ValueError, in words
+    for the operator, if they cannot work."""
+    prefixes = tuple(p.strip() for p in (allow or "").split(",") if p.strip())
+    for prefix in prefixes:
+        parts = urlsplit(prefix)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--webhook-allow: {prefix!r} is not an http(s) URL prefix")
+    secret = ""
+    if prefixes:
+        if not secret_file:
+            raise ValueError("--webhook-allow needs --webhook-secret-file (the signing secret)")
+        try:
+            with open(secret_file, encoding="utf-8") as file:
+                secret = file.read().strip()
+        except OSError as exc:
+            raise ValueError(f"--webhook-secret-file: {exc.strerror}: {secret_file}") from None
+        try:
+            Webhook(secret)
+        except Exception:
+            raise ValueError(
+                "--webhook-secret-file: not a Standard Webhooks secret (whsec_<base64>)"
+            ) from None
+    return WebhookSettings(
+        allow=prefixes,
+        secret=secret,
+        max_attempts=max_attempts,
+        first_retry_seconds=first_retry_seconds,
+        timeout_seconds=timeout_seconds,
+    )
+
+
+def check_destination(url: str, allow: Sequence[str], field_name: str) -> str:
+    """The webhook URL, if the server's allow-list lets notices go there."""
+    problem = _problem(url, allow)
+    if problem:
+        raise InvalidArgument([FieldViolation(field_name, problem)])
+    return url
+
+
+def allowed(url: str, allow: Sequence[str]) -> bool:
+    return not _problem(url, allow)
+
+
+# Path segments a client or the receiver's server may normalise away (httpx
+# does), which would take a request out of the allowed prefix:
+# "/team-a/../admin" is "/admin".
+_DOT_SEGMENTS = frozenset({".", ".."})
+# Percent-encoded "/" and "\\": servers that decode them before they route
+# make "/team-a/..%2fadmin" the "/admin" that the prefix check never saw.
+_ENCODED_SEPARATORS = re.compile(r"%(2f|5c)", re.IGNORECASE)
+
+
+def _problem(url: str, allow: Sequence[str]) -> str:
+    if len(url) > MAX_URL_CHARS:
+        return f"at most {MAX_URL_CHARS} characters"
+    if "\\" in url or any(c.isspace() or not c.isprintable() for c in url):
+        return "must not hold spaces, control characters or backslashes"
+    if not url.isascii():
+        # Sent percent-encoded, and normalised by some servers: two
+        # fullwidth dots (U+FF0E) are ".." to them.
+        return "must hold only ASCII characters (percent-encode the others)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not one
+        httpx.URL(url)  # what the sender will make of it
+    except (ValueError, httpx.InvalidURL):
+        return "must be an http or https URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http or https URL"
+    if parts.username or parts.password:
+        return "must not carry credentials"
+    if _ENCODED_SEPARATORS.search(parts.path):
+        return "must not hold percent-encoded slashes or backslashes (%2F, %5C) in its path"
+    if any(_dot_segment(segment) for segment in parts.path.split("/")):
+        return "must not hold . or .. path segments"
+    if not any(_under(url, prefix) for prefix in allow):
+        if not allow:
+            return "is not a destination this server sends webhooks to (its allow-list is empty)"
+        return "is not a destination this server sends webhooks to (see its allow-list)"
+    return ""
+
+
+def _dot_segment(segment: str) -> bool:
+    """Whether a server could read the segment as "." or "..": decoded once
+    or more ("%252e" is "%2e" is "."), in compatibility form (fullwidth dots
+    are dots), or before a ";" parameter (some servers read "..;" as "..")."""
+    for _ in range(4):  # each decoding level in turn; more would be absurd
+        plain = unicodedata.normalize("NFKC", segment)
+        if plain.split(";", 1)[0] in _DOT_SEGMENTS or "/" in plain or "\\" in plain:
+            return True
+        decoded = unquote(segment)
+        if decoded == segment:
+            return False
+        segment = decoded
+    return True  # still encoded after that: nothing a sender means
+
+
+def _under(url: str, prefix: str) -> bool:
+    # A prefix that ends at a host must end there: an allowed
+    # "https://hooks.example.com" admits its paths on the default port, never
+    # "https://hooks.example.com.evil" nor "https://hooks.example.com:6379"
+    # (a port must be named: "https://hooks.example.com:8443").
+    if not url.startswith(prefix):
+        return False
+    rest = url[len(prefix) :]
+    return prefix.endswith("/") or rest == "" or rest[0] in "/?#"
