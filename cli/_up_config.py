@@ -27,8 +27,8 @@ from pydantic import (
 
 from turnmesh.cli._restart import DEFAULT_BUDGET, RestartPolicy
 from turnmesh.cli.main import SERVER_FLAGS, ServerFlag
-from turnmesh.envoy import guards
-from turnmesh.envoy.config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
+from turnmesh.envoy import edge_config
+from turnmesh.envoy.edge_config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.server.config import ServerConfig
 
@@ -92,24 +92,24 @@ class UpConfig(BaseModel):
     allow_open: bool = False
     # Envoy's limits (envoy/guards.py), flags of `up` and `edge` alike.
     rate_limit_per_ip: int = Field(
-        default=guards.DEFAULT_RATE_LIMIT_PER_IP,
+        default=edge_config.DEFAULT_RATE_LIMIT_PER_IP,
         ge=0,
         description="requests a second per client IP at Envoy, bursts of twice that "
         "(0: no limit; 127.0.0.1 and ::1 are never limited)",
     )
     max_streams_per_connection: int = Field(
-        default=guards.DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        default=edge_config.DEFAULT_MAX_STREAMS_PER_CONNECTION,
         ge=1,
-        le=guards.MAX_STREAMS,
+        le=edge_config.MAX_STREAMS,
         description="concurrent HTTP/2 streams (gRPC calls) on one client connection",
     )
     max_connections: int = Field(
-        default=guards.DEFAULT_MAX_CONNECTIONS,
+        default=edge_config.DEFAULT_MAX_CONNECTIONS,
         ge=1,
         description="client connections Envoy holds at once; near it, idle ones close sooner",
     )
     max_heap_mb: int = Field(
-        default=guards.DEFAULT_MAX_HEAP_MB,
+        default=edge_config.DEFAULT_MAX_HEAP_MB,
         ge=1,
         description="Envoy's heap in MiB; new requests get 429 at 95 percent of it",
     )
@@ -196,8 +196,8 @@ class UpConfig(BaseModel):
         return None
 
     @property
-    def edge_guards(self) -> guards.EdgeGuards:
-        return guards.EdgeGuards(
+    def edge_guards(self) -> edge_config.EdgeGuards:
+        return edge_config.EdgeGuards(
             rate_limit_per_ip=self.rate_limit_per_ip,
             max_streams_per_connection=self.max_streams_per_connection,
             max_heap_mb=self.max_heap_mb,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from turnmesh.cli._up_config import EDGE_LIMITS
 from turnmesh.envoy import EdgeConfig, EdgeGuards
-from turnmesh.envoy.guards import DEFAULT_MAX_CONNECTIONS
+from turnmesh.envoy.edge_config import DEFAULT_MAX_CONNECTIONS
 from turnmesh.envoy.process import EnvoyError, envoy_argv, validate, write_config
 from turnmesh.envoy.timeouts import EdgeTimeouts
 from turnmesh.runtime.exposure import check_edge_exposure

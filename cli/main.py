@@ -226,7 +226,7 @@ def _edge_limits(p: argparse.ArgumentParser, *, env: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from turnmesh.cli._restart import BUDGET_WINDOW, DEFAULT_BUDGET, RestartPolicy
-    from turnmesh.envoy.config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
+    from turnmesh.envoy.edge_config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
     from turnmesh.router.app import RouterConfig
     from turnmesh.server.config import ServerConfig
     from turnmesh.worker.app import WorkerConfig

@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import turnmesh.v1
 from turnmesh.envoy import ext_authz, guards
-from turnmesh.envoy.guards import DEFAULT_MAX_CONNECTIONS, EdgeGuards
-from turnmesh.envoy.timeouts import EdgeTimeouts, manager_timeouts
-from turnmesh.playground import INDEX as PLAYGROUND_PAGE
+from turnmesh.envoy.edge_config import EdgeConfig
+from turnmesh.envoy.timeouts import manager_timeouts
 from turnmesh.runtime import errors
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
 HERE = Path(__file__).resolve().parent
-# The descriptor set ships inside the generated package (package data), in a
-# checkout and an installed wheel alike.
-DESCRIPTOR_SET = Path(turnmesh.v1.__file__).resolve().parent / "turnmesh.binpb"
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
 
@@ -35,9 +29,6 @@ COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"]
 # request (a 10,000-character message, 64 KiB of metadata, names): 135 MiB.
 MAX_REQUEST_BODY_BYTES = 135 * 1024 * 1024
 
-DEFAULT_PORT = 8080
-DEFAULT_ADMIN_PORT = 9901
-DEFAULT_CORS_ORIGINS = ("http://localhost:3000",)
 # What a browser client may send and read (X-Session-Id: the OpenAI surfaces'
 # session header; Retry-After on 409/429; traceparent to join a trace).
 CORS_ALLOW_HEADERS = (
@@ -47,8 +38,6 @@ CORS_ALLOW_HEADERS = (
 CORS_EXPOSE_HEADERS = (
     "x-session-id, retry-after, www-authenticate, content-type, x-request-id, x-should-retry"
 )
-PLAYGROUND = PLAYGROUND_PAGE
-
 INTERNAL_HEADERS = (
     "x-turnmesh-forwarded",
     "x-turnmesh-mesh-key",
@@ -84,44 +73,6 @@ ACCESS_LOG_FORMAT = (
 
 HEALTH_CHECK_TIMEOUT = "5s"
 UNHEALTHY_THRESHOLD = 3
-
-
-@dataclass(frozen=True)
-class EdgeConfig:
-    """Where Envoy listens and which session servers it sends calls to."""
-
-    upstreams: list[str]
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    admin_port: int = 0
-    descriptor_set: Path = DESCRIPTOR_SET
-    health_check_interval_ms: int = 1000
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    # HTTPS on the public listener: (certificate chain, private key) PEM paths.
-    listener_tls: tuple[Path, Path] | None = None
-    # Mutual TLS to the session servers: the mesh CA and Envoy's own certificate.
-    upstream_tls: TlsFiles | None = None
-    # OTLP/gRPC collector (host:port or http://host:port) for Envoy's spans.
-    otlp_endpoint: str | None = None
-    # Browser origins allowed to call the API ("*": any). The playground is
-    # served from this listener, so it needs no entry (same origin).
-    cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
-    # The page served at GET / (None: no playground).
-    playground: Path | None = PLAYGROUND
-    # Whether the servers behind check API keys; None: not known (a
-    # standalone edge without --api-keys-required or --no-key-check).
-    # Unless they have none, Envoy asks them about each REST request's key
-    # before reading its body (ext_authz); unless they have keys, it answers
-    # only to allowed Host names (DNS rebinding). Not known: both.
-    api_keys: bool | None = None
-    # Per-IP, per-connection and overall limits (envoy/guards.py).
-    guards: EdgeGuards = field(default_factory=EdgeGuards)
-    timeouts: EdgeTimeouts = field(default_factory=EdgeTimeouts)
-
-    @property
-    def authenticate(self) -> bool:
-        """Whether Envoy checks keys before bodies (ext_authz)."""
-        return self.api_keys is not False
 
 
 TLS_SOCKET = "envoy.transport_sockets.tls"
