@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from turnmesh.cli._flags import scalar as _scalar
 from turnmesh.cli._up_config import UP_SERVER_FLAGS, UpConfig, load
-from turnmesh.cli.main import _component, _scalar, build_parser, main
+from turnmesh.cli.main import _component, build_parser, main
 from turnmesh.cli.up import _server_args, up_flags
 from turnmesh.runtime.tls import PLAINTEXT, TlsConfigError, TlsFiles, Transport, tls_files
 
