@@ -14,33 +14,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ModelWrapValidatorHandler,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, ValidationError, model_validator
 
+from turnmesh.cli._edge_settings import PublicEdge
 from turnmesh.cli._flags import ENV_PREFIX, Setting, settings
 from turnmesh.cli._restart import BUDGET_WINDOW, DEFAULT_BUDGET, RestartPolicy
-from turnmesh.envoy import edge_config
-from turnmesh.envoy.edge_config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
 from turnmesh.runtime.config import Flag
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.server.config import ServerConfig
 
-# Envoy's limits with one number each: flags of `up` and `edge` alike.
-EDGE_LIMITS = (
-    "rate_limit_per_ip",
-    "max_streams_per_connection",
-    "max_connections",
-    "max_heap_mb",
-    "trusted_proxy_hops",
-)
 # The server flags `up` takes, by their key in the config file.
 UP_SERVER_FLAGS: dict[str, Setting] = {s.key: s for s in settings(ServerConfig).values() if s.up}
 _BY_FIELD = {f.field: f for f in UP_SERVER_FLAGS.values()}
@@ -63,10 +45,11 @@ def _checked(given: dict[str, Any]) -> dict[str, Any]:
     return {name: getattr(config, name) for name in fields}
 
 
-class UpConfig(BaseModel):
-    """What `turnmesh up` starts. A TOML config file holds the same keys."""
+class UpConfig(PublicEdge):
+    """What `turnmesh up` starts. A TOML config file holds the same keys.
 
-    model_config = ConfigDict(extra="forbid")
+    Envoy's address, origins, Host names and limits are ``PublicEdge``'s, as
+    `turnmesh edge` has them."""
 
     agent: Annotated[str, Flag("--agent")] = Field(
         default=ServerConfig.model_fields["default_agent"].default,
@@ -78,10 +61,6 @@ class UpConfig(BaseModel):
     )
     workers: Annotated[int, Flag("--workers")] = Field(
         default=1, ge=1, le=64, description="workers"
-    )
-    host: Annotated[str, Flag("--host")] = Field(default="127.0.0.1", description="public address")
-    port: Annotated[int, Flag("--port")] = Field(
-        default=DEFAULT_PORT, ge=0, le=65535, description="public port"
     )
     admin_port: Annotated[int, Flag("--admin-port")] = Field(
         default=0, ge=0, le=65535, description="Envoy's admin port (0: any free)"
@@ -102,11 +81,6 @@ class UpConfig(BaseModel):
     otlp_endpoint: Annotated[str | None, Flag("--otlp-endpoint")] = Field(
         default=None, description="OTLP/gRPC collector for traces (every component's and Envoy's)"
     )
-    cors_origins: Annotated[str, Flag("--cors-origins")] = Field(
-        default=",".join(DEFAULT_CORS_ORIGINS),
-        description="browser origins allowed to call the API, comma-separated ('*' for any; "
-        "the playground needs none)",
-    )
     # HTTPS (and gRPC over TLS) on Envoy's public listener.
     edge_tls_cert: Annotated[Path | None, Flag("--edge-tls-cert")] = Field(
         default=None, description="HTTPS at Envoy: cert"
@@ -116,39 +90,6 @@ class UpConfig(BaseModel):
     )
     allow_open: Annotated[bool, Flag("--allow-open")] = Field(
         default=False, description="allow a non-loopback --host without API keys (an open API)"
-    )
-    # Envoy's limits (envoy/guards.py), flags of `up` and `edge` alike.
-    rate_limit_per_ip: Annotated[int, Flag("--rate-limit-per-ip")] = Field(
-        default=edge_config.DEFAULT_RATE_LIMIT_PER_IP,
-        ge=0,
-        description="requests a second per client IP at Envoy, bursts of twice that "
-        "(0: no limit; 127.0.0.1 and ::1 are never limited)",
-    )
-    max_streams_per_connection: Annotated[int, Flag("--max-streams-per-connection")] = Field(
-        default=edge_config.DEFAULT_MAX_STREAMS_PER_CONNECTION,
-        ge=1,
-        le=edge_config.MAX_STREAMS,
-        description="concurrent HTTP/2 streams (gRPC calls) on one client connection",
-    )
-    max_connections: Annotated[int, Flag("--max-connections")] = Field(
-        default=edge_config.DEFAULT_MAX_CONNECTIONS,
-        ge=1,
-        description="client connections Envoy holds at once; near it, idle ones close sooner",
-    )
-    max_heap_mb: Annotated[int, Flag("--max-heap-mb")] = Field(
-        default=edge_config.DEFAULT_MAX_HEAP_MB,
-        ge=1,
-        description="Envoy's heap in MiB; new requests get 429 at 95 percent of it",
-    )
-    allowed_hosts: Annotated[list[str], Flag("--allowed-host")] = Field(
-        default_factory=list,
-        description="a Host name the API answers to besides localhost and --host (repeat; "
-        "'*': any); without API keys other names get 421",
-    )
-    trusted_proxy_hops: Annotated[int, Flag("--trusted-proxy-hops")] = Field(
-        default=0,
-        ge=0,
-        description="proxies in front of Envoy whose X-Forwarded-For names the client",
     )
     restart: Annotated[RestartPolicy, Flag("--restart")] = Field(
         default=RestartPolicy.ON_FAILURE,
@@ -184,14 +125,6 @@ class UpConfig(BaseModel):
         config = handler(rest)
         config._server = server
         return config
-
-    @field_validator("allowed_hosts", mode="before")
-    @classmethod
-    def _host_list(cls, value: object) -> object:
-        # TURNMESH_ALLOWED_HOSTS=a,b as the environment gives it.
-        if isinstance(value, str):
-            return [h.strip() for h in value.split(",") if h.strip()]
-        return value
 
     @model_validator(mode="after")
     def _tls_complete(self) -> UpConfig:
@@ -230,16 +163,6 @@ class UpConfig(BaseModel):
         if self.tls_ca and self.tls_cert and self.tls_key:
             return TlsFiles(ca_file=self.tls_ca, cert_file=self.tls_cert, key_file=self.tls_key)
         return None
-
-    @property
-    def edge_guards(self) -> edge_config.EdgeGuards:
-        return edge_config.EdgeGuards(
-            rate_limit_per_ip=self.rate_limit_per_ip,
-            max_streams_per_connection=self.max_streams_per_connection,
-            max_heap_mb=self.max_heap_mb,
-            allowed_hosts=tuple(self.allowed_hosts),
-            trusted_proxy_hops=self.trusted_proxy_hops,
-        )
 
     @property
     def edge_tls(self) -> tuple[Path, Path] | None:

@@ -131,40 +131,25 @@ def _edge_timeouts(parser: argparse.ArgumentParser) -> None:
 
 
 def _edge_command(sub: _Commands) -> None:
-    from turnmesh.cli._up_config import EDGE_LIMITS, UpConfig
-    from turnmesh.envoy.edge_config import DEFAULT_ADMIN_PORT, DEFAULT_CORS_ORIGINS, DEFAULT_PORT
+    from turnmesh.cli._edge_settings import EdgeSettings
 
     edge = sub.add_parser(
         "edge", help="run Envoy in front of session servers (what a container runs)"
     )
+    # The servers: what the edge is for, so no setting with a default.
     edge.add_argument(
         "--upstream",
         action="append",
         default=[u for u in (env("upstreams") or "").split(",") if u],
         help="a session server host:port (repeat; a DNS name gives every address it has)",
     )
-    edge.add_argument("--host", default=env("host", "127.0.0.1"), help="public address")
-    edge.add_argument("--port", type=int, default=env("port") or str(DEFAULT_PORT))
-    edge.add_argument(
-        "--admin-port", type=int, default=env("admin_port") or str(DEFAULT_ADMIN_PORT)
-    )
-    edge.add_argument("--tls-ca", default=env("tls_ca"), help="mesh CA: mTLS to the servers")
-    edge.add_argument("--tls-cert", default=env("tls_cert"), help="Envoy's mesh certificate")
-    edge.add_argument("--tls-key", default=env("tls_key"), help="Envoy's mesh private key")
-    edge.add_argument("--edge-tls-cert", default=env("edge_tls_cert"), help="HTTPS: cert")
-    edge.add_argument("--edge-tls-key", default=env("edge_tls_key"), help="HTTPS: key")
-    edge.add_argument("--otlp-endpoint", default=env("otlp_endpoint"))
+    # An empty variable is an empty text here: TURNMESH_CORS_ORIGINS= allows no origin.
+    add_flags(edge, EdgeSettings, keep_empty=True)
     edge.add_argument(
         "--allow-open",
         action="store_true",
         default=env("allow_open") == "1",
-        help="allow a non-loopback bind without HTTPS and mutual TLS to the servers "
-        "(TLS ends in front of Envoy, on a trusted network)",
-    )
-    edge.add_argument(
-        "--cors-origins",
-        default=env("cors_origins", ",".join(DEFAULT_CORS_ORIGINS)),
-        help="browser origins allowed to call the API, comma-separated ('*' for any)",
+        help=EdgeSettings.model_fields["allow_open"].description,
     )
     # What the servers behind do about keys (unknown: Envoy checks keys before
     # bodies and answers only to allowed Host names, both).
@@ -186,18 +171,7 @@ def _edge_command(sub: _Commands) -> None:
         help="the servers have no API keys: skip asking them about each REST request's key"
         " (saves one call per request); only allowed Host names are answered",
     )
-    limits = settings(UpConfig)
-    for name in (*EDGE_LIMITS, "allowed_hosts"):
-        add_flag(edge, limits[name])
-    edge.add_argument("--config-dir", default=env("config_dir"), help="where envoy.json goes")
     _edge_timeouts(edge)
-    concurrency = env("concurrency")
-    edge.add_argument(
-        "--concurrency",
-        type=int,
-        default=concurrency or None,
-        help="Envoy worker threads (default: one per CPU of the machine; set it to the pod's)",
-    )
 
 
 def _up_command(sub: _Commands) -> None:

@@ -288,7 +288,7 @@ class Mesh:
             listener_tls=c.edge_tls,
             upstream_tls=c.mesh_tls,
             otlp_endpoint=c.otlp_endpoint,
-            cors_origins=tuple(o.strip() for o in c.cors_origins.split(",") if o.strip()),
+            cors_origins=c.origins,
             max_connections=c.max_connections,
             api_keys=_api_keys_given(c),
             guards=c.edge_guards,
