@@ -123,7 +123,7 @@ def test_every_config_refuses_unknown_keys() -> None:
             model(**required, session_tll=5)
 
 
-# `turnmesh up` and the servers' settings it passes on (SERVER_FLAGS marked `up`).
+# `turnmesh up` and the servers' settings it passes on (ServerConfig fields whose Flag is `up`).
 
 
 def _up(argv: list[str], config_file: Path | None = None) -> UpConfig:
