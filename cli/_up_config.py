@@ -1,8 +1,8 @@
 """`turnmesh up` settings: defaults < environment < config file < flags.
 
-The servers' settings among them (``SERVER_FLAGS`` marked ``up``) have no
-default here: unset, `up` passes nothing and the servers' own apply
-(``ServerConfig``); given, they are checked as ``ServerConfig`` checks them
+The servers' settings among them (``ServerConfig`` fields whose ``Flag`` is
+marked ``up``) have no default here: unset, `up` passes nothing and the
+servers' own apply; given, they are checked as ``ServerConfig`` checks them
 before anything starts, and passed as the same flag.
 """
 
@@ -12,37 +12,19 @@ import os
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ModelWrapValidatorHandler,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, ValidationError, model_validator
 
-from turnmesh.cli._restart import DEFAULT_BUDGET, RestartPolicy
-from turnmesh.cli.main import SERVER_FLAGS, ServerFlag
-from turnmesh.envoy import guards
-from turnmesh.envoy.config import DEFAULT_CORS_ORIGINS, DEFAULT_PORT
+from turnmesh.cli._edge_settings import PublicEdge
+from turnmesh.cli._flags import ENV_PREFIX, Setting, settings
+from turnmesh.cli._restart import BUDGET_WINDOW, DEFAULT_BUDGET, RestartPolicy
+from turnmesh.runtime.config import Flag
 from turnmesh.runtime.tls import TlsFiles
 from turnmesh.server.config import ServerConfig
 
-ENV_PREFIX = "TURNMESH_"
-# Envoy's limits with one number each: flags of `up` and `edge` alike.
-EDGE_LIMITS = (
-    "rate_limit_per_ip",
-    "max_streams_per_connection",
-    "max_connections",
-    "max_heap_mb",
-    "trusted_proxy_hops",
-)
 # The server flags `up` takes, by their key in the config file.
-UP_SERVER_FLAGS: dict[str, ServerFlag] = {f.key: f for f in SERVER_FLAGS if f.up}
+UP_SERVER_FLAGS: dict[str, Setting] = {s.key: s for s in settings(ServerConfig).values() if s.up}
 _BY_FIELD = {f.field: f for f in UP_SERVER_FLAGS.values()}
 
 
@@ -56,79 +38,74 @@ def _checked(given: dict[str, Any]) -> dict[str, Any]:
     except ValidationError as exc:
         error = exc.errors()[0]
         f = _BY_FIELD[str(error["loc"][0])]
-        where = f"{f.key} ({f.flag}, {ENV_PREFIX}{f.env_name.upper()})"
+        where = f"{f.key} ({f.flag}, {f.variable})"
         raise ValueError(
             f"invalid setting {where}: {error['msg']} (got {error['input']!r})"
         ) from None
     return {name: getattr(config, name) for name in fields}
 
 
-class UpConfig(BaseModel):
-    """What `turnmesh up` starts. A TOML config file holds the same keys."""
+class UpConfig(PublicEdge):
+    """What `turnmesh up` starts. A TOML config file holds the same keys.
 
-    model_config = ConfigDict(extra="forbid")
+    Envoy's address, origins, Host names and limits are ``PublicEdge``'s, as
+    `turnmesh edge` has them."""
 
-    agent: str = ServerConfig.model_fields["default_agent"].default
-    servers: int = Field(default=1, ge=1, le=32)
-    workers: int = Field(default=1, ge=1, le=64)
-    host: str = "127.0.0.1"
-    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
-    admin_port: int = Field(default=0, ge=0, le=65535)
+    agent: Annotated[str, Flag("--agent")] = Field(
+        default=ServerConfig.model_fields["default_agent"].default,
+        description="the agent the workers run: demo, echo, openai, pkg.module:Class, or an "
+        "agent file",
+    )
+    servers: Annotated[int, Flag("--servers")] = Field(
+        default=1, ge=1, le=32, description="session servers"
+    )
+    workers: Annotated[int, Flag("--workers")] = Field(
+        default=1, ge=1, le=64, description="workers"
+    )
+    admin_port: Annotated[int, Flag("--admin-port")] = Field(
+        default=0, ge=0, le=65535, description="Envoy's admin port (0: any free)"
+    )
     # Unset: a random key for this run. Children get it in their environment.
     mesh_key: str | None = None
     # Mutual TLS between the members (and from Envoy to the servers): the mesh
     # CA, and one certificate for every member, valid for 127.0.0.1 or --host.
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    # OTLP/gRPC collector for every component's spans and Envoy's.
-    otlp_endpoint: str | None = None
-    # Browser origins allowed to call the API, comma-separated ("*": any).
-    cors_origins: str = ",".join(DEFAULT_CORS_ORIGINS)
+    tls_ca: Annotated[Path | None, Flag("--tls-ca")] = Field(
+        default=None, description="mesh CA: mutual TLS inside"
+    )
+    tls_cert: Annotated[Path | None, Flag("--tls-cert")] = Field(
+        default=None, description="the members' certificate"
+    )
+    tls_key: Annotated[Path | None, Flag("--tls-key")] = Field(
+        default=None, description="the members' private key"
+    )
+    otlp_endpoint: Annotated[str | None, Flag("--otlp-endpoint")] = Field(
+        default=None, description="OTLP/gRPC collector for traces (every component's and Envoy's)"
+    )
     # HTTPS (and gRPC over TLS) on Envoy's public listener.
-    edge_tls_cert: Path | None = None
-    edge_tls_key: Path | None = None
-    # A public host without API keys is refused unless this is set.
-    allow_open: bool = False
-    # Envoy's limits (envoy/guards.py), flags of `up` and `edge` alike.
-    rate_limit_per_ip: int = Field(
-        default=guards.DEFAULT_RATE_LIMIT_PER_IP,
+    edge_tls_cert: Annotated[Path | None, Flag("--edge-tls-cert")] = Field(
+        default=None, description="HTTPS at Envoy: cert"
+    )
+    edge_tls_key: Annotated[Path | None, Flag("--edge-tls-key")] = Field(
+        default=None, description="HTTPS at Envoy: key"
+    )
+    allow_open: Annotated[bool, Flag("--allow-open")] = Field(
+        default=False, description="allow a non-loopback --host without API keys (an open API)"
+    )
+    restart: Annotated[RestartPolicy, Flag("--restart")] = Field(
+        default=RestartPolicy.ON_FAILURE,
+        description="restart a child that exits: on a failure (a non-zero exit or a signal), "
+        "always (exit 0 too), or never (any exit stops the mesh)",
+    )
+    restart_budget: Annotated[int, Flag("--restart-budget")] = Field(
+        default=DEFAULT_BUDGET,
         ge=0,
-        description="requests a second per client IP at Envoy, bursts of twice that "
-        "(0: no limit; 127.0.0.1 and ::1 are never limited)",
+        le=1000,
+        description=f"restarts per component within {BUDGET_WINDOW:g} s before the mesh stops",
     )
-    max_streams_per_connection: int = Field(
-        default=guards.DEFAULT_MAX_STREAMS_PER_CONNECTION,
-        ge=1,
-        le=guards.MAX_STREAMS,
-        description="concurrent HTTP/2 streams (gRPC calls) on one client connection",
+    run_dir: Annotated[Path | None, Flag("--run-dir")] = Field(
+        default=None, description="where logs go (unset: a new directory under .turnmesh/runs)"
     )
-    max_connections: int = Field(
-        default=guards.DEFAULT_MAX_CONNECTIONS,
-        ge=1,
-        description="client connections Envoy holds at once; near it, idle ones close sooner",
-    )
-    max_heap_mb: int = Field(
-        default=guards.DEFAULT_MAX_HEAP_MB,
-        ge=1,
-        description="Envoy's heap in MiB; new requests get 429 at 95 percent of it",
-    )
-    allowed_hosts: list[str] = Field(
-        default_factory=list,
-        description="a Host name the API answers to besides localhost and --host (repeat; "
-        "'*': any); without API keys other names get 421",
-    )
-    trusted_proxy_hops: int = Field(
-        default=0,
-        ge=0,
-        description="proxies in front of Envoy whose X-Forwarded-For names the client",
-    )
-    # Which exits of a child restart it, and how many restarts a component
-    # gets within _restart.BUDGET_WINDOW before `up` gives up.
-    restart: RestartPolicy = RestartPolicy.ON_FAILURE
-    restart_budget: int = Field(default=DEFAULT_BUDGET, ge=0, le=1000)
-    run_dir: Path | None = None
-    # Unset: the members' own default.
+    # Unset: the members' own default; `up` takes their --log-level flag.
     log_level: str | None = None
     # Servers get this long to finish running turns on Ctrl-C; with the other
     # steps, everything is gone within 5 seconds.
@@ -148,14 +125,6 @@ class UpConfig(BaseModel):
         config = handler(rest)
         config._server = server
         return config
-
-    @field_validator("allowed_hosts", mode="before")
-    @classmethod
-    def _host_list(cls, value: object) -> object:
-        # TURNMESH_ALLOWED_HOSTS=a,b as the environment gives it.
-        if isinstance(value, str):
-            return [h.strip() for h in value.split(",") if h.strip()]
-        return value
 
     @model_validator(mode="after")
     def _tls_complete(self) -> UpConfig:
@@ -194,16 +163,6 @@ class UpConfig(BaseModel):
         if self.tls_ca and self.tls_cert and self.tls_key:
             return TlsFiles(ca_file=self.tls_ca, cert_file=self.tls_cert, key_file=self.tls_key)
         return None
-
-    @property
-    def edge_guards(self) -> guards.EdgeGuards:
-        return guards.EdgeGuards(
-            rate_limit_per_ip=self.rate_limit_per_ip,
-            max_streams_per_connection=self.max_streams_per_connection,
-            max_heap_mb=self.max_heap_mb,
-            allowed_hosts=tuple(self.allowed_hosts),
-            trusted_proxy_hops=self.trusted_proxy_hops,
-        )
 
     @property
     def edge_tls(self) -> tuple[Path, Path] | None:

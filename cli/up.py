@@ -38,11 +38,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from turnmesh.cli._children import Child, ChildFailed
+from turnmesh.cli._flags import given
 from turnmesh.cli._ports import free_ports
 from turnmesh.cli._restart import BUDGET_WINDOW, RestartBudget
 from turnmesh.cli._status import STATUS_FILE, table, write_status
 from turnmesh.cli._supervisor import Component, Launch, Ready, Supervisor
-from turnmesh.cli._up_config import EDGE_LIMITS, UP_SERVER_FLAGS, UpConfig, load
+from turnmesh.cli._up_config import UP_SERVER_FLAGS, UpConfig, load
 from turnmesh.runtime.exposure import check_up_exposure
 
 READY_TIMEOUT = 60.0
@@ -287,7 +288,7 @@ class Mesh:
             listener_tls=c.edge_tls,
             upstream_tls=c.mesh_tls,
             otlp_endpoint=c.otlp_endpoint,
-            cors_origins=tuple(o.strip() for o in c.cors_origins.split(",") if o.strip()),
+            cors_origins=c.origins,
             max_connections=c.max_connections,
             api_keys=_api_keys_given(c),
             guards=c.edge_guards,
@@ -357,28 +358,7 @@ class Mesh:
 
 def up_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the command line gave (None: not given)."""
-    return {
-        "agent": args.agent,
-        "servers": args.servers,
-        "workers": args.workers,
-        "host": args.host,
-        "port": args.port,
-        "admin_port": args.admin_port,
-        "run_dir": args.run_dir,
-        "allow_open": args.allow_open,
-        "log_level": args.log_level,
-        "tls_ca": args.tls_ca,
-        "tls_cert": args.tls_cert,
-        "tls_key": args.tls_key,
-        "edge_tls_cert": args.edge_tls_cert,
-        "edge_tls_key": args.edge_tls_key,
-        "otlp_endpoint": args.otlp_endpoint,
-        "cors_origins": args.cors_origins,
-        "restart": args.restart,
-        "restart_budget": args.restart_budget,
-        **{name: getattr(args, name) for name in (*EDGE_LIMITS, "allowed_hosts")},
-        **{key: getattr(args, key) for key in UP_SERVER_FLAGS},
-    }
+    return {**given(args, UpConfig), **{key: getattr(args, key) for key in UP_SERVER_FLAGS}}
 
 
 def run_up(args: argparse.Namespace) -> int:

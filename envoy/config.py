@@ -4,30 +4,30 @@ One listener serves REST/JSON, SSE and native gRPC (``codec_type: AUTO``). The
 JSON transcoder turns the annotated SessionService RPCs into REST; streaming
 RPCs come out as SSE. Errors a REST client can get are all
 ``application/problem+json``: converted gRPC errors are reshaped by
-``problem.lua``, Envoy's own replies by ``local_reply_config``.
+``problem.lua``, Envoy's own replies by ``local_reply_config`` (replies.py).
+
+``render`` puts the bootstrap together from named parts: the listener and its
+HTTP connection manager (``_connection_manager``: access log, local replies,
+``_route_config`` with the virtual hosts and their ``_routes``,
+``_http_filters``), the clusters (clusters.py), and the limits and overload
+manager (guards.py).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import turnmesh.v1
-from turnmesh.envoy import ext_authz, guards
-from turnmesh.envoy.guards import DEFAULT_MAX_CONNECTIONS, EdgeGuards
-from turnmesh.envoy.timeouts import EdgeTimeouts, manager_timeouts
-from turnmesh.playground import INDEX as PLAYGROUND_PAGE
+from turnmesh.envoy import clusters, ext_authz, guards
+from turnmesh.envoy.edge_config import EdgeConfig
+from turnmesh.envoy.replies import REQUEST_ID, local_reply_config
+from turnmesh.envoy.sockets import address, listener_tls
+from turnmesh.envoy.timeouts import manager_timeouts
 from turnmesh.runtime import errors
-from turnmesh.runtime.tls import TlsFiles
 from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
 HERE = Path(__file__).resolve().parent
-# The descriptor set ships inside the generated package (package data), in a
-# checkout and an installed wheel alike.
-DESCRIPTOR_SET = Path(turnmesh.v1.__file__).resolve().parent / "turnmesh.binpb"
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
 
@@ -35,9 +35,6 @@ COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"]
 # request (a 10,000-character message, 64 KiB of metadata, names): 135 MiB.
 MAX_REQUEST_BODY_BYTES = 135 * 1024 * 1024
 
-DEFAULT_PORT = 8080
-DEFAULT_ADMIN_PORT = 9901
-DEFAULT_CORS_ORIGINS = ("http://localhost:3000",)
 # What a browser client may send and read (X-Session-Id: the OpenAI surfaces'
 # session header; Retry-After on 409/429; traceparent to join a trace).
 CORS_ALLOW_HEADERS = (
@@ -47,7 +44,6 @@ CORS_ALLOW_HEADERS = (
 CORS_EXPOSE_HEADERS = (
     "x-session-id, retry-after, www-authenticate, content-type, x-request-id, x-should-retry"
 )
-PLAYGROUND = PLAYGROUND_PAGE
 
 INTERNAL_HEADERS = (
     "x-turnmesh-forwarded",
@@ -71,109 +67,254 @@ OPENAI_UNSERVED = (
 )
 OPENAI_SERVED = ("/v1/chat/completions", "/v1/responses", "/v1/models")
 
-# Envoy's id of a request from outside: in the access log, a problem's
-# `instance`, the X-Request-Id response header and the turn's log line.
-REQUEST_ID = "%REQ(X-REQUEST-ID)%"
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(X-TURNMESH-ORIGINAL-METHOD?:METHOD)% '
     '%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
     "%RESPONSE_CODE% grpc=%GRPC_STATUS% %DURATION%ms up=%UPSTREAM_HOST% "
-    f"flags=%RESPONSE_FLAGS% principal={ext_authz.PRINCIPAL} rid=%REQ(X-REQUEST-ID)%\n"
+    f"flags=%RESPONSE_FLAGS% principal={ext_authz.PRINCIPAL} rid={REQUEST_ID}\n"
 )
 
 
-HEALTH_CHECK_TIMEOUT = "5s"
-UNHEALTHY_THRESHOLD = 3
-
-
-@dataclass(frozen=True)
-class EdgeConfig:
-    """Where Envoy listens and which session servers it sends calls to."""
-
-    upstreams: list[str]
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    admin_port: int = 0
-    descriptor_set: Path = DESCRIPTOR_SET
-    health_check_interval_ms: int = 1000
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    # HTTPS on the public listener: (certificate chain, private key) PEM paths.
-    listener_tls: tuple[Path, Path] | None = None
-    # Mutual TLS to the session servers: the mesh CA and Envoy's own certificate.
-    upstream_tls: TlsFiles | None = None
-    # OTLP/gRPC collector (host:port or http://host:port) for Envoy's spans.
-    otlp_endpoint: str | None = None
-    # Browser origins allowed to call the API ("*": any). The playground is
-    # served from this listener, so it needs no entry (same origin).
-    cors_origins: tuple[str, ...] = DEFAULT_CORS_ORIGINS
-    # The page served at GET / (None: no playground).
-    playground: Path | None = PLAYGROUND
-    # Whether the servers behind check API keys; None: not known (a
-    # standalone edge without --api-keys-required or --no-key-check).
-    # Unless they have none, Envoy asks them about each REST request's key
-    # before reading its body (ext_authz); unless they have keys, it answers
-    # only to allowed Host names (DNS rebinding). Not known: both.
-    api_keys: bool | None = None
-    # Per-IP, per-connection and overall limits (envoy/guards.py).
-    guards: EdgeGuards = field(default_factory=EdgeGuards)
-    timeouts: EdgeTimeouts = field(default_factory=EdgeTimeouts)
-
-    @property
-    def authenticate(self) -> bool:
-        """Whether Envoy checks keys before bodies (ext_authz)."""
-        return self.api_keys is not False
-
-
-TLS_SOCKET = "envoy.transport_sockets.tls"
-TLS_TYPES = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
-
-
-def _certificate(cert: Path, key: Path) -> dict[str, Any]:
-    return {
-        "certificate_chain": {"filename": str(cert)},
-        "private_key": {"filename": str(key)},
+def render(config: EdgeConfig) -> dict[str, Any]:
+    """The whole Envoy bootstrap as a dict (JSON is valid Envoy YAML)."""
+    bootstrap: dict[str, Any] = {
+        "admin": {"address": address("127.0.0.1", config.admin_port)},
+        "overload_manager": guards.overload_manager(config),
+        "static_resources": {
+            "listeners": [_listener(config)],
+            "clusters": clusters.clusters(config),
+        },
     }
+    if config.otlp_endpoint:
+        bootstrap["layered_runtime"] = clusters.tracing_runtime()
+    return bootstrap
 
 
-TRACE_COLLECTOR = "opentelemetry_collector"
-
-
-def _tracing() -> dict[str, Any]:
-    """Envoy starts each request's trace (or continues the caller's
-    ``traceparent``) and passes its span on to the session server."""
-    return {
-        "provider": {
-            "name": "envoy.tracers.opentelemetry",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
-                "grpc_service": {
-                    "envoy_grpc": {"cluster_name": TRACE_COLLECTOR},
-                    "timeout": "2s",
-                },
-                "service_name": "turnmesh-edge",
-            },
-        }
-    }
-
-
-def _collector_cluster(endpoint: str) -> dict[str, Any]:
-    host, port = _split(endpoint.split("://", 1)[-1].rstrip("/"))
-    return {
-        "name": TRACE_COLLECTOR,
-        "type": "STRICT_DNS",  # an IP or a name (a collector Service)
-        "connect_timeout": "2s",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3"
-                ".HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
+def _listener(config: EdgeConfig) -> dict[str, Any]:
+    filter_chain: dict[str, Any] = {
+        "filters": [
+            {
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": _connection_manager(config),
             }
+        ]
+    }
+    if config.listener_tls is not None:
+        filter_chain["transport_socket"] = listener_tls(*config.listener_tls)
+        # A TLS handshake that stalls is cut like half-sent headers.
+        filter_chain["transport_socket_connect_timeout"] = f"{config.timeouts.request_headers:.3f}s"
+    return {
+        "name": "public",
+        "address": address(config.host, config.port),
+        "enable_reuse_port": False,
+        "per_connection_buffer_limit_bytes": 1024 * 1024,
+        "filter_chains": [filter_chain],
+    }
+
+
+def _connection_manager(config: EdgeConfig) -> dict[str, Any]:
+    transcoder = _transcoder(config)
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
+        ".v3.HttpConnectionManager",
+        "stat_prefix": "public",
+        "codec_type": "AUTO",
+        # Clients get the id to quote: the same as the problem's `instance`.
+        "always_set_request_id_in_response": True,
+        **manager_timeouts(config.timeouts),
+        "access_log": [
+            {
+                "name": "envoy.access_loggers.stdout",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3"
+                    ".StdoutAccessLog",
+                    "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}},
+                },
+            }
+        ],
+        "local_reply_config": local_reply_config(_openai_paths()),
+        "route_config": _route_config(config, transcoder),
+        "http_filters": _http_filters(config, transcoder),
+        **guards.connection_manager(config),
+    }
+    if config.otlp_endpoint:
+        manager["tracing"] = clusters.tracing()
+    return manager
+
+
+# -- filters ---------------------------------------------------------------------
+
+
+def _transcoder(config: EdgeConfig) -> dict[str, Any]:
+    return {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"
+        ".GrpcJsonTranscoder",
+        "proto_descriptor": str(config.descriptor_set),
+        "services": [SESSION_SERVICE, COMPAT_SERVICE],
+        "print_options": {
+            "add_whitespace": False,
+            # Unary answers print zero and empty fields (`activeSessions: 0`,
+            # `deleted: false`, `tool_calls: []`): clients typed on the shapes
+            # need them. Streamed events keep AG-UI's shapes: `_streamed_routes`.
+            "always_print_primitive_fields": True,
+            "always_print_enums_as_ints": False,
+            "preserve_proto_field_names": False,
+            # One `data: <json>` frame per event, flushed as it is produced.
+            "stream_sse_style_delimited": True,
         },
-        "load_assignment": {
-            "cluster_name": TRACE_COLLECTOR,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, port)}}]}],
+        "convert_grpc_status": True,
+        # Whole bodies for unary REST (the buffer filter before it has them).
+        "max_request_body_size": MAX_REQUEST_BODY_BYTES,
+        "request_validation_options": {
+            "reject_unknown_method": True,
+            "reject_unknown_query_parameters": True,
         },
     }
+
+
+def _http_filters(config: EdgeConfig, transcoder: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        *guards.http_filters(config),
+        {
+            # Answers preflights for allowed origins, before anything else.
+            "name": "envoy.filters.http.cors",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"
+            },
+        },
+        {
+            "name": "envoy.filters.http.lua",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                "default_source_code": {"inline_string": _lua_source()},
+            },
+        },
+        # The key, checked on the headers before any body is read.
+        *([ext_authz.ext_authz_filter(config.timeouts.auth)] if config.authenticate else []),
+        {
+            # REST bodies over the attachment limits get 413 here, before
+            # anything reaches a server.
+            "name": "envoy.filters.http.buffer",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                "max_request_bytes": MAX_REQUEST_BODY_BYTES,
+            },
+        },
+        {"name": "envoy.filters.http.grpc_json_transcoder", "typed_config": transcoder},
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+            },
+        },
+    ]
+
+
+def _lua_source() -> str:
+    return (
+        (HERE / "problem.lua")
+        .read_text()
+        .replace("__MAX_REQUEST_BYTES__", str(MAX_REQUEST_BODY_BYTES))
+        .replace("__ERROR_TABLE__", lua_error_table())
+    )
+
+
+def lua_error_table() -> str:
+    """The error table as Lua for ``problem.lua``: rows by gRPC code, and the
+    rows of their own that some reasons have."""
+
+    def row(r: errors.Row) -> str:
+        return f'"{r.slug}", "{r.title}", "{r.openai_type}", {r.code.value[0]}'
+
+    return "\n".join(
+        [
+            f'local BASE = "{errors.PROBLEM_BASE}"',
+            "local BY_CODE = {",
+            *(f"  [{r.code.value[0]}] = {{{row(r)}}}," for r in errors.code_rows()),
+            "}",
+            "local BY_REASON = {",
+            *(f"  {r.reason} = {{{row(r)}}}," for r in errors.reason_rows()),
+            "}",
+        ]
+    )
+
+
+# -- virtual hosts and routes ----------------------------------------------------
+
+
+def _route() -> dict[str, Any]:
+    """Where the calls go: any session server."""
+    return {
+        "cluster": clusters.SESSION_SERVERS,
+        "timeout": "0s",  # never cut a long turn
+        # Safe retries only: the call never reached a server, or a server
+        # refused it before doing anything (UNAVAILABLE: draining, no worker).
+        # Envoy never retries once it has forwarded part of a response.
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,unavailable,reset-before-request",
+            "num_retries": 2,
+            "retry_host_predicate": [
+                {
+                    "name": "envoy.retry_host_predicates.previous_hosts",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.retry.host"
+                        ".previous_hosts.v3.PreviousHostsPredicate"
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _route_config(config: EdgeConfig, transcoder: dict[str, Any]) -> dict[str, Any]:
+    route = _route()
+    return {
+        "name": "public",
+        # The playground page is served from memory (Envoy's default cap is 4 KiB).
+        "max_direct_response_body_size_bytes": 1024 * 1024,
+        "virtual_hosts": [
+            {
+                "name": "mesh",
+                "domains": guards.allowed_domains(config),
+                # Mesh-internal headers never come from outside.
+                "request_headers_to_remove": list(INTERNAL_HEADERS),
+                "typed_per_filter_config": {"envoy.filters.http.cors": _cors(config)},
+                "routes": _routes(config, route, transcoder),
+            },
+            *guards.foreign_hosts(config, route, INTERNAL_HEADERS),
+        ],
+    }
+
+
+def _routes(
+    config: EdgeConfig, route: dict[str, Any], transcoder: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The API's routes, first match wins."""
+    return [
+        ext_authz.check_refused(),
+        *_playground_routes(config),
+        *guards.cross_origin_routes(config),
+        {
+            # Native gRPC (reflection is a bidi stream) must not be buffered;
+            # gRPC's own message limits apply, and the servers refuse a call
+            # without a key unread.
+            "match": {"prefix": "/", "headers": [ext_authz.grpc_content_type()]},
+            "route": route,
+            "typed_per_filter_config": ext_authz.skipped(),
+        },
+        # Health and readiness never depend on keys (GET: no body).
+        *(
+            {
+                "match": {"path": path, "headers": [_method("GET")]},
+                "route": route,
+                "typed_per_filter_config": ext_authz.bodiless(),
+            }
+            for path in guards.REST_HEALTH_PATHS
+        ),
+        *_openai_unserved_routes(),
+        *_streamed_routes(route, transcoder),
+        {"match": {"prefix": "/"}, "route": route},
+    ]
 
 
 def _cors(config: EdgeConfig) -> dict[str, Any]:
@@ -280,148 +421,6 @@ def _playground_routes(config: EdgeConfig) -> list[dict[str, Any]]:
     ]
 
 
-def _listener_tls(cert: Path, key: Path) -> dict[str, Any]:
-    return {
-        "name": TLS_SOCKET,
-        "typed_config": {
-            "@type": TLS_TYPES + "DownstreamTlsContext",
-            "common_tls_context": {
-                "tls_certificates": [_certificate(cert, key)],
-                # gRPC clients need h2 by ALPN; curl and browsers take either.
-                "alpn_protocols": ["h2", "http/1.1"],
-            },
-        },
-    }
-
-
-def _upstream_tls(files: TlsFiles) -> dict[str, Any]:
-    return {
-        "name": TLS_SOCKET,
-        "typed_config": {
-            "@type": TLS_TYPES + "UpstreamTlsContext",
-            "common_tls_context": {
-                "tls_certificates": [_certificate(files.cert_file, files.key_file)],
-                # Only servers with a certificate from the mesh CA are trusted.
-                "validation_context": {"trusted_ca": {"filename": str(files.ca_file)}},
-                "alpn_protocols": ["h2"],
-            },
-        },
-    }
-
-
-def _address(host: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": host, "port_value": port}}
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _problem_mappers() -> list[dict[str, Any]]:
-    """Envoy's own replies to REST callers as problem+json; native gRPC callers
-    (content-type application/grpc...) keep their plain statuses."""
-    not_grpc = {
-        "header_filter": {
-            "header": {
-                "name": "content-type",
-                "string_match": {"prefix": "application/grpc"},
-                "invert_match": True,
-                "treat_missing_header_as_empty": True,
-            }
-        }
-    }
-    # The transcoder rewrites a REST request's content type to gRPC before the
-    # router replies, but leaves this header behind.
-    transcoded = {
-        "header_filter": {"header": {"name": "x-envoy-original-path", "present_match": True}}
-    }
-    rest_caller = {"or_filter": {"filters": [not_grpc, transcoded]}}
-
-    def mapper(status_filter: dict[str, Any], title: str, slug: str) -> dict[str, Any]:
-        return {
-            "filter": {"and_filter": {"filters": [rest_caller, status_filter]}},
-            "body_format_override": {
-                "json_format": {
-                    "type": errors.PROBLEM_BASE + slug,
-                    "title": title,
-                    "status": "%RESPONSE_CODE%",
-                    "detail": "%LOCAL_REPLY_BODY%",
-                    "instance": REQUEST_ID,
-                },
-                "content_type": "application/problem+json",
-            },
-        }
-
-    def status(op: str, code: int) -> dict[str, Any]:
-        value = {"default_value": code, "runtime_key": f"turnmesh.problem_{op}_{code}"}
-        found = {"status_code_filter": {"comparison": {"op": op, "value": value}}}
-        # Envoy's overload replies are answered as 429 (envoy/guards.py).
-        return guards.or_shed(found, code) if op == "EQ" else found
-
-    def openai_mapper(status_filter: dict[str, Any], error_type: str) -> dict[str, Any]:
-        return {
-            "filter": {"and_filter": {"filters": [_openai_paths(), status_filter]}},
-            "body_format_override": {
-                "json_format": {
-                    "error": {
-                        "message": "%LOCAL_REPLY_BODY%",
-                        "type": error_type,
-                        "param": None,
-                        "code": None,
-                    }
-                },
-                "content_type": "application/json",
-            },
-        }
-
-    # OpenAI's clients get OpenAI's error shape for Envoy's own replies too;
-    # everyone's problem type and title come from the one error table.
-    problems = errors.edge_problems()
-    mappers = [
-        guards.shed(openai_mapper(status("EQ", code), error_type), code)
-        for code, (_, _, error_type) in problems.items()
-    ]
-    mappers += [
-        openai_mapper(status("GE", 500), "server_error"),
-        openai_mapper(status("GE", 400), "invalid_request_error"),
-    ]
-    mappers += [
-        guards.shed(mapper(status("EQ", code), title, slug), code)
-        for code, (slug, title, _) in problems.items()
-    ]
-    mappers.append(mapper(status("GE", 400), errors.EDGE_FALLBACK[1], errors.EDGE_FALLBACK[0]))
-    return mappers
-
-
-def lua_error_table() -> str:
-    """The error table as Lua for ``problem.lua``: rows by gRPC code, and the
-    rows of their own that some reasons have."""
-
-    def row(r: errors.Row) -> str:
-        return f'"{r.slug}", "{r.title}", "{r.openai_type}", {r.code.value[0]}'
-
-    return "\n".join(
-        [
-            f'local BASE = "{errors.PROBLEM_BASE}"',
-            "local BY_CODE = {",
-            *(f"  [{r.code.value[0]}] = {{{row(r)}}}," for r in errors.code_rows()),
-            "}",
-            "local BY_REASON = {",
-            *(f"  {r.reason} = {{{row(r)}}}," for r in errors.reason_rows()),
-            "}",
-        ]
-    )
-
-
 def _openai_paths() -> dict[str, Any]:
     """Requests to OpenAI's paths, before or after the transcoder rewrote :path."""
     # For the unserved ones a path segment (or the query) ends the prefix:
@@ -437,248 +436,3 @@ def _openai_paths() -> dict[str, Any]:
         for matcher in matchers
     ]
     return {"or_filter": {"filters": filters}}
-
-
-def render(config: EdgeConfig) -> dict[str, Any]:
-    """The whole Envoy bootstrap as a dict (JSON is valid Envoy YAML)."""
-    lua_source = (
-        (HERE / "problem.lua")
-        .read_text()
-        .replace("__MAX_REQUEST_BYTES__", str(MAX_REQUEST_BODY_BYTES))
-        .replace("__ERROR_TABLE__", lua_error_table())
-    )
-    transcoder = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"
-        ".GrpcJsonTranscoder",
-        "proto_descriptor": str(config.descriptor_set),
-        "services": [SESSION_SERVICE, COMPAT_SERVICE],
-        "print_options": {
-            "add_whitespace": False,
-            # Unary answers print zero and empty fields (`activeSessions: 0`,
-            # `deleted: false`, `tool_calls: []`): clients typed on the shapes
-            # need them. Streamed events keep AG-UI's shapes: `_streamed_routes`.
-            "always_print_primitive_fields": True,
-            "always_print_enums_as_ints": False,
-            "preserve_proto_field_names": False,
-            # One `data: <json>` frame per event, flushed as it is produced.
-            "stream_sse_style_delimited": True,
-        },
-        "convert_grpc_status": True,
-        # Whole bodies for unary REST (the buffer filter before it has them).
-        "max_request_body_size": MAX_REQUEST_BODY_BYTES,
-        "request_validation_options": {
-            "reject_unknown_method": True,
-            "reject_unknown_query_parameters": True,
-        },
-    }
-    route = {
-        "cluster": "session_servers",
-        "timeout": "0s",  # never cut a long turn
-        # Safe retries only: the call never reached a server, or a server
-        # refused it before doing anything (UNAVAILABLE: draining, no worker).
-        # Envoy never retries once it has forwarded part of a response.
-        "retry_policy": {
-            "retry_on": "connect-failure,refused-stream,unavailable,reset-before-request",
-            "num_retries": 2,
-            "retry_host_predicate": [
-                {
-                    "name": "envoy.retry_host_predicates.previous_hosts",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.retry.host"
-                        ".previous_hosts.v3.PreviousHostsPredicate"
-                    },
-                }
-            ],
-        },
-    }
-    manager = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
-        ".v3.HttpConnectionManager",
-        "stat_prefix": "public",
-        "codec_type": "AUTO",
-        # Clients get the id to quote: the same as the problem's `instance`.
-        "always_set_request_id_in_response": True,
-        **manager_timeouts(config.timeouts),
-        "access_log": [
-            {
-                "name": "envoy.access_loggers.stdout",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3"
-                    ".StdoutAccessLog",
-                    "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}},
-                },
-            }
-        ],
-        "local_reply_config": {
-            "mappers": [*ext_authz.reply_mappers(_openai_paths()), *_problem_mappers()]
-        },
-        "route_config": {
-            "name": "public",
-            # The playground page is served from memory (Envoy's default cap is 4 KiB).
-            "max_direct_response_body_size_bytes": 1024 * 1024,
-            "virtual_hosts": [
-                {
-                    "name": "mesh",
-                    "domains": guards.allowed_domains(config),
-                    # Mesh-internal headers never come from outside.
-                    "request_headers_to_remove": list(INTERNAL_HEADERS),
-                    "typed_per_filter_config": {"envoy.filters.http.cors": _cors(config)},
-                    "routes": [
-                        ext_authz.check_refused(),
-                        *_playground_routes(config),
-                        *guards.cross_origin_routes(config),
-                        {
-                            # Native gRPC (reflection is a bidi stream) must not
-                            # be buffered; gRPC's own message limits apply, and
-                            # the servers refuse a call without a key unread.
-                            "match": {"prefix": "/", "headers": [ext_authz.grpc_content_type()]},
-                            "route": route,
-                            "typed_per_filter_config": ext_authz.skipped(),
-                        },
-                        # Health and readiness never depend on keys (GET: no body).
-                        *(
-                            {
-                                "match": {"path": path, "headers": [_method("GET")]},
-                                "route": route,
-                                "typed_per_filter_config": ext_authz.bodiless(),
-                            }
-                            for path in guards.REST_HEALTH_PATHS
-                        ),
-                        *_openai_unserved_routes(),
-                        *_streamed_routes(route, transcoder),
-                        {"match": {"prefix": "/"}, "route": route},
-                    ],
-                },
-                *guards.foreign_hosts(config, route, INTERNAL_HEADERS),
-            ],
-        },
-        "http_filters": [
-            *guards.http_filters(config),
-            {
-                # Answers preflights for allowed origins, before anything else.
-                "name": "envoy.filters.http.cors",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"
-                },
-            },
-            {
-                "name": "envoy.filters.http.lua",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-                    "default_source_code": {"inline_string": lua_source},
-                },
-            },
-            # The key, checked on the headers before any body is read.
-            *([ext_authz.ext_authz_filter(config.timeouts.auth)] if config.authenticate else []),
-            {
-                # REST bodies over the attachment limits get 413 here, before
-                # anything reaches a server.
-                "name": "envoy.filters.http.buffer",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
-                    "max_request_bytes": MAX_REQUEST_BODY_BYTES,
-                },
-            },
-            {"name": "envoy.filters.http.grpc_json_transcoder", "typed_config": transcoder},
-            {
-                "name": "envoy.filters.http.router",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-                },
-            },
-        ],
-    }
-    manager.update(guards.connection_manager(config))
-    cluster = {
-        "name": "session_servers",
-        # Addresses as given; names (a Kubernetes headless Service) are
-        # resolved, every address an endpoint, and re-resolved as pods change.
-        "type": "STATIC" if all(_is_ip(_split(a)[0]) for a in config.upstreams) else "STRICT_DNS",
-        "dns_lookup_family": "V4_PREFERRED",
-        "connect_timeout": "2s",
-        "lb_policy": "ROUND_ROBIN",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3"
-                ".HttpProtocolOptions",
-                "explicit_http_config": {
-                    "http2_protocol_options": {
-                        # A server whose host vanished (no RST, no FIN) is
-                        # found out in seconds: its streams end, callers retry.
-                        "connection_keepalive": {"interval": "5s", "timeout": "3s"}
-                    }
-                },
-            }
-        },
-        "load_assignment": {
-            "cluster_name": "session_servers",
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {"endpoint": {"address": _address(*_split(a))}} for a in config.upstreams
-                    ]
-                }
-            ],
-        },
-        # A draining server answers NOT_SERVING and stops receiving new calls.
-        # A slow answer is not a dead server: a check may take HEALTH_CHECK_TIMEOUT
-        # and a server is removed only after UNHEALTHY_THRESHOLD failures in a
-        # row, so one check lost on a saturated server (the only one, maybe)
-        # never turns every call into "no healthy upstream".
-        "health_checks": [
-            {
-                "timeout": HEALTH_CHECK_TIMEOUT,
-                "interval": f"{config.health_check_interval_ms / 1000:.3f}s",
-                "unhealthy_threshold": UNHEALTHY_THRESHOLD,
-                "healthy_threshold": 1,
-                "grpc_health_check": {},
-                # Keep checking at full rate while no traffic flows (default 60 s),
-                # so a server that just started is used at once.
-                "no_traffic_interval": f"{config.health_check_interval_ms / 1000:.3f}s",
-            }
-        ],
-        # No panic routing: with every server unhealthy, answer 503 at once.
-        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-    }
-    if config.upstream_tls is not None:
-        cluster["transport_socket"] = _upstream_tls(config.upstream_tls)
-    filter_chain: dict[str, Any] = {
-        "filters": [
-            {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
-        ]
-    }
-    if config.listener_tls is not None:
-        filter_chain["transport_socket"] = _listener_tls(*config.listener_tls)
-        # A TLS handshake that stalls is cut like half-sent headers.
-        filter_chain["transport_socket_connect_timeout"] = f"{config.timeouts.request_headers:.3f}s"
-    clusters = [cluster]
-    bootstrap_extra: dict[str, Any] = {}
-    if config.otlp_endpoint:
-        manager["tracing"] = _tracing()
-        clusters.append(_collector_cluster(config.otlp_endpoint))
-        # Spans leave every second (Envoy's default is 5 s).
-        bootstrap_extra["layered_runtime"] = {
-            "layers": [
-                {
-                    "name": "tracing",
-                    "static_layer": {"tracing.opentelemetry.flush_interval_ms": 1000},
-                }
-            ]
-        }
-    return {
-        "admin": {"address": _address("127.0.0.1", config.admin_port)},
-        "overload_manager": guards.overload_manager(config),
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "public",
-                    "address": _address(config.host, config.port),
-                    "enable_reuse_port": False,
-                    "per_connection_buffer_limit_bytes": 1024 * 1024,
-                    "filter_chains": [filter_chain],
-                }
-            ],
-            "clusters": clusters,
-        },
-        **bootstrap_extra,
-    }

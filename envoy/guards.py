@@ -21,24 +21,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from turnmesh.envoy import ext_authz
+from turnmesh.envoy.edge_config import EdgeConfig, host_name
 from turnmesh.v1 import compat_service_pb2, session_service_pb2
 
-if TYPE_CHECKING:
-    from turnmesh.envoy.config import EdgeConfig
-
-# Requests a second one client IP may make, sustained; bursts of twice that.
-# Generous: behind NAT one address is many people.
-DEFAULT_RATE_LIMIT_PER_IP = 200
-DEFAULT_MAX_STREAMS_PER_CONNECTION = 100
-MAX_STREAMS = 2**31 - 1  # HTTP/2's own ceiling
-DEFAULT_MAX_HEAP_MB = 1024
-# Connections open at once, across all clients (file descriptors: Envoy needs
-# about as many again upstream).
-DEFAULT_MAX_CONNECTIONS = 10_000
 # Peers never limited per IP: a proxy or a benchmark on this machine speaks
 # for many clients at once.
 LOOPBACK_PEERS = ("127.0.0.1", "::1")
@@ -73,37 +61,6 @@ GRPC_HEALTH_PREFIX = "/grpc.health.v1.Health/"
 # Bodies a browser sends cross-origin only after a CORS preflight: JSON, and
 # gRPC (also what the transcoder turns JSON into before routing again).
 PREFLIGHTED_CONTENT_TYPE = r"(?i)^\s*application/(grpc|([a-z0-9.!#$&^_-]+\+)?json)\s*([;+].*)?$"
-_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9.-]*[a-z0-9])?$|^\[[0-9a-f:.]+\]$")
-_PORT = re.compile(r":\d+$")
-
-
-@dataclass(frozen=True)
-class EdgeGuards:
-    """Limits at the edge; each is a flag of ``turnmesh up`` and ``turnmesh edge``."""
-
-    # Requests a second per client IP (0: no limit); bursts of twice that.
-    rate_limit_per_ip: int = DEFAULT_RATE_LIMIT_PER_IP
-    # Concurrent HTTP/2 streams (gRPC calls) on one connection.
-    max_streams_per_connection: int = DEFAULT_MAX_STREAMS_PER_CONNECTION
-    # Envoy's heap; requests are shed (429) at 95 % of it.
-    max_heap_mb: int = DEFAULT_MAX_HEAP_MB
-    # Host names (besides localhost and the listen address) the API answers
-    # to; "*": any. Empty: any on a keyed mesh, only those on a keyless one.
-    allowed_hosts: tuple[str, ...] = ()
-    # Proxies in front of Envoy that append X-Forwarded-For (0: the peer's
-    # address is the client's; a client's own header is never trusted).
-    trusted_proxy_hops: int = 0
-
-    def __post_init__(self) -> None:
-        if self.rate_limit_per_ip < 0 or self.trusted_proxy_hops < 0:
-            raise ValueError("--rate-limit-per-ip and --trusted-proxy-hops cannot be negative")
-        if not 1 <= self.max_streams_per_connection <= MAX_STREAMS:
-            raise ValueError(f"--max-streams-per-connection must be 1 to {MAX_STREAMS}")
-        if self.max_heap_mb < 1:
-            raise ValueError("--max-heap-mb must be at least 1")
-        for host in self.allowed_hosts:
-            if host != "*":
-                _name(host)  # raises on what is no host name
 
 
 # -- per client IP and per connection ------------------------------------------
@@ -313,19 +270,6 @@ def _checks_hosts(config: EdgeConfig) -> bool:
     return bool(hosts) or not config.api_keys
 
 
-def _name(host: str) -> str:
-    """A host as Envoy matches it: lower case, no port, IPv6 in brackets."""
-    host = host.strip().lower()
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        name = _PORT.sub("", host) if not host.startswith("[") else host.split("]")[0] + "]"
-        if not _HOST.match(name):
-            raise ValueError(f"--allowed-host {host!r} is not a host name") from None
-        return name
-    return f"[{address}]" if address.version == 6 else str(address)
-
-
 def allowed_domains(config: EdgeConfig) -> list[str]:
     """The API's virtual host domains: every name, or the allowed ones."""
     if not _checks_hosts(config):
@@ -333,7 +277,7 @@ def allowed_domains(config: EdgeConfig) -> list[str]:
     names = [*LOCAL_HOSTS, *config.guards.allowed_hosts]
     if not _is_unspecified(config.host):  # 0.0.0.0 is no name a client uses
         names.append(config.host)
-    return list(dict.fromkeys(_name(n) for n in names))
+    return list(dict.fromkeys(host_name(n) for n in names))
 
 
 def _is_unspecified(host: str) -> bool:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from turnmesh.envoy.config import EdgeConfig, render
+from turnmesh.envoy.config import render
+from turnmesh.envoy.edge_config import EdgeConfig
 
 
 class EnvoyError(RuntimeError):

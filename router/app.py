@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from typing import Annotated
 
 import grpc
 from pydantic import Field, model_validator
@@ -13,7 +14,7 @@ from pydantic import Field, model_validator
 from turnmesh.router.service import RouterServicer
 from turnmesh.router.state import Role, RouterState
 from turnmesh.runtime import metrics
-from turnmesh.runtime.config import MemberConfig
+from turnmesh.runtime.config import Flag, MemberConfig
 from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
 from turnmesh.runtime.metrics import serve_metrics
@@ -44,14 +45,14 @@ PROTECTED_METHODS: frozenset[str] = frozenset(
 class RouterConfig(MemberConfig):
     """Settings of the router process."""
 
-    heartbeat_interval: float = Field(
+    heartbeat_interval: Annotated[float, Flag("--heartbeat-interval")] = Field(
         default=1.0, gt=0, description="seconds between a member's heartbeats (told to members)"
     )
-    heartbeat_timeout: float = Field(
+    heartbeat_timeout: Annotated[float, Flag("--heartbeat-timeout")] = Field(
         default=3.0, gt=0, description="seconds without a heartbeat before a member is dropped"
     )
     grace_seconds: float = Field(default=2.0, ge=0, description="how long SIGTERM waits")
-    orphan_seconds: float | None = Field(
+    orphan_seconds: Annotated[float | None, Flag("--orphan-seconds")] = Field(
         default=None,
         gt=0,
         description=(
@@ -59,7 +60,7 @@ class RouterConfig(MemberConfig):
             " back before they are forgotten (default: ten heartbeat timeouts)"
         ),
     )
-    max_request_bytes: int = Field(
+    max_request_bytes: Annotated[int, Flag("--max-request-bytes")] = Field(
         default=MAX_ROUTER_REQUEST_BYTES, gt=0, description="largest request the router takes"
     )
 

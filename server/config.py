@@ -3,13 +3,22 @@
 ``turnmesh server`` (flags and ``TURNMESH_*`` variables), ``turnmesh up``
 and embedding code all read the defaults from here; the descriptions are the
 flags' help.
+
+The settings marked ``up`` are flags of ``turnmesh up`` too, which passes
+them to its servers when given. Not on `up`: what it sets itself (--agent and
+--grace-seconds from its own --agent and drain_seconds, the members' common
+flags), --advertise-host (its children bind loopback), --report-page-size (a
+message size towards a restarted router, nothing a user sees) and
+--metrics-principal-label (`up` serves no metrics port).
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from turnmesh.runtime.config import MemberConfig
+from turnmesh.runtime.config import Flag, MemberConfig
 from turnmesh.runtime.receipts import DEFAULT_PER_PRINCIPAL
 from turnmesh.server.sessions.eventlog import DEFAULT_MAX_BYTES as DEFAULT_EVENT_LOG_BYTES
 
@@ -19,8 +28,10 @@ class SessionLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    session_ttl_seconds: float = Field(
-        default=1800.0, gt=0, description="seconds a session may be idle before it is deleted"
+    session_ttl_seconds: Annotated[float, Flag("--session-ttl", env="session_ttl", up=True)] = (
+        Field(
+            default=1800.0, gt=0, description="seconds a session may be idle before it is deleted"
+        )
     )
     event_log_max_events: int = Field(
         default=50_000, gt=0, description="events kept per turn for resuming"
@@ -28,10 +39,10 @@ class SessionLimits(BaseModel):
     event_log_max_turns: int = Field(
         default=32, gt=0, description="turns whose events are kept per session"
     )
-    event_log_ttl_seconds: float = Field(
+    event_log_ttl_seconds: Annotated[float, Flag("--event-log-ttl", up=True)] = Field(
         default=600.0, gt=0, description="seconds a finished turn's events are kept for resuming"
     )
-    event_log_max_bytes: int = Field(
+    event_log_max_bytes: Annotated[int, Flag("--max-event-log-bytes", up=True)] = Field(
         default=DEFAULT_EVENT_LOG_BYTES,
         gt=0,
         description=(
@@ -39,7 +50,7 @@ class SessionLimits(BaseModel):
             " oldest go first (a resume of them is 404, the history keeps the turn)"
         ),
     )
-    turn_record_ttl_seconds: float = Field(
+    turn_record_ttl_seconds: Annotated[float, Flag("--turn-record-ttl", up=True)] = Field(
         default=7 * 86_400.0,
         gt=0,
         description=(
@@ -47,7 +58,7 @@ class SessionLimits(BaseModel):
             " is kept after it ends, at most 1,000 a session; deleted with its session"
         ),
     )
-    pause_timeout_seconds: float = Field(
+    pause_timeout_seconds: Annotated[float, Flag("--pause-timeout", up=True)] = Field(
         default=86_400.0,
         gt=0,
         description=(
@@ -56,15 +67,15 @@ class SessionLimits(BaseModel):
             " session is not deleted as idle before its wait ends"
         ),
     )
-    keepalive_seconds: float = Field(
+    keepalive_seconds: Annotated[float, Flag("--keepalive", env="keepalive", up=True)] = Field(
         default=15.0, gt=0, description="seconds of silence before a turn stream gets a keepalive"
     )
-    max_turns_in_flight: int = Field(
+    max_turns_in_flight: Annotated[int, Flag("--max-turns", env="max_turns", up=True)] = Field(
         default=512,
         gt=0,
         description="turns running at once before new ones get RESOURCE_EXHAUSTED (429)",
     )
-    max_sessions: int = Field(
+    max_sessions: Annotated[int, Flag("--max-sessions", up=True)] = Field(
         default=100_000,
         gt=0,
         description=(
@@ -80,7 +91,7 @@ class SessionLimits(BaseModel):
             " new ones get 429"
         ),
     )
-    max_pending_bytes_per_session: int = Field(
+    max_pending_bytes_per_session: Annotated[int, Flag("--max-pending-bytes", up=True)] = Field(
         default=256 * 2**20,
         gt=0,
         description=(
@@ -88,7 +99,9 @@ class SessionLimits(BaseModel):
             " before new turns get 429 (coalesced ones included)"
         ),
     )
-    max_pending_bytes_per_principal: int = Field(
+    max_pending_bytes_per_principal: Annotated[
+        int, Flag("--max-pending-bytes-per-principal", up=True)
+    ] = Field(
         default=512 * 2**20,
         gt=0,
         description=(
@@ -96,7 +109,9 @@ class SessionLimits(BaseModel):
             " on a server before new ones get 429 TURN_QUOTA_EXCEEDED"
         ),
     )
-    max_sessions_per_principal: int | None = Field(
+    max_sessions_per_principal: Annotated[
+        int | None, Flag("--max-sessions-per-principal", up=True)
+    ] = Field(
         default=None,
         gt=0,
         description=(
@@ -104,15 +119,17 @@ class SessionLimits(BaseModel):
             " SESSION_QUOTA_EXCEEDED; with a Redis store, in the whole mesh"
         ),
     )
-    max_turns_per_principal: int | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "turns one principal may have running or queued on a server before new"
-            " ones get 429 TURN_QUOTA_EXCEEDED; with a Redis store, in the whole mesh"
-        ),
+    max_turns_per_principal: Annotated[int | None, Flag("--max-turns-per-principal", up=True)] = (
+        Field(
+            default=None,
+            gt=0,
+            description=(
+                "turns one principal may have running or queued on a server before new"
+                " ones get 429 TURN_QUOTA_EXCEEDED; with a Redis store, in the whole mesh"
+            ),
+        )
     )
-    metrics_principal_label: bool = Field(
+    metrics_principal_label: Annotated[bool, Flag("--metrics-principal-label")] = Field(
         default=False,
         description=(
             "label turn metrics with the principal (one series per principal: only"
@@ -125,12 +142,14 @@ class ServerConfig(MemberConfig, SessionLimits):
     """Settings of one session server process (its limits included)."""
 
     router_address: str = Field(description="the router, host:port")
-    default_agent: str = Field(default="demo", description="the agent of sessions that name none")
-    store: str = Field(
+    default_agent: Annotated[str, Flag("--agent", env="agent")] = Field(
+        default="demo", description="the agent of sessions that name none"
+    )
+    store: Annotated[str, Flag("--store", up=True)] = Field(
         default="memory",
         description="memory, sqlite:PATH, redis://HOST:PORT/DB or redis+cluster://HOST:PORT",
     )
-    lease_seconds: float = Field(
+    lease_seconds: Annotated[float, Flag("--lease-seconds", up=True)] = Field(
         default=6.0,
         gt=0,
         description=(
@@ -140,14 +159,14 @@ class ServerConfig(MemberConfig, SessionLimits):
     )
     # Public API keys (plain; kept hashed in memory) and/or a file of them.
     api_keys: list[str] = Field(default_factory=list)
-    api_keys_file: str | None = Field(
+    api_keys_file: Annotated[str | None, Flag("--api-keys-file", up=True)] = Field(
         default=None,
         description=(
             "public API keys, one per line: KEY, sha256:HEX, or NAME<TAB>KEY[<TAB>admin] to"
             " name the key's principal; re-read when it changes"
         ),
     )
-    rate_limit: float | None = Field(
+    rate_limit: Annotated[float | None, Flag("--rate-limit", up=True)] = Field(
         default=None,
         gt=0,
         description=(
@@ -155,7 +174,7 @@ class ServerConfig(MemberConfig, SessionLimits):
             " with a Redis store, in the whole mesh"
         ),
     )
-    rate_burst: float | None = Field(
+    rate_burst: Annotated[float | None, Flag("--rate-burst", up=True)] = Field(
         default=None,
         ge=1,
         description=(
@@ -163,28 +182,30 @@ class ServerConfig(MemberConfig, SessionLimits):
             " (default: one second's worth, at least 1)"
         ),
     )
-    max_receiving_per_principal: int = Field(
-        default=DEFAULT_PER_PRINCIPAL,
-        ge=1,
-        le=1_000,
-        description=(
-            "requests of one principal read at once; the others wait unread (their"
-            " size is not in memory until they are read and checked against the budgets)"
-        ),
+    max_receiving_per_principal: Annotated[int, Flag("--max-receiving-per-principal", up=True)] = (
+        Field(
+            default=DEFAULT_PER_PRINCIPAL,
+            ge=1,
+            le=1_000,
+            description=(
+                "requests of one principal read at once; the others wait unread (their"
+                " size is not in memory until they are read and checked against the budgets)"
+            ),
+        )
     )
-    report_page_size: int = Field(
+    report_page_size: Annotated[int, Flag("--report-page-size")] = Field(
         default=5_000,
         gt=0,
         le=10_000,
         description="sessions per message when telling a restarted router what this server owns",
     )
-    advertise_host: str | None = Field(
+    advertise_host: Annotated[str | None, Flag("--advertise-host")] = Field(
         default=None, description="how other members reach this server, if not `host`"
     )
-    grace_seconds: float = Field(
+    grace_seconds: Annotated[float, Flag("--grace-seconds")] = Field(
         default=30.0, ge=0, description="how long SIGTERM waits for running turns"
     )
-    turn_sweep_seconds: float = Field(
+    turn_sweep_seconds: Annotated[float, Flag("--turn-sweep-seconds", up=True)] = Field(
         default=30.0,
         gt=0,
         description=(
@@ -192,7 +213,7 @@ class ServerConfig(MemberConfig, SessionLimits):
             " recording their end (failed owner_lost, their webhooks sent); also once at start"
         ),
     )
-    webhook_allow: str | None = Field(
+    webhook_allow: Annotated[str | None, Flag("--webhook-allow", up=True)] = Field(
         default=None,
         description=(
             "comma-separated URL prefixes a turn's webhook_url may start with"
@@ -200,17 +221,17 @@ class ServerConfig(MemberConfig, SessionLimits):
             " hooks.example.com:6379 nor hooks.example.com.other); unset: no webhooks"
         ),
     )
-    webhook_secret_file: str | None = Field(
+    webhook_secret_file: Annotated[str | None, Flag("--webhook-secret-file", up=True)] = Field(
         default=None,
         description=(
             "file holding the webhooks' signing secret, Standard Webhooks' whsec_<base64>"
             " (required with --webhook-allow)"
         ),
     )
-    webhook_max_attempts: int = Field(
+    webhook_max_attempts: Annotated[int, Flag("--webhook-max-attempts", up=True)] = Field(
         default=8, ge=1, le=100, description="attempts to deliver a webhook before it is dropped"
     )
-    webhook_timeout_seconds: float = Field(
+    webhook_timeout_seconds: Annotated[float, Flag("--webhook-timeout-seconds", up=True)] = Field(
         default=10.0,
         gt=0,
         le=300,
@@ -219,7 +240,7 @@ class ServerConfig(MemberConfig, SessionLimits):
             " leaves it to be sent again after three times this"
         ),
     )
-    webhook_retry_seconds: float = Field(
+    webhook_retry_seconds: Annotated[float, Flag("--webhook-retry-seconds", up=True)] = Field(
         default=1.0,
         gt=0,
         description="wait before a webhook's first retry; doubled each time, at most 10 minutes",

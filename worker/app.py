@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from typing import Annotated
 
 import grpc
 from pydantic import Field
@@ -13,7 +14,7 @@ from turnmesh.agent import AgentLoadError, AgentRunnable, load_agent
 from turnmesh.files import Sandbox
 from turnmesh.files.fair import DEFAULT_QUEUE_BYTES, DEFAULT_QUEUE_FILES
 from turnmesh.runtime import metrics
-from turnmesh.runtime.config import MemberConfig
+from turnmesh.runtime.config import Flag, MemberConfig
 from turnmesh.runtime.ids import new_member_id
 from turnmesh.runtime.interceptors import MeshKeyInterceptor
 from turnmesh.runtime.logs import setup_logging
@@ -51,39 +52,39 @@ class WorkerConfig(MemberConfig):
     router_address: str | None = Field(
         default=None, description="the router, host:port (None: stand-alone, no membership)"
     )
-    agent: str = Field(
+    agent: Annotated[str, Flag("--agent")] = Field(
         default="demo",
         description="a built-in agent (demo, echo, openai), package.module:Class, or an agent file",
     )
-    advertise_host: str | None = Field(
+    advertise_host: Annotated[str | None, Flag("--advertise-host")] = Field(
         default=None, description="how other members reach this worker, if not `host`"
     )
-    grace_seconds: float = Field(
+    grace_seconds: Annotated[float, Flag("--grace-seconds")] = Field(
         default=10.0, ge=0, description="how long SIGTERM waits for running turns"
     )
     # Reading an attached file: at most this long and this much memory, in
     # its own process; this many files at once.
-    file_timeout_seconds: float = Field(
+    file_timeout_seconds: Annotated[float, Flag("--file-timeout", env="file_timeout")] = Field(
         default=30.0, gt=0, description="seconds to read one attached file before it fails"
     )
-    file_memory_mb: int = Field(
+    file_memory_mb: Annotated[int, Flag("--file-memory-mb")] = Field(
         default=2048, ge=256, description="memory one file's reader process may use"
     )
-    file_concurrency: int = Field(
+    file_concurrency: Annotated[int, Flag("--file-concurrency")] = Field(
         default=2, ge=1, le=64, description="attached files read at once (each in its own process)"
     )
     # Files waiting for a reader, slots shared fairly (files/fair.py): one
     # principal may hold half of this queue (at least 100 MB: half of it
     # still takes the largest file), one turn its own file limits.
-    file_queue: int = Field(
+    file_queue: Annotated[int, Flag("--file-queue")] = Field(
         default=DEFAULT_QUEUE_FILES, ge=1, description="attached files that may wait for a reader"
     )
-    file_queue_mb: int = Field(
+    file_queue_mb: Annotated[int, Flag("--file-queue-mb")] = Field(
         default=DEFAULT_QUEUE_BYTES // (1024 * 1024),
         ge=100,
         description="MB of attached files that may wait for a reader",
     )
-    history_cache_mb: int = Field(
+    history_cache_mb: Annotated[int, Flag("--history-cache-mb")] = Field(
         default=DEFAULT_MAX_BYTES // 2**20,
         ge=1,
         description=(
@@ -93,12 +94,12 @@ class WorkerConfig(MemberConfig):
     )
 
     # Texts of files already read, per principal (worker/extract_cache.py).
-    file_text_cache_entries: int = Field(
+    file_text_cache_entries: Annotated[int, Flag("--file-text-cache-entries")] = Field(
         default=DEFAULT_MAX_ENTRIES,
         ge=0,
         description="texts of attached files kept, so a file sent again is not read again",
     )
-    file_text_cache_mb: int = Field(
+    file_text_cache_mb: Annotated[int, Flag("--file-text-cache-mb")] = Field(
         default=TEXT_CACHE_BYTES // 2**20,
         ge=0,
         description="memory the texts of attached files already read may take (0: none kept)",

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from turnmesh.cli._flags import scalar as _scalar
 from turnmesh.cli._up_config import UP_SERVER_FLAGS, UpConfig, load
-from turnmesh.cli.main import _component, _scalar, build_parser, main
+from turnmesh.cli.main import _component, build_parser, main
 from turnmesh.cli.up import _server_args, up_flags
 from turnmesh.runtime.tls import PLAINTEXT, TlsConfigError, TlsFiles, Transport, tls_files
 
@@ -122,7 +123,7 @@ def test_every_config_refuses_unknown_keys() -> None:
             model(**required, session_tll=5)
 
 
-# `turnmesh up` and the servers' settings it passes on (SERVER_FLAGS marked `up`).
+# `turnmesh up` and the servers' settings it passes on (ServerConfig fields whose Flag is `up`).
 
 
 def _up(argv: list[str], config_file: Path | None = None) -> UpConfig:

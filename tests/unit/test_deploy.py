@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-import turnmesh.envoy.config as envoy_config
+import turnmesh.envoy.edge_config as envoy_config
 from turnmesh.cli.edge import edge_config
 from turnmesh.cli.main import _component, build_parser
 from turnmesh.envoy.config import render

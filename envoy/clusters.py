@@ -1,0 +1,133 @@
+"""Where Envoy sends calls: the session servers (health-checked, round robin,
+mutual TLS when the mesh has it) and, with tracing on, the OTLP collector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnmesh.envoy import ext_authz
+from turnmesh.envoy.edge_config import EdgeConfig
+from turnmesh.envoy.sockets import address, is_ip, split, upstream_tls
+
+# The key check (ext_authz) asks the same cluster as the calls go to.
+SESSION_SERVERS = ext_authz.CLUSTER
+TRACE_COLLECTOR = "opentelemetry_collector"
+HEALTH_CHECK_TIMEOUT = "5s"
+UNHEALTHY_THRESHOLD = 3
+
+
+def clusters(config: EdgeConfig) -> list[dict[str, Any]]:
+    if not config.otlp_endpoint:
+        return [session_servers(config)]
+    return [session_servers(config), _collector(config.otlp_endpoint)]
+
+
+def session_servers(config: EdgeConfig) -> dict[str, Any]:
+    cluster = {
+        "name": SESSION_SERVERS,
+        # Addresses as given; names (a Kubernetes headless Service) are
+        # resolved, every address an endpoint, and re-resolved as pods change.
+        "type": "STATIC" if all(is_ip(split(a)[0]) for a in config.upstreams) else "STRICT_DNS",
+        "dns_lookup_family": "V4_PREFERRED",
+        "connect_timeout": "2s",
+        "lb_policy": "ROUND_ROBIN",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3"
+                ".HttpProtocolOptions",
+                "explicit_http_config": {
+                    "http2_protocol_options": {
+                        # A server whose host vanished (no RST, no FIN) is
+                        # found out in seconds: its streams end, callers retry.
+                        "connection_keepalive": {"interval": "5s", "timeout": "3s"}
+                    }
+                },
+            }
+        },
+        "load_assignment": {
+            "cluster_name": SESSION_SERVERS,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {"endpoint": {"address": address(*split(a))}} for a in config.upstreams
+                    ]
+                }
+            ],
+        },
+        # A draining server answers NOT_SERVING and stops receiving new calls.
+        # A slow answer is not a dead server: a check may take HEALTH_CHECK_TIMEOUT
+        # and a server is removed only after UNHEALTHY_THRESHOLD failures in a
+        # row, so one check lost on a saturated server (the only one, maybe)
+        # never turns every call into "no healthy upstream".
+        "health_checks": [
+            {
+                "timeout": HEALTH_CHECK_TIMEOUT,
+                "interval": f"{config.health_check_interval_ms / 1000:.3f}s",
+                "unhealthy_threshold": UNHEALTHY_THRESHOLD,
+                "healthy_threshold": 1,
+                "grpc_health_check": {},
+                # Keep checking at full rate while no traffic flows (default 60 s),
+                # so a server that just started is used at once.
+                "no_traffic_interval": f"{config.health_check_interval_ms / 1000:.3f}s",
+            }
+        ],
+        # No panic routing: with every server unhealthy, answer 503 at once.
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+    }
+    if config.upstream_tls is not None:
+        cluster["transport_socket"] = upstream_tls(config.upstream_tls)
+    return cluster
+
+
+# -- tracing ---------------------------------------------------------------------
+
+
+def tracing() -> dict[str, Any]:
+    """The connection manager's tracing: Envoy starts each request's trace (or
+    continues the caller's ``traceparent``) and passes its span on to the
+    session server."""
+    return {
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+                "grpc_service": {
+                    "envoy_grpc": {"cluster_name": TRACE_COLLECTOR},
+                    "timeout": "2s",
+                },
+                "service_name": "turnmesh-edge",
+            },
+        }
+    }
+
+
+def tracing_runtime() -> dict[str, Any]:
+    """Spans leave every second (Envoy's default is 5 s)."""
+    return {
+        "layers": [
+            {
+                "name": "tracing",
+                "static_layer": {"tracing.opentelemetry.flush_interval_ms": 1000},
+            }
+        ]
+    }
+
+
+def _collector(endpoint: str) -> dict[str, Any]:
+    host, port = split(endpoint.split("://", 1)[-1].rstrip("/"))
+    return {
+        "name": TRACE_COLLECTOR,
+        "type": "STRICT_DNS",  # an IP or a name (a collector Service)
+        "connect_timeout": "2s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3"
+                ".HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": TRACE_COLLECTOR,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(host, port)}}]}],
+        },
+    }

@@ -1,0 +1,99 @@
+"""Envoy's own replies (a refused key, a body over the limit, no healthy
+server, overload) in the shape each caller reads: ``application/problem+json``
+for REST callers, OpenAI's error object on OpenAI's paths, and plain statuses
+for native gRPC callers. Errors the servers return get the same shapes from
+``problem.lua`` (config.py); both take titles and types from the one error
+table (runtime/errors.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnmesh.envoy import ext_authz, guards
+from turnmesh.runtime import errors
+
+# Envoy's id of a request from outside: in the access log, a problem's
+# `instance`, the X-Request-Id response header and the turn's log line.
+REQUEST_ID = "%REQ(X-REQUEST-ID)%"
+
+
+def local_reply_config(openai_paths: dict[str, Any]) -> dict[str, Any]:
+    """The connection manager's local reply mappers, first match wins: the key
+    check's own denials, then everyone else's by status."""
+    return {"mappers": [*ext_authz.reply_mappers(openai_paths), *_problem_mappers(openai_paths)]}
+
+
+def _problem_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
+    """Envoy's own replies to REST callers as problem+json; native gRPC callers
+    (content-type application/grpc...) keep their plain statuses."""
+    not_grpc = {
+        "header_filter": {
+            "header": {
+                "name": "content-type",
+                "string_match": {"prefix": "application/grpc"},
+                "invert_match": True,
+                "treat_missing_header_as_empty": True,
+            }
+        }
+    }
+    # The transcoder rewrites a REST request's content type to gRPC before the
+    # router replies, but leaves this header behind.
+    transcoded = {
+        "header_filter": {"header": {"name": "x-envoy-original-path", "present_match": True}}
+    }
+    rest_caller = {"or_filter": {"filters": [not_grpc, transcoded]}}
+
+    def mapper(status_filter: dict[str, Any], title: str, slug: str) -> dict[str, Any]:
+        return {
+            "filter": {"and_filter": {"filters": [rest_caller, status_filter]}},
+            "body_format_override": {
+                "json_format": {
+                    "type": errors.PROBLEM_BASE + slug,
+                    "title": title,
+                    "status": "%RESPONSE_CODE%",
+                    "detail": "%LOCAL_REPLY_BODY%",
+                    "instance": REQUEST_ID,
+                },
+                "content_type": "application/problem+json",
+            },
+        }
+
+    def status(op: str, code: int) -> dict[str, Any]:
+        value = {"default_value": code, "runtime_key": f"turnmesh.problem_{op}_{code}"}
+        found = {"status_code_filter": {"comparison": {"op": op, "value": value}}}
+        # Envoy's overload replies are answered as 429 (envoy/guards.py).
+        return guards.or_shed(found, code) if op == "EQ" else found
+
+    def openai_mapper(status_filter: dict[str, Any], error_type: str) -> dict[str, Any]:
+        return {
+            "filter": {"and_filter": {"filters": [openai_paths, status_filter]}},
+            "body_format_override": {
+                "json_format": {
+                    "error": {
+                        "message": "%LOCAL_REPLY_BODY%",
+                        "type": error_type,
+                        "param": None,
+                        "code": None,
+                    }
+                },
+                "content_type": "application/json",
+            },
+        }
+
+    # OpenAI's clients get OpenAI's error shape for Envoy's own replies too;
+    # everyone's problem type and title come from the one error table.
+    problems = errors.edge_problems()
+    mappers = [
+        guards.shed(openai_mapper(status("EQ", code), error_type), code)
+        for code, (_, _, error_type) in problems.items()
+    ]
+    mappers += [
+        openai_mapper(status("GE", 500), "server_error"),
+        openai_mapper(status("GE", 400), "invalid_request_error"),
+    ]
+    mappers += [
+        guards.shed(mapper(status("EQ", code), title, slug), code)
+        for code, (slug, title, _) in problems.items()
+    ]
+    mappers.append(mapper(status("GE", 400), errors.EDGE_FALLBACK[1], errors.EDGE_FALLBACK[0]))
+    return mappers
