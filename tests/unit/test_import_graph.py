@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Checked together, so a cycle through two of them is found too.
-FOLDERS = ["server"]
+FOLDERS = ["server", "cli", "envoy"]
 
 
 def package_of(folder: str) -> str:
