@@ -34,7 +34,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from turnmesh.agent import _contract as native
 from turnmesh.agent._loader import _load
-from turnmesh.agent.builtin.llm import _file_context
+from turnmesh.agent._prompt import file_context
 
 __all__ = [
     "AReaLAgent",
@@ -143,7 +143,7 @@ def _seed_message(message: dict[str, Any]) -> dict[str, Any]:
 def seed_request(request: native.AgentRequest) -> AgentRequest:
     """The seed's request for a turnmesh turn."""
     message = request.message
-    if request.files and (context := _file_context(request.files)):
+    if request.files and (context := file_context(request.files)):
         message = f"{message}\n\n{context}"
     return AgentRequest(
         message=message,
