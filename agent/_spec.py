@@ -1,4 +1,6 @@
-"""Resolve an agent spec (a built-in name or ``package.module:Class``) to an instance."""
+"""Resolve an agent spec (a built-in name or ``package.module:Class``) to an
+instance. Below the agents and agent files that load other agents (``areal``,
+``_config``), so it imports none of them."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any, cast
 
 from turnmesh.agent._contract import AgentRunnable
 
-__all__ = ["BUILTIN_AGENTS", "AgentLoadError", "load_agent"]
+__all__ = ["BUILTIN_AGENTS", "AgentLoadError", "import_agent", "load_spec"]
 
 # Name -> spec; resolved lazily so a worker imports only the agent it runs.
 BUILTIN_AGENTS: Mapping[str, str] = MappingProxyType(
@@ -26,40 +28,22 @@ class AgentLoadError(ValueError):
     """The agent spec names nothing that can run as an agent."""
 
 
-def load_agent(spec: str) -> tuple[str, AgentRunnable]:
-    """Return ``(agent_name, instance)`` for a built-in name, ``module:Class``,
-    or an agent file (``.yaml``).
-
-    A class is instantiated with no arguments; its name is its ``name``
-    attribute when it has one, else the class name in lower case.
-    """
+def load_spec(spec: str) -> tuple[str, AgentRunnable]:
+    """``(agent_name, instance)`` for a built-in name or ``module:Class``."""
     spec = spec.strip()
-    if spec.endswith((".yaml", ".yml")):
-        return _load_file(spec)
     if ":" not in spec:
         if spec not in BUILTIN_AGENTS:
             known = ", ".join(sorted(BUILTIN_AGENTS))
             raise AgentLoadError(
                 f"unknown agent {spec!r}: use a built-in agent ({known}) or 'package.module:Class'"
             )
-        return _load(BUILTIN_AGENTS[spec])
-    return _load(spec)
+        return import_agent(BUILTIN_AGENTS[spec])
+    return import_agent(spec)
 
 
-def _load_file(path: str) -> tuple[str, AgentRunnable]:
-    from turnmesh.agent._config import AgentFileError, build_agent, read_agent_file
-
-    try:
-        config = read_agent_file(path)  # its errors name the file and field
-    except AgentFileError as exc:
-        raise AgentLoadError(str(exc)) from exc
-    try:
-        return config.name, build_agent(config)
-    except (AgentFileError, AgentLoadError, ImportError, ValueError) as exc:
-        raise AgentLoadError(f"agent file {path}: {exc}") from exc
-
-
-def _load(spec: str) -> tuple[str, AgentRunnable]:
+def import_agent(spec: str) -> tuple[str, AgentRunnable]:
+    """``(agent_name, instance)`` for ``package.module:Class`` (instantiated
+    with no arguments) or ``package.module:agent`` (an agent object)."""
     module_name, _, attr_path = spec.partition(":")
     if not module_name or not attr_path:
         raise AgentLoadError(f"invalid agent spec {spec!r}: expected 'package.module:Class'")
