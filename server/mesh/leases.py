@@ -31,6 +31,7 @@ from typing import Protocol
 
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.principals import public_id
+from turnmesh.runtime.renewal import Renewal
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,14 @@ class Leases:
         self._address = ""
         self._valid_until = 0.0
         self._renewing = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._renewal = Renewal(
+            self.renew,
+            lease_seconds / 4,
+            name="lease",
+            log=log,
+            failing="could not renew this server's lease; retrying",
+            recovered="lease renewed again",
+        )
         self._closed = False
         # Told when our lease lapsed: drop the sessions no longer ours.
         self.on_lapse: Callable[[], Awaitable[None]] | None = None
@@ -216,30 +224,11 @@ class Leases:
             log.info("%s held %s before this server: its lease ends now", previous, address)
             await self._store.drop_member(previous)
         await self.renew()
-        self._task = asyncio.create_task(self._keep(), name="lease")
-
-    async def _keep(self) -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(self._seconds / 4)
-            try:
-                await self.renew()
-            except Exception:
-                if not failing:
-                    log.warning("could not renew this server's lease; retrying", exc_info=True)
-                failing = True
-            else:
-                if failing:
-                    log.info("lease renewed again")
-                failing = False
+        self._renewal.start()
 
     async def stop(self) -> None:
         """Give the lease up (we are leaving): our sessions can be taken at once."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._renewal.stop()
         self._closed = True
         self._valid_until = 0.0
         with contextlib.suppress(Unavailable):
