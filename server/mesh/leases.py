@@ -106,6 +106,7 @@ class Leases:
         member_id: str,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         *,
+        on_lapse: Callable[[], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -128,8 +129,9 @@ class Leases:
             recovered="lease renewed again",
         )
         self._closed = False
-        # Told when our lease lapsed: drop the sessions no longer ours.
-        self.on_lapse: Callable[[], Awaitable[None]] | None = None
+        # Told when our lease lapsed, before it counts as fresh again: drop
+        # the sessions no longer ours.
+        self._on_lapse = on_lapse
 
     def new_token(self) -> str:
         return f"{self.member_id}/{secrets.token_hex(6)}"
@@ -163,8 +165,7 @@ class Leases:
         await self._store.hold_member(self.member_id, self._address, int(self._seconds * 1000))
         if lapsed:
             log.warning("this server's lease lapsed (stalled or cut off): checking its sessions")
-            if self.on_lapse is not None:
-                await self.on_lapse()
+            await self._on_lapse()
         self._valid_until = sent + self._seconds
 
     async def claim(self, session_id: str, *, wait_for: str | None = None) -> Claim:
