@@ -32,7 +32,8 @@ from turnmesh.agent._contract import (
     TokenUsage,
     ToolResult,
 )
-from turnmesh.agent._loader import BUILTIN_AGENTS, AgentLoadError, load_agent
+from turnmesh.agent._loader import load_agent
+from turnmesh.agent._spec import BUILTIN_AGENTS, AgentLoadError
 
 __all__ = [
     "BUILTIN_AGENTS",

@@ -30,7 +30,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from turnmesh.agent._contract import AgentRunnable
-from turnmesh.agent.builtin.llm import ModelSettings
+from turnmesh.agent._spec import AgentLoadError, load_spec
+from turnmesh.agent.areal import AReaLAgent
+from turnmesh.agent.builtin.llm import ModelSettings, OpenAIAgent
+from turnmesh.agent.langgraph import LangGraphAgent
+from turnmesh.agent.tools import ToolLoadError
 
 AGENT_FILE_SUFFIXES = (".yaml", ".yml")
 KINDS = ("openai", "echo", "demo", "langgraph", "areal")
@@ -120,14 +124,22 @@ def read_agent_file(path: str | Path) -> AgentFile:
         raise AgentFileError(f"agent file {path}: {problems}") from exc
 
 
+def load_agent_file(path: str) -> tuple[str, AgentRunnable]:
+    """``(name, agent)`` for an agent file; AgentLoadError names the file
+    and what is wrong with it."""
+    try:
+        config = read_agent_file(path)  # its errors name the file and field
+    except AgentFileError as exc:
+        raise AgentLoadError(str(exc)) from exc
+    try:
+        return config.name, build_agent(config)
+    except (AgentFileError, AgentLoadError, ImportError, ValueError) as exc:
+        raise AgentLoadError(f"agent file {path}: {exc}") from exc
+
+
 def build_agent(config: AgentFile) -> AgentRunnable:
     """The agent the file describes (its name set to the file's)."""
-    from turnmesh.agent._loader import AgentLoadError, load_agent
-    from turnmesh.agent.tools import ToolLoadError
-
     if config.kind == "openai":
-        from turnmesh.agent.builtin.llm import OpenAIAgent
-
         try:
             return OpenAIAgent(
                 config.model,
@@ -143,19 +155,15 @@ def build_agent(config: AgentFile) -> AgentRunnable:
         except ValueError as exc:
             raise AgentFileError(f"approval: {exc}") from exc
     if config.kind == "langgraph":
-        from turnmesh.agent.langgraph import LangGraphAgent
-
         assert config.graph is not None
         return LangGraphAgent(config.graph, name=config.name, instructions=config.instructions)
     if config.kind == "areal":
-        from turnmesh.agent.areal import AReaLAgent
-
         assert config.agent_class is not None
         try:
             return AReaLAgent(config.agent_class, name=config.name)
         except AgentLoadError as exc:
             raise AgentFileError(f"class: {exc}") from exc
-    _, agent = load_agent(config.kind)
+    _, agent = load_spec(config.kind)
     try:
         agent.name = config.name  # type: ignore[attr-defined]
     except AttributeError as exc:

@@ -1,29 +1,15 @@
-"""Resolve an agent spec (a built-in name or ``package.module:Class``) to an instance."""
+"""``load_agent``: what a worker runs, from a spec or an agent file.
+
+The top of the package's imports: agent files (``_config``) load their agents
+through ``_spec``, never through here, so imports go one way.
+"""
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any, cast
-
 from turnmesh.agent._contract import AgentRunnable
+from turnmesh.agent._spec import load_spec
 
-__all__ = ["BUILTIN_AGENTS", "AgentLoadError", "load_agent"]
-
-# Name -> spec; resolved lazily so a worker imports only the agent it runs.
-BUILTIN_AGENTS: Mapping[str, str] = MappingProxyType(
-    {
-        "demo": "turnmesh.agent.builtin.demo:DemoAgent",
-        "echo": "turnmesh.agent.builtin.echo:EchoAgent",
-        "openai": "turnmesh.agent.builtin.llm:OpenAIAgent",
-    }
-)
-
-
-class AgentLoadError(ValueError):
-    """The agent spec names nothing that can run as an agent."""
+__all__ = ["load_agent"]
 
 
 def load_agent(spec: str) -> tuple[str, AgentRunnable]:
@@ -35,66 +21,9 @@ def load_agent(spec: str) -> tuple[str, AgentRunnable]:
     """
     spec = spec.strip()
     if spec.endswith((".yaml", ".yml")):
-        return _load_file(spec)
-    if ":" not in spec:
-        if spec not in BUILTIN_AGENTS:
-            known = ", ".join(sorted(BUILTIN_AGENTS))
-            raise AgentLoadError(
-                f"unknown agent {spec!r}: use a built-in agent ({known}) or 'package.module:Class'"
-            )
-        return _load(BUILTIN_AGENTS[spec])
-    return _load(spec)
+        # Lazily: an agent file needs YAML and the openai SDK (its `model`),
+        # which a worker running a spec need not import.
+        from turnmesh.agent._config import load_agent_file
 
-
-def _load_file(path: str) -> tuple[str, AgentRunnable]:
-    from turnmesh.agent._config import AgentFileError, build_agent, read_agent_file
-
-    try:
-        config = read_agent_file(path)  # its errors name the file and field
-    except AgentFileError as exc:
-        raise AgentLoadError(str(exc)) from exc
-    try:
-        return config.name, build_agent(config)
-    except (AgentFileError, AgentLoadError, ImportError, ValueError) as exc:
-        raise AgentLoadError(f"agent file {path}: {exc}") from exc
-
-
-def _load(spec: str) -> tuple[str, AgentRunnable]:
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name or not attr_path:
-        raise AgentLoadError(f"invalid agent spec {spec!r}: expected 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AgentLoadError(f"cannot import module {module_name!r}: {exc}") from exc
-    except Exception as exc:
-        # The module exists but fails while importing: say so, not "not found".
-        raise AgentLoadError(
-            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-
-    target: Any = module
-    for part in attr_path.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise AgentLoadError(f"module {module_name!r} has no attribute {attr_path!r}") from None
-
-    if not inspect.iscoroutinefunction(getattr(target, "run", None)):
-        raise AgentLoadError(
-            f"{spec!r} is not an agent: it needs a method "
-            "'async def run(self, request, *, emitter)'"
-        )
-    if inspect.isclass(target):
-        try:
-            instance = target()
-        except Exception as exc:
-            raise AgentLoadError(
-                f"cannot instantiate {spec!r} with no arguments: {type(exc).__name__}: {exc}"
-            ) from exc
-    else:
-        instance = target  # an agent object defined at module level
-    name = getattr(instance, "name", None)
-    if not isinstance(name, str) or not name:
-        name = type(instance).__name__.lower()
-    return name, cast(AgentRunnable, instance)
+        return load_agent_file(spec)
+    return load_spec(spec)

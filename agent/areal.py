@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, cast, runtime_checkable
 
-from turnmesh.agent import _contract as native
-from turnmesh.agent._loader import _load
-from turnmesh.agent.builtin.llm import _file_context
+import turnmesh.agent._contract as native
+from turnmesh.agent._prompt import file_context
+from turnmesh.agent._spec import import_agent
 
 __all__ = [
     "AReaLAgent",
@@ -143,7 +143,7 @@ def _seed_message(message: dict[str, Any]) -> dict[str, Any]:
 def seed_request(request: native.AgentRequest) -> AgentRequest:
     """The seed's request for a turnmesh turn."""
     message = request.message
-    if request.files and (context := _file_context(request.files)):
+    if request.files and (context := file_context(request.files)):
         message = f"{message}\n\n{context}"
     return AgentRequest(
         message=message,
@@ -177,7 +177,7 @@ class AReaLAgent:
 
     def __init__(self, agent: str | AgentRunnable, *, name: str | None = None) -> None:
         if isinstance(agent, str):
-            loaded_name, loaded = _load(agent)  # its errors name the spec
+            loaded_name, loaded = import_agent(agent)  # its errors name the spec
             self.agent = cast(AgentRunnable, loaded)
             name = name or loaded_name
         else:

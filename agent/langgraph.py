@@ -29,7 +29,7 @@ from turnmesh.agent._contract import (
     EventEmitter,
     Interrupt,
 )
-from turnmesh.agent.builtin.llm import _file_context
+from turnmesh.agent._prompt import file_context
 
 __all__ = ["LangGraphAgent"]
 
@@ -232,7 +232,7 @@ class LangGraphAgent:
 
         message = request.message
         if request.files:
-            message = f"{message}\n\n{_file_context(request.files)}"
+            message = f"{message}\n\n{file_context(request.files)}"
         # One thread per session, in a saver of this turn's own: a checkpoint
         # outlives the turn only as the pause's, in the session store.
         config = {"configurable": {"thread_id": request.session_id}}

@@ -18,6 +18,7 @@ import grpc
 
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA
+from turnmesh.runtime.renewal import Background
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -72,7 +73,9 @@ class Membership:
         self._on_rejoined = on_rejoined
         self._page_size = report_page_size
         self._interval = heartbeat_interval
-        self._task: asyncio.Task[None] | None = None
+        # Not a Renewal: it beats at once, then every interval the router
+        # gives it; re-registers without waiting; logs each failure by kind.
+        self._beats = Background(self._run, name="membership")
         self.registered = asyncio.Event()
         # Set when the router forgot us after a registration (it restarted).
         self._forgotten = False
@@ -90,7 +93,7 @@ class Membership:
         return self._metadata
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="membership")
+        self._beats.start()
 
     async def _register(self) -> None:
         m = self.member
@@ -173,11 +176,7 @@ class Membership:
             await asyncio.sleep(self._interval)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._beats.stop()
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self.router.Unregister(
                 rpb.UnregisterRequest(member_id=self.member.member_id),

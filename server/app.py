@@ -130,7 +130,13 @@ class SessionServer:
         self._opened.push_async_callback(self.webhooks.stop)
         # A shared store decides who owns a session, by lease.
         self.leases = (
-            Leases(cast(LeaseStore, self.store), self.member_id, c.lease_seconds)
+            Leases(
+                cast(LeaseStore, self.store),
+                self.member_id,
+                c.lease_seconds,
+                # Ownership is built below; a lease lapses only once held, after start.
+                on_lapse=lambda: self.ownership.after_lapse(),
+            )
             if self.store.shared
             else None
         )

@@ -8,25 +8,26 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
 from opentelemetry import trace
 
-from turnmesh.agent import AgentError, AgentResponse, AgentRunnable
+from turnmesh.agent import AgentError, AgentRequest, AgentResponse, AgentRunnable
 from turnmesh.files import Sandbox
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import TurnError, Unavailable, problem
-from turnmesh.v1 import event_pb2, worker_service_pb2, worker_service_pb2_grpc
+from turnmesh.v1 import event_pb2, message_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker import pause
+from turnmesh.worker import relay as worker_relay  # the servicer's Relay method shadows the class
 from turnmesh.worker._convert import history_message, to_agent_request
 from turnmesh.worker.attachments import file_events, read_files
 from turnmesh.worker.emitter import ET, QueueEmitter, make_event
 from turnmesh.worker.extract_cache import ExtractCache
 from turnmesh.worker.history_cache import DEFAULT_MAX_BYTES, HistoryCache
-from turnmesh.worker.relay import Relay, RelayClosed, Relays
+from turnmesh.worker.relay import RelayClosed, Relays
 
 __all__ = ["WorkerServicer"]
 
@@ -120,104 +121,24 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
         history = self._histories.resolve(
             request.session_id, request.history_base, await _history_tail(request)
         )
-        agent_request = to_agent_request(request, history)
+        turn = _Turn(request, to_agent_request(request, history))
         span = trace.get_current_span()
         span.set_attribute("turnmesh.session_id", request.session_id)
         span.set_attribute("turnmesh.turn_id", request.turn_id)
-        started = time.monotonic()
-        outcome = "failed"  # until it is known
         relay = self._relays.get(request.relay_id) if request.relay_id else None
+        # The server started the turn (RUN_STARTED) and numbers its events:
+        # the turn sends only what the agent does, then how it ended.
+        responses = self._streamed(turn) if relay is None else self._relayed(turn, relay)
+        outcome = "failed"  # until it is known
         self._inflight += 1
         self._idle.clear()
         try:
-            # The server started the turn (RUN_STARTED) and numbers its events:
-            # this stream carries only what the agent does, then how it ended.
-            pending: list[event_pb2.Event] = []
-            relayed: list[event_pb2.Event] = []  # the file events sent through the relay
-            if request.files:
-                files, refs = await read_files(
-                    self.sandbox,
-                    self.file_texts,
-                    list(request.files),
-                    principal=agent_request.principal,
-                    # Scoped session ids are unique mesh-wide; ids hold no space.
-                    turn=f"{request.session_id} {request.turn_id}",
-                )
-                agent_request = dataclasses.replace(agent_request, files=files)
-                if relay is None:
-                    yield worker_service_pb2.RunResponse(events=file_events(refs), files=refs)
-                else:
-                    relayed = file_events(refs)
-                    _relay_put(relay, request.relay_key, relayed, refs)
-            if relay is None:
-                emitter = QueueEmitter()
-            else:
-                emitter = QueueEmitter(
-                    sink=lambda event: relay.put(request.relay_key, (event,)), room=relay.room
-                )
-            task = asyncio.create_task(
-                self.agent.run(agent_request, emitter=emitter), name=f"turn-{request.turn_id}"
-            )
-            task.add_done_callback(lambda _: emitter.finish())
-            try:
-                if relay is None:
-                    async for batch, ended in emitter.batches():
-                        pending.extend(batch)
-                        if ended:
-                            break  # the last response also carries the run's end
-                        yield worker_service_pb2.RunResponse(events=pending)
-                        pending = []
-                else:
-                    relay.attach(request.relay_key, task)
-                    # Not `await task`: the caller's cancel must reach the
-                    # finally below, which cancels the agent.
-                    await asyncio.wait((task,))
-                    if relay.closed:
-                        raise Unavailable("the relay to the server ended")
-                response = _outcome(task, request.turn_id)
-            finally:
-                if relay is not None:
-                    relay.detach(request.relay_key)
-                # Reached early only when the caller went away (cancel or close):
-                # the agent sees CancelledError inside run.
-                if not task.done():
-                    task.cancel("the caller cancelled the turn")
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-
-            finished = (
-                _run_finished(
-                    response,
-                    started,
-                    request.turn_id,
-                    emitter.unanswered_calls,
-                    {tool.name for tool in request.tools},
-                )
-                if isinstance(response, AgentResponse)
-                else None
-            )
-            if isinstance(response, AgentError):
-                pending.append(_agent_error_event(response))
-            elif response is None or finished is None:
-                pending.append(
-                    make_event(
-                        ET.RUN_ERROR,
-                        message="the agent failed",
-                        code="agent_error",
-                        problem=AGENT_ERROR_PROBLEM,
-                    )
-                )
-            else:
-                pending.extend(emitter.closing_events(response.text))
-                pending.append(finished)
-            last = worker_service_pb2.RunResponse(
-                events=pending, relayed_events=len(relayed) + emitter.sunk
-            )
-            if finished is not None and finished.HasField("outcome"):
-                assert isinstance(response, AgentResponse)
-                last.agent_checkpoint = response.checkpoint  # checked by _run_finished
-            yield last
-            outcome = "finished" if finished is not None else "failed"
+            # Closed with Run, so a caller that goes away stops the agent now.
+            async with contextlib.aclosing(responses):
+                async for response in responses:
+                    yield response
+            if turn.finished:
+                outcome = "finished"
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -226,10 +147,143 @@ class WorkerServicer(worker_service_pb2_grpc.WorkerServiceServicer):
             if not self._inflight:
                 self._idle.set()
             metrics.WORKER_RUNS.labels(outcome).inc()
-            metrics.WORKER_RUN_SECONDS.observe(time.monotonic() - started)
+            metrics.WORKER_RUN_SECONDS.observe(time.monotonic() - turn.started)
+
+    async def _streamed(self, turn: _Turn) -> AsyncGenerator[worker_service_pb2.RunResponse, None]:
+        """The turn's events on its Run call: its files' events, then each
+        batch as the agent emits it; the last response also ends the run."""
+        if turn.request.files:
+            refs = await self._read_files(turn)
+            yield worker_service_pb2.RunResponse(events=file_events(refs), files=refs)
+        emitter = QueueEmitter()
+        task = self._start_agent(turn, emitter)
+        pending: list[event_pb2.Event] = []
+        try:
+            async for batch, ended in emitter.batches():
+                pending.extend(batch)
+                if ended:
+                    break  # the last response also carries the run's end
+                yield worker_service_pb2.RunResponse(events=pending)
+                pending = []
+        finally:
+            await _stop_agent(task)
+        yield _last_response(turn, task, emitter, pending, relayed=0)
+
+    async def _relayed(
+        self, turn: _Turn, relay: worker_relay.Relay
+    ) -> AsyncGenerator[worker_service_pb2.RunResponse, None]:
+        """The turn's events on the server's relay as the agent emits them;
+        Run's one response says how many went there and ends the run."""
+        key = turn.request.relay_key
+        relayed = 0  # the files' events; the agent's are counted by the emitter
+        if turn.request.files:
+            refs = await self._read_files(turn)
+            events = file_events(refs)
+            _relay_put(relay, key, events, refs)
+            relayed = len(events)
+        emitter = QueueEmitter(sink=lambda event: relay.put(key, (event,)), room=relay.room)
+        task = self._start_agent(turn, emitter)
+        relay.attach(key, task)
+        try:
+            # Not `await task`: the caller's cancel must reach the finally
+            # below, which cancels the agent.
+            await asyncio.wait((task,))
+            if relay.closed:
+                raise Unavailable("the relay to the server ended")
+        finally:
+            relay.detach(key)
+            await _stop_agent(task)
+        yield _last_response(turn, task, emitter, [], relayed=relayed + emitter.sunk)
+
+    async def _read_files(self, turn: _Turn) -> list[message_pb2.FileRef]:
+        """Read the turn's files into its agent's request; their refs, for
+        the history and the file events."""
+        files, refs = await read_files(
+            self.sandbox,
+            self.file_texts,
+            list(turn.request.files),
+            principal=turn.agent_request.principal,
+            # Scoped session ids are unique mesh-wide; ids hold no space.
+            turn=f"{turn.request.session_id} {turn.request.turn_id}",
+        )
+        turn.agent_request = dataclasses.replace(turn.agent_request, files=files)
+        return refs
+
+    def _start_agent(self, turn: _Turn, emitter: QueueEmitter) -> asyncio.Task[AgentResponse]:
+        task = asyncio.create_task(
+            self.agent.run(turn.agent_request, emitter=emitter), name=f"turn-{turn.request.turn_id}"
+        )
+        task.add_done_callback(lambda _: emitter.finish())
+        return task
 
 
-def _relay_put(relay: Relay, key: int, events: list[event_pb2.Event], refs: list[Any]) -> None:
+@dataclasses.dataclass(slots=True)
+class _Turn:
+    """One Run call's turn, as either transport runs it."""
+
+    request: worker_service_pb2.RunRequest
+    agent_request: AgentRequest  # with the files' texts once they are read
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    finished: bool = False  # its last response ends it with RUN_FINISHED
+
+
+async def _stop_agent(task: asyncio.Task[AgentResponse]) -> None:
+    """Cancel the agent if it still runs: only when the caller went away
+    (cancel or close); the agent sees CancelledError inside run."""
+    if not task.done():
+        task.cancel("the caller cancelled the turn")
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _last_response(
+    turn: _Turn,
+    task: asyncio.Task[AgentResponse],
+    emitter: QueueEmitter,
+    events: list[event_pb2.Event],
+    *,
+    relayed: int,
+) -> worker_service_pb2.RunResponse:
+    """Run's last response, once the agent's task is done: ``events`` not
+    sent yet, how the run ended, and how many events went on the relay.
+    Whether it ended with RUN_FINISHED is recorded on ``turn``."""
+    response = _outcome(task, turn.request.turn_id)
+    finished = (
+        _run_finished(
+            response,
+            turn.started,
+            turn.request.turn_id,
+            emitter.unanswered_calls,
+            {tool.name for tool in turn.request.tools},
+        )
+        if isinstance(response, AgentResponse)
+        else None
+    )
+    if isinstance(response, AgentError):
+        events.append(_agent_error_event(response))
+    elif response is None or finished is None:
+        events.append(
+            make_event(
+                ET.RUN_ERROR,
+                message="the agent failed",
+                code="agent_error",
+                problem=AGENT_ERROR_PROBLEM,
+            )
+        )
+    else:
+        events.extend(emitter.closing_events(response.text))
+        events.append(finished)
+    last = worker_service_pb2.RunResponse(events=events, relayed_events=relayed)
+    if finished is not None and finished.HasField("outcome"):
+        assert isinstance(response, AgentResponse)
+        last.agent_checkpoint = response.checkpoint  # checked by _run_finished
+    turn.finished = finished is not None
+    return last
+
+
+def _relay_put(
+    relay: worker_relay.Relay, key: int, events: list[event_pb2.Event], refs: list[Any]
+) -> None:
     try:
         relay.put(key, events, refs)
     except RelayClosed:

@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from turnmesh.agent._contract import (
     AgentError,
-    AgentFile,
     AgentRequest,
     AgentResponse,
     ClientTool,
@@ -40,6 +39,7 @@ from turnmesh.agent._contract import (
     TokenUsage,
     ToolResult,
 )
+from turnmesh.agent._prompt import file_context
 from turnmesh.agent.tools import Tool, load_tool
 
 __all__ = ["ModelSettings", "OpenAIAgent"]
@@ -86,17 +86,6 @@ class _Usage:
 class _Step:
     text: str = ""
     calls: dict[int, _Call] = field(default_factory=dict)
-
-
-def _file_context(files: Sequence[AgentFile]) -> str:
-    parts = []
-    for file in files:
-        name = file.filename or file.mime_type
-        if file.text:
-            parts.append(f"<file name={name!r} type={file.mime_type!r}>\n{file.text}\n</file>")
-        elif file.error:
-            parts.append(f"<file name={name!r}>could not be read: {file.error}</file>")
-    return "\n\n".join(parts)
 
 
 # What an approval's answer may be: true/false, or {"approved": true/false}.
@@ -211,7 +200,7 @@ class OpenAIAgent:
     def _user_message(self, request: AgentRequest) -> dict[str, Any]:
         content = request.message
         if request.files:
-            content = f"{content}\n\n{_file_context(request.files)}"
+            content = f"{content}\n\n{file_context(request.files)}"
         return {"role": "user", "content": content}
 
     async def _answers(self, request: AgentRequest, emitter: EventEmitter) -> list[dict[str, Any]]:

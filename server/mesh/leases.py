@@ -31,6 +31,7 @@ from typing import Protocol
 
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.principals import public_id
+from turnmesh.runtime.renewal import Renewal
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class Leases:
         member_id: str,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         *,
+        on_lapse: Callable[[], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -118,10 +120,18 @@ class Leases:
         self._address = ""
         self._valid_until = 0.0
         self._renewing = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._renewal = Renewal(
+            self.renew,
+            lease_seconds / 4,
+            name="lease",
+            log=log,
+            failing="could not renew this server's lease; retrying",
+            recovered="lease renewed again",
+        )
         self._closed = False
-        # Told when our lease lapsed: drop the sessions no longer ours.
-        self.on_lapse: Callable[[], Awaitable[None]] | None = None
+        # Told when our lease lapsed, before it counts as fresh again: drop
+        # the sessions no longer ours.
+        self._on_lapse = on_lapse
 
     def new_token(self) -> str:
         return f"{self.member_id}/{secrets.token_hex(6)}"
@@ -155,8 +165,7 @@ class Leases:
         await self._store.hold_member(self.member_id, self._address, int(self._seconds * 1000))
         if lapsed:
             log.warning("this server's lease lapsed (stalled or cut off): checking its sessions")
-            if self.on_lapse is not None:
-                await self.on_lapse()
+            await self._on_lapse()
         self._valid_until = sent + self._seconds
 
     async def claim(self, session_id: str, *, wait_for: str | None = None) -> Claim:
@@ -216,30 +225,11 @@ class Leases:
             log.info("%s held %s before this server: its lease ends now", previous, address)
             await self._store.drop_member(previous)
         await self.renew()
-        self._task = asyncio.create_task(self._keep(), name="lease")
-
-    async def _keep(self) -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(self._seconds / 4)
-            try:
-                await self.renew()
-            except Exception:
-                if not failing:
-                    log.warning("could not renew this server's lease; retrying", exc_info=True)
-                failing = True
-            else:
-                if failing:
-                    log.info("lease renewed again")
-                failing = False
+        self._renewal.start()
 
     async def stop(self) -> None:
         """Give the lease up (we are leaving): our sessions can be taken at once."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._renewal.stop()
         self._closed = True
         self._valid_until = 0.0
         with contextlib.suppress(Unavailable):

@@ -37,7 +37,6 @@ limit still sheds load, and the calls a server can serve without Redis
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import sys
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.ratelimit import RequestRates, TokenBuckets
+from turnmesh.runtime.renewal import Renewal
 from turnmesh.server.stores.base import SessionStore
 
 if TYPE_CHECKING:
@@ -145,12 +145,17 @@ class TurnLeases:
     def __init__(self, limits: RedisLimits, member_id: str, lease_seconds: float) -> None:
         self._limits = limits
         self._member_id = member_id
-        self._seconds = lease_seconds
         self._ttl_ms = max(1, int(lease_seconds * 1000))
         # principal -> leases held here (at most the turns running or waiting here).
         self._held: dict[str, set[str]] = {}
         self._drops: set[asyncio.Task[None]] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._renewal = Renewal(
+            self.renew,
+            lease_seconds / 4,
+            name="turn-leases",
+            log=log,
+            failing="could not renew turn leases; retrying",
+        )
 
     async def take(self, principal: str, quota: int) -> TurnLease | None:
         """A lease for one more turn of the principal; None if its quota is full."""
@@ -181,28 +186,11 @@ class TurnLeases:
             await self._limits.renew_turns(principal, self._ttl_ms, sorted(held))
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._keep(), name="turn-leases")
-
-    async def _keep(self) -> None:
-        failing = False
-        while True:
-            await asyncio.sleep(self._seconds / 4)
-            try:
-                await self.renew()
-            except Exception:
-                if not failing:
-                    log.warning("could not renew turn leases; retrying", exc_info=True)
-                failing = True
-            else:
-                failing = False
+        self._renewal.start()
 
     async def stop(self) -> None:
         """Stop renewing; wait for the drops in flight (turns ended first)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._renewal.stop()
         if self._drops:
             await asyncio.gather(*self._drops, return_exceptions=True)
 

@@ -81,8 +81,6 @@ class SessionOwnership:
         # Owned session -> the lease token it carries ("" without leases).
         self._owned: dict[str, str] = {}
         self._routes: dict[str, Owner] = {}
-        if leases is not None:
-            leases.on_lapse = self._recheck
 
     # What this server owns --------------------------------------------------
 
@@ -152,8 +150,9 @@ class SessionOwnership:
         What this server owns stays: its store (and lease) say so."""
         self._routes.clear()
 
-    async def _recheck(self) -> None:
-        """Our lease lapsed: keep only the sessions that still carry our token."""
+    async def after_lapse(self) -> None:
+        """Our lease lapsed (``leases``' ``on_lapse``): keep only the sessions
+        that still carry our token."""
         assert self._leases is not None
         snapshot = dict(self._owned)  # sessions claimed meanwhile are not judged
         kept = await self._leases.still_mine(snapshot)

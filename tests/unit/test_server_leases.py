@@ -84,12 +84,24 @@ class Router:
 
 
 async def member(store: FakeLeaseStore, owner: Owner, router: Router) -> SessionOwnership:
-    leases = Leases(store, owner.member_id, TTL, clock=store.clock, sleep=store.sleep)
+    leases = Leases(
+        store,
+        owner.member_id,
+        TTL,
+        on_lapse=lambda: ownership.after_lapse(),  # as the server wires them
+        clock=store.clock,
+        sleep=store.sleep,
+    )
     with pytest.raises(Unavailable, match="starting"):
         await leases.renew()  # no lease without an address: it would read as lapsed
     leases._address = owner.address  # as start() sets it, without the renewal task
     await leases.renew()
-    return SessionOwnership(owner.member_id, router, leases=leases)
+    ownership = SessionOwnership(owner.member_id, router, leases=leases)
+    return ownership
+
+
+async def _owns_nothing() -> None:
+    """The lapse of a lease with no SessionOwnership: nothing to recheck."""
 
 
 async def created(store: FakeLeaseStore, ownership: SessionOwnership, session_id: str) -> str:
@@ -253,7 +265,9 @@ async def test_a_server_restarted_on_an_address_ends_the_dead_ones_lease() -> No
     a = await member(store, A, router)
     await created(store, a, "s")
     # A is SIGKILLed; a new process binds its port at once, its lease still running.
-    again = Leases(store, "server-a2", TTL, clock=store.clock, sleep=store.sleep)
+    again = Leases(
+        store, "server-a2", TTL, on_lapse=_owns_nothing, clock=store.clock, sleep=store.sleep
+    )
     await again.start(A.address)
     try:
         taken = await again.claim("s")  # not after A's lease: A is gone for sure
