@@ -1,8 +1,10 @@
-"""No import cycles among the modules of the folders in ``FOLDERS``, read
-from their source (ast, nothing imported). Every import counts as an edge:
-module-level, inside a function (a lazy import only hides a cycle until
-someone calls it) or under ``if TYPE_CHECKING:``. Edges leaving the folders
-are ignored; a cycle that crosses from one listed folder to another counts.
+"""Imports go one way among the modules of the folders in ``FOLDERS``,
+read from their source (ast, nothing imported). Every import counts as an
+edge: module-level, inside a function (a lazy import only hides a cycle
+until someone calls it) or under ``if TYPE_CHECKING:``. Edges leaving the
+folders are ignored; a cycle that crosses from one listed folder to another
+counts. And no module takes another's private name (``from x import _y``): a
+helper two modules share is public where it belongs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Checked together, so a cycle through two of them is found too.
-FOLDERS = ["server", "cli", "envoy"]
+FOLDERS = ["server", "cli", "envoy", "agent", "worker", "runtime", "router", "client", "files"]
 
 
 def package_of(folder: str) -> str:
@@ -91,6 +93,28 @@ def test_the_folders_have_no_import_cycle() -> None:
     assert "turnmesh.server.stores.base" in graph["turnmesh.server.stores.sqlite"]
     cycle = cycle_in(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def private_imports(folders: Mapping[Path, str]) -> list[str]:
+    """Every ``from turnmesh... import _name`` (any depth) in the folders."""
+    found = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("turnmesh"):
+                    for alias in node.names:
+                        if alias.name.startswith("_") and not alias.name.startswith("__"):
+                            found.append(f"{path.relative_to(folder)}: {node.module}.{alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    assert private_imports({ROOT / folder: package_of(folder) for folder in FOLDERS}) == []
+
+
+def test_a_private_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f() -> None:\n    from turnmesh.x import _y, z\n")
+    assert private_imports({tmp_path: "pkg"}) == ["a.py: turnmesh.x._y"]
 
 
 def test_a_cycle_through_a_lazy_or_relative_import_is_found(tmp_path: Path) -> None:
