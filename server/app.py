@@ -92,6 +92,21 @@ class SessionServer:
             raise
 
     async def _start(self) -> None:
+        """The steps of ``start``, in order; each pushes onto ``_opened`` what
+        ``stop`` closes."""
+        transport = self._secured()
+        await self._open_store()
+        placeholder = await self._join_mesh(transport)
+        self._build_core()
+        servicer, compat = self._build_services()
+        address = await self._serve(servicer, compat, transport)
+        # The address is known only once bound; membership reports it.
+        placeholder.address = address
+        await self._go_live(address)
+        log.info("session server %s listening on %s", self.member_id, address)
+
+    def _secured(self) -> Transport:
+        """The API keys, and a refusal of a bind that would open the mesh."""
         c = self.config
         self.api_keys = ApiKeys(c.api_keys, c.api_keys_file)
         # Open to anyone who can reach it unless both the public API and the
@@ -106,7 +121,11 @@ class SessionServer:
                 "API keys need a mesh key (TURNMESH_MESH_KEY) or mutual TLS (--tls-*):"
                 " servers forward calls to each other with it, never with a caller's key"
             )
-        transport = Transport.from_files(c.tls)
+        return Transport.from_files(c.tls)
+
+    async def _open_store(self) -> None:
+        """The store, and the webhook sender that delivers from its outbox."""
+        c = self.config
         # Sessions from before principals belong to the one principal of a
         # mesh with one (its users keep them), else to the anonymous one.
         named = self.api_keys.principals()
@@ -128,6 +147,11 @@ class SessionServer:
         self.webhooks = WebhookSender(webhook_settings, self.store.outbox())
         self.webhooks.start()
         self._opened.push_async_callback(self.webhooks.stop)
+
+    async def _join_mesh(self, transport: Transport) -> MemberInfo:
+        """Leases, membership, the worker pool, the router and ownership (not
+        started yet); returns the member info whose address is set once bound."""
+        c = self.config
         # A shared store decides who owns a session, by lease.
         self.leases = (
             Leases(
@@ -140,7 +164,6 @@ class SessionServer:
             if self.store.shared
             else None
         )
-        # The address is known only after binding, so membership is built after.
         placeholder = MemberInfo(
             self.member_id, rpb.MEMBER_ROLE_SERVER, "", shared_store=self.store.shared
         )
@@ -169,8 +192,12 @@ class SessionServer:
             for session_id in await self.store.idle_sessions(math.inf):
                 self.ownership.claim(session_id)
         self._opened.push_async_callback(self.router.close)
-        # The config is the core's limits (a ServerConfig is a SessionLimits).
-        # With Redis, the turn quota and request rates are the whole mesh's.
+        return placeholder
+
+    def _build_core(self) -> None:
+        """The sessions this server owns (a ServerConfig is their limits);
+        with Redis, the turn quota is the whole mesh's."""
+        c = self.config
         leases = turn_leases(self.store, self.member_id, c.lease_seconds, c.max_turns_per_principal)
         self.core = SessionCore(
             self.store, self.workers, c.default_agent, c, self.ownership, leases, self.webhooks
@@ -178,6 +205,11 @@ class SessionServer:
         if leases is not None:
             leases.start()
             self._opened.push_async_callback(leases.stop)
+
+    def _build_services(self) -> tuple[SessionServicer, CompatServicer]:
+        """The public SessionService, and the other APIs' surfaces, which
+        call it in-process."""
+        c = self.config
         servicer = SessionServicer(
             self.core,
             self.ownership,
@@ -190,11 +222,17 @@ class SessionServer:
             forward_credentials=bool(c.tls) and not c.mesh_key,
             other_servers=self._other_servers,
         )
-        # The compatibility surfaces call this server's public API in-process.
         self._compat_mesh = Mesh()
         self._compat_mesh.connect(servicer)
         self._opened.push_async_callback(self._compat_mesh.close)
-        compat = CompatServicer(self._compat_mesh, Models(self.workers.agents))
+        return servicer, CompatServicer(self._compat_mesh, Models(self.workers.agents))
+
+    async def _serve(
+        self, servicer: SessionServicer, compat: CompatServicer, transport: Transport
+    ) -> str:
+        """Bind and serve, behind the key and receipt interceptors; the
+        address the mesh reaches this server at."""
+        c = self.config
 
         def register(server: grpc.aio.Server) -> None:
             # The servicer takes service.Context (gRPC's, or an in-process
@@ -231,10 +269,14 @@ class SessionServer:
         await self._process.start()
         self._opened.push_async_callback(self._process.stop, 1.0)
         self.metrics_address = serve_metrics(c.host, c.metrics_port)
-        address = self._process.address
         if c.advertise_host:
-            address = f"{c.advertise_host}:{self._process.bound_port}"
-        placeholder.address = address
+            return f"{c.advertise_host}:{self._process.bound_port}"
+        return self._process.address
+
+    async def _go_live(self, address: str) -> None:
+        """Hold the lease, join the router, find workers, and start the
+        server's own loops."""
+        assert self._membership is not None
         if self.leases is not None:
             # Held before the router can route anything here; given up (last
             # thing before the store closes) so our sessions move at once.
@@ -249,7 +291,6 @@ class SessionServer:
         self._tasks.append(asyncio.create_task(self._event_log_sweep(), name="event-logs"))
         self._tasks.append(asyncio.create_task(self._turn_sweep(), name="turn-sweep"))
         self._tasks.append(asyncio.create_task(watch_loop_lag(), name="loop-lag"))
-        log.info("session server %s listening on %s", self.member_id, address)
 
     async def _other_servers(self) -> list[SessionServiceAsyncStub]:
         return [self.router.stub(owner) for owner in await self.router.other_servers()]

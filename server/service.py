@@ -5,9 +5,10 @@ converts to and from the protos."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import grpc
@@ -198,11 +199,12 @@ class SessionServicer:
         session_id: str,
         context: Context,
         forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, event_pb2.Event]],
-        local: Callable[[], Awaitable[AsyncIterator[event_pb2.Event]]],
-    ) -> AsyncIterator[event_pb2.Event]:
+        local: Callable[[], Awaitable[AsyncGenerator[event_pb2.Event, None]]],
+    ) -> AsyncGenerator[event_pb2.Event, None]:
         """The events of a streaming call: this server's own (iterated
         directly: no extra layer per event on the hottest path), or relayed
-        from the owner."""
+        from the owner. Its caller closes it (``aclosing``): a caller that
+        leaves ends the owner's call at once."""
         placement = await self._place(session_id, context, assign=False)
         if isinstance(placement, Local):
             return await local()
@@ -215,13 +217,14 @@ class SessionServicer:
         )
 
     async def _relayed(
-        self, context: Context, events: AsyncIterator[event_pb2.Event]
-    ) -> AsyncIterator[event_pb2.Event]:
-        try:
-            async for event in events:
-                yield event
-        except OwnerFailed as failed:
-            await _pass_through(context, failed.error)
+        self, context: Context, events: AsyncGenerator[event_pb2.Event, None]
+    ) -> AsyncGenerator[event_pb2.Event, None]:
+        async with contextlib.aclosing(events):
+            try:
+                async for event in events:
+                    yield event
+            except OwnerFailed as failed:
+                await _pass_through(context, failed.error)
 
     # RPCs -------------------------------------------------------------------
 
@@ -399,7 +402,7 @@ class SessionServicer:
         await validation.validate_turn_async(request)
         sid = principals.scoped(principals.current().name, request.session_id)
 
-        async def local() -> AsyncIterator[event_pb2.Event]:
+        async def local() -> AsyncGenerator[event_pb2.Event, None]:
             admission = await admit(request, sid)
             tlog = await self._core.start_turn(admission)
             return self._core.follow(tlog, 0, admission.cancel_on_disconnect)
@@ -407,8 +410,9 @@ class SessionServicer:
         events = await self._relay(
             sid, context, lambda stub, md: stub.Turn(request, metadata=md), local
         )
-        async for event in events:
-            yield event
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
 
     async def StartTurn(
         self, request: spb.StartTurnRequest, context: Context
@@ -463,14 +467,15 @@ class SessionServicer:
         validation.validate_subscribe(request)
         sid = principals.scoped(principals.current().name, request.session_id)
 
-        async def local() -> AsyncIterator[event_pb2.Event]:
+        async def local() -> AsyncGenerator[event_pb2.Event, None]:
             return await self._core.subscribe(sid, request.turn_id, request.after_seq)
 
         events = await self._relay(
             sid, context, lambda stub, md: stub.SubscribeTurn(request, metadata=md), local
         )
-        async for event in events:
-            yield event
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
 
     async def GetHealth(
         self, request: spb.GetHealthRequest, context: Context

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -125,8 +125,8 @@ class Forwarder:
         session_id: str,
         placement: Placement,
         forward: Callable[[Stub, Hint], grpc.aio.UnaryStreamCall[Any, Event]],
-        local: Callable[[], Awaitable[AsyncIterator[Event]]],
-    ) -> AsyncIterator[Event]:
+        local: Callable[[], Awaitable[AsyncGenerator[Event, None]]],
+    ) -> AsyncGenerator[Event, None]:
         """The call's events, relayed from the owner (or this server's own
         once the session turns out to be here). Only a stream that failed
         before its first event is placed again: after one, the caller resumes
@@ -148,8 +148,14 @@ class Forwarder:
                 if received:  # the caller resumes the turn itself
                     raise OwnerFailed(exc) from exc
                 placement = await self._next(session_id, attempts, placement, call, exc)
-        async for event in await local():
-            yield event
+            finally:
+                # A caller that left (its call cancelled, this stream closed)
+                # ends the owner's call now, not when the call is collected:
+                # the owner cancels a turn whose caller asked for that then.
+                call.cancel()
+        async with contextlib.aclosing(await local()) as events:
+            async for event in events:
+                yield event
 
     async def _next(
         self,

@@ -4,7 +4,7 @@ routes, owners gone, owners silent, sessions that move mid-call."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 import grpc
@@ -386,8 +386,8 @@ async def _collect(stream: AsyncIterator[event_pb2.Event]) -> list[int]:
     return [event.seq async for event in stream]
 
 
-async def _local_events() -> AsyncIterator[event_pb2.Event]:
-    async def events() -> AsyncIterator[event_pb2.Event]:
+async def _local_events() -> AsyncGenerator[event_pb2.Event, None]:
+    async def events() -> AsyncGenerator[event_pb2.Event, None]:
         yield _event(100)
 
     return events()
@@ -538,3 +538,18 @@ async def test_a_listing_that_misses_a_server_fails_rather_than_skip_its_session
     servicer._other_servers = None  # alone in the mesh: its own page
     listed = await servicer.ListSessions(spb.ListSessionsRequest(), cast(Any, FakeContext(())))
     assert list(listed.sessions) == [] and listed.next_page_token == ""
+
+
+async def test_a_caller_that_leaves_a_relayed_stream_cancels_the_owners_call() -> None:
+    """The owner hears of it at once (a caller that asked for its turn to be
+    cancelled on leaving gets that), not when the call is collected."""
+    router = FakeRouter({"s": B})
+    call = FakeCall(events=[_event(1), _event(2), _event(3)])
+    owners = Owners({B.member_id: [call]})
+    forwarder, _ = _forwarder(router, owners)
+    stream = forwarder.stream("s", Forward(B), owners.forward_stream, _local_events)
+    assert isinstance(stream, AsyncGenerator)
+    assert (await anext(stream)).seq == 1
+    assert not call.cancelled
+    await stream.aclose()
+    assert call.cancelled
