@@ -3,7 +3,7 @@
 Hand-written: a dozen lines that live inside the auth interceptor; the
 asyncio rate-limit libraries wait for capacity, but a server must refuse
 at once (HTTP 429) rather than hold the request. A mesh on Redis shares one
-bucket per principal across servers instead (``server.mesh_limits``).
+bucket per principal across servers instead (``server.mesh.limits``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ restarted router) and the cached routes to other servers' sessions (from the
 router, which assigns owners). Nothing else keeps either.
 
 With a shared store (Redis) the router only suggests: a session is this
-server's when the store says so under its lease (``server.leases``), checked
+server's when the store says so under its lease (``server.mesh.leases``), checked
 before a session is served here the first time, after this server's lease
 lapsed, and at every commit. Without the router a server serves the sessions
 it holds, forwards calls for sessions another live server holds, and takes

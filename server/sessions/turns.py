@@ -86,7 +86,7 @@ class PendingTurn:
     # The edge's id of the request that created the turn, for its log line.
     request_id: str = field(default_factory=requests.current)
     # Called once the turn no longer counts as running or waiting (its
-    # place in a quota the whole mesh shares: ``mesh_limits.TurnLease``).
+    # place in a quota the whole mesh shares: ``mesh.limits.TurnLease``).
     on_end: Callable[[], None] | None = None
     # The caller's tools for this turn.
     tools: list[message_pb2.ToolDefinition] = field(default_factory=list)
@@ -162,7 +162,7 @@ class SessionTurns:
         # idempotency key -> turn id, the most recent keys only.
         self._by_key: OrderedDict[str, KeyUse] = OrderedDict()
         self._turns: dict[str, PendingTurn] = {}
-        # What the session waits for from the client (``server.pauses``):
+        # What the session waits for from the client (``server.sessions.pauses``):
         # the store's, read while no turn runs; this server's own view while
         # its turns run (it alone commits them).
         self.pause: message_pb2.Pause | None = None

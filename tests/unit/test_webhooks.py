@@ -1,4 +1,4 @@
-"""Webhook delivery (server.webhooks) to a real HTTP receiver on loopback:
+"""Webhook delivery (server.webhooks.sender) to a real HTTP receiver on loopback:
 Standard Webhooks signatures that its own library verifies, retries with the
 same id until a 2xx, giving up, the allow-list and the outbox's bound."""
 
