@@ -382,13 +382,6 @@ class SessionCore:
         its idempotency key names (that turn's log), or a new turn placed
         under the session's policy, unless a limit refuses it (HTTP 429,
         Retry-After). Never awaits, so nothing changes meanwhile."""
-        key = admission.idempotency_key
-        arrived = turns.turn_for_key(key) if key else None
-        if arrived is not None and (keyed is None or arrived.turn_id != keyed.use.turn_id):
-            # The same key arrived (and was submitted) while we looked in the store.
-            _same_request(arrived, admission.digest, key)
-            turns.rejoin(arrived.turn_id)
-            return self.logs.get(record.session_id, arrived.turn_id)
         if keyed is not None and not keyed.runs_again:
             if keyed.log is None:
                 # Its events went early (the server's budget for them);
@@ -400,7 +393,16 @@ class SessionCore:
                 )
             turns.rejoin(keyed.use.turn_id)
             return keyed.log
+        # A request that waited for the store counts against the limits even
+        # if the same key arrived meanwhile, as the mesh-wide lease it took does.
         self.quotas.check(turns, admission.size)
+        key = admission.idempotency_key
+        arrived = turns.turn_for_key(key) if key else None
+        if arrived is not None and (keyed is None or arrived.turn_id != keyed.use.turn_id):
+            # The same key arrived (and was submitted) while we looked in the store.
+            _same_request(arrived, admission.digest, key)
+            turns.rejoin(arrived.turn_id)
+            return self.logs.get(record.session_id, arrived.turn_id)
         return turns.submit(admission, fence, webhook=admission.webhook_url or record.webhook_url)
 
     async def _require_worker(self, agent: str) -> None:

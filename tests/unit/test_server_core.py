@@ -17,6 +17,7 @@ from turnmesh.runtime.errors import (
     IdempotencyKeyReused,
     NotFound,
     NotWaiting,
+    ResourceExhausted,
     Unavailable,
 )
 from turnmesh.server.config import SessionLimits
@@ -729,3 +730,45 @@ async def test_the_sweep_goes_past_lost_turns_whose_notice_cannot_be_queued(
         assert still is not None and spb.Turn.FromString(still).state == spb.TURN_STATE_RUNNING
     finally:
         await hooks.stop()
+
+
+class SlowKeys(MemoryStore):
+    """A store whose idempotency-key reads wait for the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.reading = 0
+
+    async def get_key(self, session_id: str, key: str) -> str | None:
+        self.reading += 1
+        await self.gate.wait()
+        return await super().get_key(session_id, key)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        SessionLimits(max_turns_per_principal=1),
+        SessionLimits(max_pending_bytes_per_session=3),
+        SessionLimits(max_pending_bytes_per_principal=3),
+    ],
+)
+async def test_a_retry_that_arrives_with_its_first_try_counts_against_the_limits(
+    pool: FakePool, runner: FakeRunner, limits: SessionLimits
+) -> None:
+    """Two tries with one key read the store together; the first places the
+    turn. The second, at a limit, is refused (429) rather than joined."""
+    store = SlowKeys()
+    core = SessionCore(store, pool, "demo", limits)  # type: ignore[arg-type]
+    core.runner = runner  # type: ignore[assignment]
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    tries = [asyncio.create_task(start(core, request(key="k"))) for _ in range(2)]
+    await spin_until(lambda: store.reading == 2)
+    store.gate.set()
+    first, second = await asyncio.gather(*tries, return_exceptions=True)
+    assert isinstance(first, TurnLog)
+    assert isinstance(second, ResourceExhausted)
+    for turns in core._turns.values():
+        turns.cancel_all(CancelReason.SHUTDOWN)
+        await turns.wait_idle()
