@@ -68,6 +68,11 @@ def merge(pages: Sequence[Page[T]], limit: int) -> Page[T]:
     return Page(taken, floor)
 
 
+# The longest token encode_token makes is about 200 characters (a 64-bit
+# position and a session id of at most 128).
+MAX_TOKEN_CHARS = 512
+
+
 def encode_token(frontier: Position | None) -> str:
     if frontier is None:
         return ""
@@ -78,10 +83,14 @@ def encode_token(frontier: Position | None) -> str:
 def decode_token(token: str) -> Position | None:
     if not token:
         return None
+    # A token this API returns is a few hundred characters: a longer one is
+    # refused before it is decoded (deep JSON nesting raised RecursionError).
+    if len(token) > MAX_TOKEN_CHARS:
+        raise _bad_token()
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         nanos, session = json.loads(raw)
-    except (ValueError, binascii.Error, TypeError, UnicodeDecodeError):
+    except (ValueError, binascii.Error, TypeError, UnicodeDecodeError, RecursionError):
         raise _bad_token() from None
     # Bounded as a store's integers are (SQLite's are 64-bit).
     if (

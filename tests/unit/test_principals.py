@@ -3,6 +3,7 @@ session ids, and keyset listing pages merged across sources."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 import random
@@ -251,6 +252,17 @@ def test_page_tokens_are_opaque_and_checked() -> None:
     for junk in ("!!!", "e30", "WzEsMl0", "WyJ4IiwieSJd", *outside):  # {}, [1,2], ["x","y"]
         with pytest.raises(InvalidArgument):
             listing.decode_token(junk)
+    # The longest a token gets, and crafted ones: nested past the parser's
+    # recursion limit (short enough to be read), long ones, huge numbers.
+    longest = listing.encode_token((2**63 - 1, "x" * 128))
+    assert listing.decode_token(longest) == (2**63 - 1, "x" * 128)
+    nested = base64.urlsafe_b64encode(b"[" * 300).decode()
+    deep = base64.urlsafe_b64encode(b"[" * 3000).decode()
+    digits = base64.urlsafe_b64encode(b"[" + b"9" * 5000 + b',"x"]').decode()
+    for crafted in (nested, deep, digits):
+        with pytest.raises(InvalidArgument) as refused:
+            listing.decode_token(crafted)
+        assert refused.value.violations[0].field == "page_token"
 
 
 def test_filters_match_strings_and_json_text() -> None:
