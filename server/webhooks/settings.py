@@ -106,6 +106,10 @@ _DOT_SEGMENTS = frozenset({".", ".."})
 _ENCODED_SEPARATORS = re.compile(r"%(2f|5c)", re.IGNORECASE)
 
 
+# A "%" in a path that is not the escape of an ASCII byte.
+_ODD_ESCAPE = re.compile(r"%(?![0-7][0-9a-fA-F])")
+
+
 def _problem(url: str, allow: Sequence[str]) -> str:
     if len(url) > MAX_URL_CHARS:
         return f"at most {MAX_URL_CHARS} characters"
@@ -125,6 +129,10 @@ def _problem(url: str, allow: Sequence[str]) -> str:
         return "must be an http or https URL"
     if parts.username or parts.password:
         return "must not carry credentials"
+    if _ODD_ESCAPE.search(parts.path):
+        # IIS's %u002e and overlong UTF-8 (%c0%ae) are dots and slashes to
+        # some servers: only escapes of ASCII characters are taken.
+        return "must hold only percent-escapes of ASCII characters (%00-%7F) in its path"
     if _ENCODED_SEPARATORS.search(parts.path):
         return "must not hold percent-encoded slashes or backslashes (%2F, %5C) in its path"
     if any(_dot_segment(segment) for segment in parts.path.split("/")):

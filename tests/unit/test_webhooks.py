@@ -300,7 +300,14 @@ async def test_an_answer_trickled_past_the_deadline_is_cut_off() -> None:
         ("https://hooks.example.com/team-a/%5C..%5Cx", "percent-encoded slashes"),
         ("https://hooks.example.com/team-a/\uff0e\uff0e/x", "only ASCII"),
         ("https://hooks.example.com/team-a/caf\u00e9", "only ASCII"),
-        ("https://hooks.example.com/team-a/%EF%BC%8E%EF%BC%8E/x", ". or .."),  # U+FF0E twice
+        ("https://hooks.example.com/team-a/%EF%BC%8E%EF%BC%8E/x", "escapes of ASCII"),  # U+FF0E
+        # IIS's %u escapes and overlong UTF-8 are dots and slashes to some.
+        ("https://hooks.example.com/team-a/%u002e%u002e/x", "escapes of ASCII"),
+        ("https://hooks.example.com/team-a/%U002E%U002E/x", "escapes of ASCII"),
+        ("https://hooks.example.com/team-a/%c0%ae%c0%ae/x", "escapes of ASCII"),
+        ("https://hooks.example.com/team-a/..%c0%af/x", "escapes of ASCII"),
+        ("https://hooks.example.com/team-a/%e0%80%ae/x", "escapes of ASCII"),
+        ("https://hooks.example.com/team-a/50%", "escapes of ASCII"),
         ("https://hooks.example.com/team-a/%252e%252e/x", ". or .."),  # decoded twice
         ("https://hooks.example.com/team-a/%252f/x", ". or .."),  # a "/" decoded twice
         ("https://hooks.example.com/team-a/..;/x", ". or .."),  # "..;" is ".." to some
