@@ -1,8 +1,12 @@
 """SessionStore on SQLite: one node, sessions survive a restart of the server.
 
-One server per file: the store holds an exclusive lock on ``PATH.lock`` while
-open, so a second server on the same file refuses to start (StoreInUse)
-instead of silently running two owners of every session.
+One server per file: the store holds an exclusive lock (flock) on the
+database file itself while open, so a second server on the same file, by
+any path, symlink or hard link (a lock is the file's, not its name's),
+refuses to start (StoreInUse) instead of silently running two owners of
+every session; and on ``PATH.lock``, which servers before this one locked.
+The descriptors stay open for the store's life: closing a descriptor of the
+database would drop SQLite's own (POSIX) locks on it.
 
 WAL mode; every statement runs on one dedicated thread (sqlite3 connections
 belong to their thread), so the event loop never blocks on disk. A turn is
@@ -71,7 +75,13 @@ class SqliteStore(TurnCommits):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._path = path
         # An in-memory database is this process's alone: nothing to lock.
-        self._lock = _lock_file(f"{path}.lock") if path != ":memory:" else None
+        self._locks = [_lock_file(f"{path}.lock", path)] if path != ":memory:" else []
+        if path != ":memory:":
+            try:
+                self._locks.append(_lock_file(path, path))
+            except BaseException:
+                os.close(self._locks[0])
+                raise
         self._event_ttl = event_ttl_seconds
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._db: sqlite3.Connection | None = None
@@ -80,8 +90,7 @@ class SqliteStore(TurnCommits):
         except BaseException:
             # Not opened (a file of a newer layout, say): leave the file free.
             self._executor.shutdown(wait=True)
-            if self._lock is not None:
-                os.close(self._lock)
+            self._unlock()
             raise
 
     @property
@@ -452,8 +461,14 @@ class SqliteStore(TurnCommits):
 
         await self._run(close)
         self._executor.shutdown(wait=True)
-        if self._lock is not None:
-            os.close(self._lock)
+        self._unlock()
+
+    def _unlock(self) -> None:
+        """Once SQLite has closed the file (its POSIX locks go with any
+        descriptor of it that closes)."""
+        for fd in self._locks:
+            os.close(fd)
+        self._locks = []
 
 
 def _record(row: tuple[Any, ...]) -> SessionRecord:
@@ -469,16 +484,17 @@ def _record(row: tuple[Any, ...]) -> SessionRecord:
     )
 
 
-def _lock_file(path: str) -> int:
-    """An exclusive lock on ``path``, held while the returned descriptor is
-    open (the kernel drops it if the process dies)."""
+def _lock_file(path: str, store: str) -> int:
+    """An exclusive lock on the file at ``path`` (made if missing: an empty
+    file is a new database), held while the returned descriptor is open (the
+    kernel drops it if the process dies)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise StoreInUse(
-            f"the SQLite store {path.removesuffix('.lock')} is in use by another server;"
+            f"the SQLite store {store} is in use by another server;"
             " SQLite serves one server (use Redis to run several)"
         ) from None
     return fd

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import sqlite3
 import time
 import uuid
@@ -696,6 +697,24 @@ async def test_a_sqlite_file_serves_one_server(tmp_path: Path) -> None:
     await first.close()
     second = open_store(f"sqlite:{path}", 600)  # free again once the first closed
     await second.close()
+
+
+async def test_a_sqlite_file_serves_one_server_by_any_name(tmp_path: Path) -> None:
+    """The lock is the file's: a symlink or a hard link to it is the same store."""
+    path = tmp_path / "one.db"
+    first = open_store(f"sqlite:{path}", 600)
+    (tmp_path / "link.db").symlink_to(path)
+    os.link(path, tmp_path / "hard.db")
+    for other in ("link.db", "hard.db"):
+        with pytest.raises(StoreInUse, match="in use by another server"):
+            open_store(f"sqlite:{tmp_path / other}", 600)
+    # Still the first's, with SQLite's own locks intact: it writes and reads.
+    await first.create(_record("s1"), None, None)
+    assert await first.get("s1") is not None
+    await first.close()
+    again = open_store(f"sqlite:{tmp_path / 'hard.db'}", 600)
+    assert await again.get("s1") is not None
+    await again.close()
 
 
 # Turn records (background turns: GetTurn once their events are gone) -------
