@@ -61,15 +61,16 @@ def decode_json(data: bytes) -> dict[str, Any]:
     try:
         value = json.loads(data or b"{}")
     except json.JSONDecodeError as exc:
-        raise BodyError(f"not valid JSON: {exc.msg}") from None
+        # The parser's own phrase ("Expecting value") and where: no internals.
+        raise BodyError(f"not valid JSON: {exc.msg} at character {exc.pos}") from None
     except UnicodeDecodeError as exc:
-        raise BodyError(f"not valid JSON: {exc}") from None
+        raise BodyError(f"not valid JSON: not UTF-8 text (at byte {exc.start})") from None
     except RecursionError:
         raise BodyError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
     except MemoryError:
         raise BodyError("too large to decode") from None
-    except ValueError as exc:  # e.g. an integer past Python's 4,300 digits
-        raise BodyError(f"not valid JSON: {exc}") from None
+    except ValueError:  # an integer past Python's 4,300 digits (its text names sys calls)
+        raise BodyError("not valid JSON: a number of more than 4,300 digits") from None
     if not isinstance(value, dict):
         raise BodyError("must be a JSON object")
     check_values(value)
