@@ -251,11 +251,16 @@ class ApiKeyInterceptor(ServerInterceptor):
         # Set on every call (each runs in a task of its own), so no call can
         # see another's principal.
         principals.set_current(ANONYMOUS_PRINCIPAL)
+        principals.set_caller_known(not self._keys.configured)
         requests.set_from(handler_call_details.invocation_metadata or ())
         method = handler_call_details.method
-        if method in self._open or method.startswith(OPEN_PREFIXES):
-            return await continuation(handler_call_details)
         metadata = handler_call_details.invocation_metadata or ()
+        if method in self._open or method.startswith(OPEN_PREFIXES):
+            # Open to anyone; a caller that shows a key is known (health then
+            # shows it the mesh's counts), one that shows a wrong key is not.
+            if self._keys.configured:
+                self._recognize(metadata)
+            return await continuation(handler_call_details)
         if self._mesh_key is not None and has_mesh_key(metadata, self._mesh_key):
             # With keys, a member's call must say whose it is: one that names
             # nobody (an older server's) never acts for the anonymous principal.
@@ -267,6 +272,7 @@ class ApiKeyInterceptor(ServerInterceptor):
                     Unauthenticated("a mesh call must name its principal, well formed"),
                 )
             principals.set_current(named)
+            principals.set_caller_known(True)
             return await continuation(handler_call_details)
         if not self._keys.configured:
             return await continuation(handler_call_details)
@@ -275,6 +281,7 @@ class ApiKeyInterceptor(ServerInterceptor):
         except Unauthenticated as error:
             return await _denied(continuation, handler_call_details, error)
         principals.set_current(principal)
+        principals.set_caller_known(True)
         if (
             self._rates is not None
             and (wait := await self._rates.admit(principal.name.encode())) > 0
@@ -289,6 +296,16 @@ class ApiKeyInterceptor(ServerInterceptor):
                 ),
             )
         return await continuation(handler_call_details)
+
+    def _recognize(self, metadata: Any) -> None:
+        """Whether an open call's caller is known, never refusing it."""
+        if self._mesh_key is not None and has_mesh_key(metadata, self._mesh_key):
+            principals.set_caller_known(True)
+            return
+        presented = bearer(metadata)
+        if presented and (principal := self._keys.match(presented)) is not None:
+            principals.set_current(principal)
+            principals.set_caller_known(True)
 
 
 def _named_principal(metadata: Any, *, required: bool) -> Principal | None:

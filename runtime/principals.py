@@ -55,6 +55,22 @@ def current() -> Principal:
     return _current.get()
 
 
+# Whether the current call's caller proved who it is (a valid API key, or a
+# mesh member's key), or the mesh has no keys to prove it with: what an open
+# method (health) may show beyond its status.
+_known: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "turnmesh_caller_known", default=False
+)
+
+
+def caller_known() -> bool:
+    return _known.get()
+
+
+def set_caller_known(known: bool) -> None:
+    _known.set(known)
+
+
 def set_current(principal: Principal) -> None:
     _current.set(principal)
 

@@ -481,17 +481,21 @@ class SessionServicer:
         self, request: spb.GetHealthRequest, context: Context
     ) -> spb.GetHealthResponse:
         health = await self._core.health()
-        return spb.GetHealthResponse(
+        answer = spb.GetHealthResponse(
             status=self._state(),
             agent_name=health.default_agent,
             agent_ready=health.agent_ready,
-            active_sessions=health.sessions,
             uptime_seconds=round(time.monotonic() - self._started, 3),
             server_id=self._ownership.member_id,
-            running_turns=health.running_turns,
-            sessions_available=health.sessions_available,
             router_connected=self._router_connected(),
         )
+        # Open to anyone: the mesh's counts (every tenant's activity) only
+        # for a caller with a key, or on a mesh without keys.
+        if principals.caller_known():
+            answer.active_sessions = health.sessions
+            answer.running_turns = health.running_turns
+            answer.sessions_available = health.sessions_available
+        return answer
 
     async def GetReadiness(
         self, request: spb.GetReadinessRequest, context: Context

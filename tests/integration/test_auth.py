@@ -81,6 +81,34 @@ async def test_rest_and_grpc_need_a_key(keyed_mesh: tuple[Mesh, str, Path]) -> N
     assert "wrong-key" not in log_text
 
 
+async def test_health_shows_the_meshs_counts_only_to_a_caller_with_a_key(
+    keyed_mesh: tuple[Mesh, str, Path],
+) -> None:
+    """Health stays open, but how many sessions and turns the mesh holds
+    (every tenant's activity) is for a caller with a key."""
+    _, edge, _ = keyed_mesh
+    key = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as rest:
+        made = await rest.post("/v1/sessions", json={}, headers=key)
+        assert made.status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong-key"}):
+            outside = (await rest.get("/health", headers=headers)).json()
+            assert outside["status"] in ("LIFECYCLE_STATE_READY", "LIFECYCLE_STATE_RUNNING")
+            assert (outside["activeSessions"], outside["runningTurns"]) == (0, 0)
+            assert int(outside["sessionsAvailable"]) == 0
+            chat = (await rest.get("/v1/chat/health", headers=headers)).json()
+            assert (chat["status"], chat["active_sessions"]) == ("healthy", 0)
+        # Sessions live on either server: a known caller sees some on one.
+        seen = [
+            (await rest.get("/health", headers=key)).json()["activeSessions"] for _ in range(8)
+        ]
+        assert max(seen) >= 1
+        inside = (await rest.get("/health", headers=key)).json()
+        assert int(inside["sessionsAvailable"]) > 0
+        chat = (await rest.get("/v1/chat/health", headers=key)).json()
+        assert chat["active_sessions"] >= 0
+
+
 def test_the_openai_sdk_uses_its_api_key(keyed_mesh: tuple[Mesh, str, Path]) -> None:
     _, edge, _ = keyed_mesh
     messages = [{"role": "user", "content": "What is 6*7?"}]
