@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from google.api import annotations_pb2
+
 from turnmesh.envoy import clusters, ext_authz, guards
 from turnmesh.envoy.edge_config import EdgeConfig
 from turnmesh.envoy.replies import REQUEST_ID, local_reply_config
@@ -242,16 +244,39 @@ def lua_error_table() -> str:
 # -- virtual hosts and routes ----------------------------------------------------
 
 
-def _route() -> dict[str, Any]:
+# Safe retries only: the call never reached a server, or a server refused it
+# before doing anything (UNAVAILABLE: draining, no worker). Envoy never retries
+# once it has forwarded part of a response.
+RETRY_ON = "connect-failure,refused-stream,unavailable,reset-before-request"
+# A read (an RPC REST reaches with GET: nothing it does changes anything) is
+# also asked again when its server died while answering it.
+READ_RETRY_ON = RETRY_ON + ",reset"
+
+
+def _read_paths() -> tuple[str, ...]:
+    """The gRPC paths of the public RPCs bound to GET."""
+    paths = []
+    for module, name in (
+        (session_service_pb2, "SessionService"),
+        (compat_service_pb2, "CompatService"),
+    ):
+        service = module.DESCRIPTOR.services_by_name[name]
+        for method in service.methods:
+            if method.GetOptions().Extensions[annotations_pb2.http].get:
+                paths.append(f"/{service.full_name}/{method.name}")
+    return tuple(sorted(paths))
+
+
+READ_PATHS = _read_paths()
+
+
+def _route(retry_on: str = RETRY_ON) -> dict[str, Any]:
     """Where the calls go: any session server."""
     return {
         "cluster": clusters.SESSION_SERVERS,
         "timeout": "0s",  # never cut a long turn
-        # Safe retries only: the call never reached a server, or a server
-        # refused it before doing anything (UNAVAILABLE: draining, no worker).
-        # Envoy never retries once it has forwarded part of a response.
         "retry_policy": {
-            "retry_on": "connect-failure,refused-stream,unavailable,reset-before-request",
+            "retry_on": retry_on,
             "num_retries": 2,
             "retry_host_predicate": [
                 {
@@ -294,6 +319,17 @@ def _routes(
         ext_authz.check_refused(),
         *_playground_routes(config),
         *guards.cross_origin_routes(config),
+        # Reads, by their gRPC path: a REST call is routed again once it is
+        # transcoded (and native gRPC goes straight here), so what a read may
+        # retry is matched on the method it became.
+        *(
+            {
+                "match": {"path": path, "headers": [ext_authz.grpc_content_type()]},
+                "route": _route(READ_RETRY_ON),
+                "typed_per_filter_config": ext_authz.skipped(),
+            }
+            for path in READ_PATHS
+        ),
         {
             # Native gRPC (reflection is a bidi stream) must not be buffered;
             # gRPC's own message limits apply, and the servers refuse a call

@@ -26,6 +26,13 @@ PRINCIPAL = f"%DYNAMIC_METADATA({FILTER}:principal)%"
 ERROR_STATUS = errors.Unavailable.http_status
 
 
+# A key check changes nothing: it is asked again on any failure to answer.
+CHECK_RETRY_ON = "connect-failure,refused-stream,unavailable,reset"
+# Headers can name no previous-hosts predicate: a retry may pick the server
+# that failed again, so a few more tries than the route's.
+CHECK_RETRIES = 5
+
+
 def ext_authz_filter(timeout_seconds: float) -> dict[str, Any]:
     return {
         "name": FILTER,
@@ -35,11 +42,11 @@ def ext_authz_filter(timeout_seconds: float) -> dict[str, Any]:
                 "envoy_grpc": {
                     "cluster_name": CLUSTER,
                     # Another server, at once, when the one asked was
-                    # unreachable or draining (the route's safe retries).
+                    # unreachable, draining or died while asked (a key check
+                    # changes nothing: asking again is always safe).
                     "retry_policy": {
-                        "retry_on": "connect-failure,refused-stream,unavailable,"
-                        "reset-before-request",
-                        "num_retries": 2,
+                        "retry_on": CHECK_RETRY_ON,
+                        "num_retries": CHECK_RETRIES,
                         "retry_back_off": {"base_interval": "0.025s", "max_interval": "0.25s"},
                         "retry_host_predicate": [
                             {
@@ -54,6 +61,12 @@ def ext_authz_filter(timeout_seconds: float) -> dict[str, Any]:
                     },
                 },
                 "timeout": f"{timeout_seconds:.3f}s",
+                # The same policy as headers of the check's own request,
+                # which its router honours in a static config too.
+                "initial_metadata": [
+                    {"key": "x-envoy-retry-on", "value": CHECK_RETRY_ON},
+                    {"key": "x-envoy-max-retries", "value": str(CHECK_RETRIES)},
+                ],
             },
             "transport_api_version": "V3",
             "failure_mode_allow": False,

@@ -99,9 +99,7 @@ async def test_health_shows_the_meshs_counts_only_to_a_caller_with_a_key(
             chat = (await rest.get("/v1/chat/health", headers=headers)).json()
             assert (chat["status"], chat["active_sessions"]) == ("healthy", 0)
         # Sessions live on either server: a known caller sees some on one.
-        seen = [
-            (await rest.get("/health", headers=key)).json()["activeSessions"] for _ in range(8)
-        ]
+        seen = [(await rest.get("/health", headers=key)).json()["activeSessions"] for _ in range(8)]
         assert max(seen) >= 1
         inside = (await rest.get("/health", headers=key)).json()
         assert int(inside["sessionsAvailable"]) > 0

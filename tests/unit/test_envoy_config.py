@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from turnmesh.envoy import EdgeConfig, EdgeGuards, render
-from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
+from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES, READ_PATHS
 from turnmesh.envoy.ext_authz import BODILESS_BYTES, GRPC_CONTENT_TYPE
 from turnmesh.envoy.process import EnvoyError, validate, write_config
 from turnmesh.envoy.timeouts import EdgeTimeouts
@@ -75,9 +75,10 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     routes = host["routes"]
     assert "direct_response" in routes[0]  # the playground page
     forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
-    # Native gRPC, /health, /ready and /v1/chat/health (no key check), the
-    # streamed REST routes (which print only set fields), and the rest.
-    assert len(forwarded) == 6
+    # The reads by their gRPC path, native gRPC, /health, /ready and
+    # /v1/chat/health (no key check), the streamed REST routes (which print
+    # only set fields), and the rest.
+    assert len(forwarded) == 6 + len(READ_PATHS)
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
@@ -168,6 +169,7 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
     grpc = [{"name": "content-type", "string_match": {"safe_regex": {"regex": GRPC_CONTENT_TYPE}}}]
     assert skipping == [
         {"path": "/", "headers": get},
+        *({"path": path, "headers": grpc} for path in READ_PATHS),
         {"prefix": "/", "headers": grpc},
         {"path": "/health", "headers": get},
         {"path": "/ready", "headers": get},
@@ -267,3 +269,35 @@ def test_every_streamed_path_keeps_events_to_the_fields_they_set() -> None:
         assert streamed.search(path), path
     for path in ("/v1/sessions/s1", "/v1/sessions/s1/turns/t1:cancel", "/v1/chat", "/health"):
         assert not streamed.search(path), path
+
+
+def test_a_servers_death_is_retried_elsewhere_within_a_budget() -> None:
+    """Retries are bounded by a budget, not Envoy's default of 3 at once;
+    the key check retries through headers (its retry_policy is xDS-only);
+    reads, and only reads, are retried after a reset; a server refusing
+    connections is left out before its health checks fail."""
+    config = render(EdgeConfig(upstreams=["127.0.0.1:7100", "127.0.0.1:7101"], api_keys=True))
+    cluster = config["static_resources"]["clusters"][0]
+    (threshold,) = cluster["circuit_breakers"]["thresholds"]
+    assert threshold["retry_budget"]["min_retry_concurrency"] >= 64
+    outliers = cluster["outlier_detection"]
+    assert outliers["split_external_local_origin_errors"] is True
+    assert outliers["enforcing_consecutive_5xx"] == 0  # a slow or failing answer never ejects
+    assert outliers["max_ejection_percent"] == 50  # one server alone is never left out
+    manager = _manager(EdgeConfig(upstreams=["127.0.0.1:7100"], api_keys=True))
+    check = next(f for f in manager["http_filters"] if f["name"].endswith("ext_authz"))
+    metadata = {
+        m["key"]: m["value"] for m in check["typed_config"]["grpc_service"]["initial_metadata"]
+    }
+    assert "reset" in metadata["x-envoy-retry-on"].split(",")
+    assert int(metadata["x-envoy-max-retries"]) >= 2
+    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    reads = {r["match"].get("path"): r for r in routes if r["match"].get("path") in READ_PATHS}
+    assert set(reads) == set(READ_PATHS)
+    assert "/turnmesh.v1.SessionService/GetHistory" in reads
+    assert not any(p.rsplit("/", 1)[1] == "Turn" or "Create" in p for p in READ_PATHS)
+    for route in reads.values():
+        assert "reset" in route["route"]["retry_policy"]["retry_on"].split(",")
+    others = [r for r in routes if "route" in r and r["match"].get("path") not in READ_PATHS]
+    for route in others:
+        assert "reset" not in route["route"]["retry_policy"]["retry_on"].split(",")

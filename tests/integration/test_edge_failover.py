@@ -1,0 +1,81 @@
+"""A session server's death costs no request another server could serve:
+Envoy's retries (the route's and the key check's) reach the live server
+instead of running into the cluster's default limit of 3 retries at once."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.mesh import Mesh, until
+
+KEY = "tm-failover-key-0123456789abcdef"
+MESH_KEY = "tm-failover-mesh-key-fedcba98765"
+CALLERS = 48
+BEFORE_KILL = 400  # answers before the kill
+AFTER_KILL = 1_600  # answers after it
+
+
+@pytest.fixture
+def two_servers(mesh_factory: Mesh, tmp_path: Path) -> Mesh:
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"sha256:{hashlib.sha256(KEY.encode()).hexdigest()}\n")
+    mesh = mesh_factory
+    mesh.router = router = mesh.spawn("router", "router", "--mesh-key", MESH_KEY)
+    mesh.wait_ready(router)
+    worker = mesh.spawn(
+        "worker", "worker", "--router", router.address, "--agent", "echo", "--mesh-key", MESH_KEY
+    )
+    server_flags = (
+        "--router",
+        router.address,
+        "--mesh-key",
+        MESH_KEY,
+        "--api-keys-file",
+        str(keys),
+    )
+    servers = [mesh.spawn(f"server-{i}", "server", *server_flags) for i in (1, 2)]
+    mesh.wait_ready(worker, *servers)
+    return mesh
+
+
+async def test_a_killed_server_costs_no_read_a_live_one_could_answer(two_servers: Mesh) -> None:
+    mesh = two_servers
+    servers = mesh.components[-2:]
+    envoy = mesh.start_envoy(servers)
+
+    def healthy() -> bool:
+        stats = envoy.admin("/stats?filter=session_servers.membership_healthy$")
+        return stats.strip().endswith(": 2")
+
+    await until(healthy, what="Envoy to see both servers healthy")
+    answers: Counter[int] = Counter()
+    bodies: list[str] = []
+    killed = asyncio.Event()
+    limits = httpx.Limits(max_connections=CALLERS, max_keepalive_connections=CALLERS)
+    async with httpx.AsyncClient(
+        base_url=f"http://{envoy.listener_address}",
+        headers={"Authorization": f"Bearer {KEY}"},
+        limits=limits,
+        timeout=60,
+    ) as rest:
+
+        async def caller() -> None:
+            while answers.total() < BEFORE_KILL + AFTER_KILL:
+                response = await rest.get("/v1/models")
+                answers[response.status_code] += 1
+                if response.status_code != 200:
+                    bodies.append(response.text[:200])
+                if answers.total() >= BEFORE_KILL and not killed.is_set():
+                    killed.set()
+                    mesh.kill(servers[0])  # SIGKILL, by PID, under load
+
+        await asyncio.gather(*(caller() for _ in range(CALLERS)))
+    assert killed.is_set()
+    retries = envoy.admin("/stats?filter=session_servers.upstream_rq_retry")
+    assert answers == {200: answers.total()}, (answers, bodies[:5], retries)
