@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.mesh import Mesh, eventually
+from tests.support.mesh import Mesh, eventually, start_keyed_mesh
 from turnmesh.client import AsyncClient, UnauthenticatedError
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -27,26 +27,7 @@ def keyed_mesh(mesh_factory: Mesh, tmp_path: Path) -> tuple[Mesh, str, Path]:
     stored = hashlib.sha256(KEY.encode()).hexdigest()
     keys.write_text(f"# the public keys, stored as hashes\nsha256:{stored}\n")
     mesh = mesh_factory
-    router = mesh.spawn("router", "router", "--mesh-key", MESH_KEY)
-    mesh.wait_ready(router)
-    mesh.router = router
-    worker = mesh.spawn(
-        "worker", "worker", "--router", router.address, "--agent", "demo", "--mesh-key", MESH_KEY
-    )
-    servers = [
-        mesh.spawn(
-            f"server-{i}",
-            "server",
-            "--router",
-            router.address,
-            "--mesh-key",
-            MESH_KEY,
-            "--api-keys-file",
-            str(keys),
-        )
-        for i in (1, 2)
-    ]
-    mesh.wait_ready(worker, *servers)
+    servers = start_keyed_mesh(mesh, keys, MESH_KEY)
     envoy = mesh.start_envoy(servers)
     return mesh, envoy.listener_address, keys
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.mesh import Mesh, until
+from tests.support.mesh import Mesh, start_keyed_mesh, until
 
 KEY = "tm-failover-key-0123456789abcdef"
 MESH_KEY = "tm-failover-mesh-key-fedcba98765"
@@ -25,23 +25,8 @@ AFTER_KILL = 1_600  # answers after it
 def two_servers(mesh_factory: Mesh, tmp_path: Path) -> Mesh:
     keys = tmp_path / "api-keys"
     keys.write_text(f"sha256:{hashlib.sha256(KEY.encode()).hexdigest()}\n")
-    mesh = mesh_factory
-    mesh.router = router = mesh.spawn("router", "router", "--mesh-key", MESH_KEY)
-    mesh.wait_ready(router)
-    worker = mesh.spawn(
-        "worker", "worker", "--router", router.address, "--agent", "echo", "--mesh-key", MESH_KEY
-    )
-    server_flags = (
-        "--router",
-        router.address,
-        "--mesh-key",
-        MESH_KEY,
-        "--api-keys-file",
-        str(keys),
-    )
-    servers = [mesh.spawn(f"server-{i}", "server", *server_flags) for i in (1, 2)]
-    mesh.wait_ready(worker, *servers)
-    return mesh
+    start_keyed_mesh(mesh_factory, keys, MESH_KEY, agent="echo")
+    return mesh_factory
 
 
 async def test_a_killed_server_costs_no_read_a_live_one_could_answer(two_servers: Mesh) -> None:

@@ -231,6 +231,22 @@ class Mesh:
                 c.proc.wait(timeout=10)
 
 
+def start_keyed_mesh(
+    mesh: Mesh, keys: Path, mesh_key: str, *, agent: str = "demo", servers: int = 2
+) -> list[Component]:
+    """A router, a worker and ``servers`` servers, all with the mesh key, the
+    servers with the API keys file ``keys``; returns the servers, ready."""
+    mesh.router = router = mesh.spawn("router", "router", "--mesh-key", mesh_key)
+    mesh.wait_ready(router)
+    worker = mesh.spawn(
+        "worker", "worker", "--router", router.address, "--agent", agent, "--mesh-key", mesh_key
+    )
+    flags = ("--router", router.address, "--mesh-key", mesh_key, "--api-keys-file", str(keys))
+    started = [mesh.spawn(f"server-{i}", "server", *flags) for i in range(1, servers + 1)]
+    mesh.wait_ready(worker, *started)
+    return started
+
+
 def _has_api_keys(server: Component) -> bool:
     # Spawned components get no TURNMESH_* variables: a file is the only way.
     args = server.proc.args
