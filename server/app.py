@@ -328,7 +328,7 @@ class SessionServer:
         await self._membership.registered.wait()
         while True:
             try:
-                settled = await self.core.settle_open_turns()
+                settled = await self.core.recorded.settle_open()
                 if settled:
                     log.info("settled %d turns lost with the server running them", settled)
             except Exception:

@@ -32,7 +32,7 @@ from turnmesh.server.sessions import pauses, turn_records
 from turnmesh.server.sessions.admission import Admission
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog, recorded
 from turnmesh.server.sessions.quotas import TurnQuotas
-from turnmesh.server.sessions.recorded import SWEEP_BATCH, SWEEP_PAGES, RecordedTurns
+from turnmesh.server.sessions.recorded import RecordedTurns
 from turnmesh.server.sessions.runner import TurnRunner
 from turnmesh.server.sessions.turns import CancelReason, KeyUse, PendingTurn, SessionTurns
 from turnmesh.server.stores.base import SessionRecord, SessionStore, now, session_quota_exceeded
@@ -271,9 +271,6 @@ class SessionCore:
 
     async def get_turn(self, session_id: str, turn_id: str) -> spb.Turn:
         return await self.recorded.get(session_id, turn_id)
-
-    async def settle_open_turns(self, limit: int = SWEEP_BATCH, pages: int = SWEEP_PAGES) -> int:
-        return await self.recorded.settle_open(limit, pages)
 
     async def start_turn(self, admission: Admission) -> TurnLog:
         """Place a turn of the session under its policy; returns the log its

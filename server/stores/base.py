@@ -183,7 +183,7 @@ class SessionStore(Protocol):
     ) -> tuple[list[tuple[str, str]], int | None]:
         """A page of turn records that do not say their turn ended, oldest
         first (turns running, or lost with the server that ran them:
-        ``SessionCore.settle_open_turns``): (session, turn) of at most
+        ``RecordedTurns.settle_open``): (session, turn) of at most
         ``limit`` from position ``cursor`` (0: the first page), and the next
         page's position (None: this was the last). A position, not a
         bookmark: records that end meanwhile may shift a later page, never

@@ -512,8 +512,8 @@ async def test_the_sweep_reaches_every_lost_turn_past_unreadable_and_running_one
     # Pages of two, one page a sweep: the first page holds the running turn
     # and the record that does not parse, and settles nothing; each next one
     # settles what it holds, and none is skipped as the settled ones leave.
-    assert await core.settle_open_turns(limit=2, pages=1) == 0
-    assert [await core.settle_open_turns(limit=2, pages=1) for _ in range(3)] == [2, 2, 1]
+    assert await core.recorded.settle_open(limit=2, pages=1) == 0
+    assert [await core.recorded.settle_open(limit=2, pages=1) for _ in range(3)] == [2, 2, 1]
     for turn_id in lost:
         turn = await core.get_turn("s1", turn_id)
         assert (turn.state, turn.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")
@@ -535,8 +535,8 @@ async def test_one_sweep_goes_on_past_pages_it_settled_whole(core: SessionCore) 
         )
     # The first page is settled whole (its records leave the open ones):
     # that is not the end.
-    assert await core.settle_open_turns(limit=2, pages=10) == len(lost)
-    assert await core.settle_open_turns(limit=2, pages=10) == 0
+    assert await core.recorded.settle_open(limit=2, pages=10) == len(lost)
+    assert await core.recorded.settle_open(limit=2, pages=10) == 0
 
 
 async def test_a_lost_turn_a_subscriber_found_is_still_settled_by_the_sweep(
@@ -564,7 +564,7 @@ async def test_a_lost_turn_a_subscriber_found_is_still_settled_by_the_sweep(
     try:
         events = [e async for e in await core.subscribe("s1", "t1", 0)]
         assert events[-1].code == "owner_lost"
-        assert await core.settle_open_turns() == 1
+        assert await core.recorded.settle_open() == 1
         stored = spb.Turn.FromString(await store.get_turn("s1", "t1") or b"")
         assert (stored.state, stored.error_code) == (spb.TURN_STATE_FAILED, "owner_lost")
         assert await store.outbox().next_due() is not None  # its notice waits
@@ -724,7 +724,7 @@ async def test_the_sweep_goes_past_lost_turns_whose_notice_cannot_be_queued(
         "s1", "plain", plain.SerializeToString(), ended=False, ttl_seconds=600
     )
     try:
-        assert await core.settle_open_turns(limit=1, pages=10) == 1
+        assert await core.recorded.settle_open(limit=1, pages=10) == 1
         assert (await core.get_turn("s1", "plain")).state == spb.TURN_STATE_FAILED
         still = await core.store.get_turn("s1", "hooked0")
         assert still is not None and spb.Turn.FromString(still).state == spb.TURN_STATE_RUNNING
