@@ -8,8 +8,10 @@ found by the status's ``ErrorInfo.reason`` first, then by its code::
     ├── InvalidArgumentError       INVALID_ARGUMENT (.violations: field -> description)
     ├── DeadlineExceededError      DEADLINE_EXCEEDED
     ├── NotFoundError              NOT_FOUND
+    │   └── TurnNotFoundError      TURN_NOT_FOUND (a fork's turn is not in the history)
     ├── AlreadyExistsError         ALREADY_EXISTS
-    │   └── IdempotencyKeyReusedError  IDEMPOTENCY_KEY_REUSED (the key named another request)
+    │   ├── IdempotencyKeyReusedError  IDEMPOTENCY_KEY_REUSED (the key named another request)
+    │   └── TurnAlreadyFinishedError   TURN_ALREADY_FINISHED (the key's turn ended, events gone)
     ├── PermissionDeniedError      PERMISSION_DENIED
     ├── ResourceExhaustedError     RESOURCE_EXHAUSTED (a server's limits; .retry_after)
     │   ├── RateLimitedError       RATE_LIMITED (this principal's request rate)
@@ -23,6 +25,7 @@ found by the status's ``ErrorInfo.reason`` first, then by its code::
     ├── OutOfRangeError            OUT_OF_RANGE (resuming before the events kept)
     ├── UnimplementedError         UNIMPLEMENTED
     ├── UnavailableError           UNAVAILABLE (retry, on any server)
+    │   └── NoLiveWorkerError      NO_LIVE_WORKER (the agent's workers are all gone; .retry_after)
     ├── UnauthenticatedError       UNAUTHENTICATED
     └── TurnFailedError            a turn that ended with RUN_ERROR (.event)
 """
@@ -70,12 +73,21 @@ class NotFoundError(TurnmeshClientError):
     """No such session, turn or agent (or not yours to see)."""
 
 
+class TurnNotFoundError(NotFoundError):
+    """The turn named (a fork's point) is not in the session's history."""
+
+
 class AlreadyExistsError(TurnmeshClientError):
     """A session with that id exists already."""
 
 
 class IdempotencyKeyReusedError(AlreadyExistsError):
     """The idempotency key was used for a turn with a different request."""
+
+
+class TurnAlreadyFinishedError(AlreadyExistsError):
+    """The idempotency key's turn finished and its events are no longer kept:
+    its messages are in the session's history; never run again."""
 
 
 class PermissionDeniedError(TurnmeshClientError):
@@ -132,6 +144,10 @@ class UnavailableError(TurnmeshClientError):
     """The mesh cannot serve the call now; retry (any server will do)."""
 
 
+class NoLiveWorkerError(UnavailableError):
+    """No worker of the session's agent is live now; retry after ``.retry_after``."""
+
+
 class UnauthenticatedError(TurnmeshClientError):
     """No API key, or one the mesh does not know."""
 
@@ -143,15 +159,17 @@ class TurnFailedError(TurnmeshClientError):
 
 
 # The server's row -> this client's class. Rows not listed (INTERNAL,
-# UNKNOWN, DATA_LOSS, and the worker-only HISTORY_MISS) are TurnmeshClientError
-# or the class of the row they descend from.
+# UNKNOWN, DATA_LOSS, the mesh's own and the compatibility surfaces' reasons)
+# are TurnmeshClientError or the class of the row they descend from.
 CLIENT_CLASSES: dict[type, type[TurnmeshClientError]] = {
     errors.Cancelled: RequestCancelledError,
     errors.InvalidArgument: InvalidArgumentError,
     errors.DeadlineExceeded: DeadlineExceededError,
     errors.NotFound: NotFoundError,
+    errors.TurnNotFound: TurnNotFoundError,
     errors.AlreadyExists: AlreadyExistsError,
     errors.IdempotencyKeyReused: IdempotencyKeyReusedError,
+    errors.TurnAlreadyFinished: TurnAlreadyFinishedError,
     errors.PermissionDenied: PermissionDeniedError,
     errors.ResourceExhausted: ResourceExhaustedError,
     errors.RateLimited: RateLimitedError,
@@ -165,6 +183,7 @@ CLIENT_CLASSES: dict[type, type[TurnmeshClientError]] = {
     errors.OutOfRange: OutOfRangeError,
     errors.Unimplemented: UnimplementedError,
     errors.Unavailable: UnavailableError,
+    errors.NoLiveWorker: NoLiveWorkerError,
     errors.Unauthenticated: UnauthenticatedError,
 }
 

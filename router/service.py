@@ -12,7 +12,7 @@ from datetime import timedelta
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from turnmesh.router.state import MemberRecord, MemberSpec, Role, RouterState
-from turnmesh.runtime.errors import FieldViolation, InvalidArgument, NotFound
+from turnmesh.runtime.errors import FieldViolation, InvalidArgument, UnknownMember
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.runtime.principals import SCOPED_ID_PATTERN
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -75,7 +75,7 @@ class RouterServicer(router_service_pb2_grpc.RouterServiceServicer):
             violations.append(FieldViolation("inflight_turns", "must not be negative"))
         _raise_if(violations)
         if not self.state.heartbeat(request.member_id, request.inflight_turns, request.accepting):
-            raise NotFound("unknown member; register again", reason="UNKNOWN_MEMBER")
+            raise UnknownMember("unknown member; register again")
         return rpb.HeartbeatResponse()
 
     async def Unregister(

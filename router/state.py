@@ -16,16 +16,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
-from turnmesh.runtime.errors import NotFound, Unavailable
+from turnmesh.runtime.errors import NotFound, OwnerAway, Unavailable, UnknownMember
 from turnmesh.runtime.principals import public_id
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-
-# The reason of the UNAVAILABLE a lookup gets while the session's owner (of a
-# store of its own) is away: callers fail fast instead of waiting on it.
-OWNER_AWAY = "OWNER_AWAY"
 
 # How many heartbeat timeouts a dropped member's ownership entries are kept,
 # so that a member dropped by mistake (a network blip, a wrong unreachable
@@ -176,7 +172,7 @@ class RouterState:
         NotFound if the member is not live."""
         record = self._members.get(member_id)
         if record is None or record.role != Role.SERVER:
-            raise NotFound("unknown server; register again", reason="UNKNOWN_MEMBER")
+            raise UnknownMember("unknown server; register again")
         for session_id in sessions:
             owner = self._owner.get(session_id)
             if owner == member_id:
@@ -270,10 +266,9 @@ class RouterState:
             departed = self._departed.get(owner_id)
             if departed is not None and not departed[1].shared_store:
                 # Its sessions live only in its own store: they wait for it.
-                raise Unavailable(
-                    f"the server that holds session {public_id(session_id)!r} is unreachable;"
-                    " retry",
-                    reason=OWNER_AWAY,
+                # Callers fail fast instead of waiting on it.
+                raise OwnerAway(
+                    f"the server that holds session {public_id(session_id)!r} is unreachable; retry"
                 )
         elif lookup_only:
             if self._clock() < self._warm_until or (caller and caller not in self._members):

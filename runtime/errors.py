@@ -12,8 +12,14 @@ the typed client's exceptions and the compatibility surfaces.
     ├── InvalidArgument     INVALID_ARGUMENT     400  invalid-argument   (+ BadRequest)
     ├── DeadlineExceeded    DEADLINE_EXCEEDED    504  deadline-exceeded
     ├── NotFound            NOT_FOUND            404  not-found
+    │   ├── ModelNotFound     reason MODEL_NOT_FOUND  model-not-found
+    │   ├── TurnNotFound      reason TURN_NOT_FOUND   turn-not-found
+    │   ├── ItemNotFound      reason ITEM_NOT_FOUND   item-not-found
+    │   ├── PreviousResponseNotFound  reason PREVIOUS_RESPONSE_NOT_FOUND
+    │   └── UnknownMember     reason UNKNOWN_MEMBER   unknown-member     (router to member)
     ├── AlreadyExists       ALREADY_EXISTS       409  already-exists
-    │   └── IdempotencyKeyReused  reason IDEMPOTENCY_KEY_REUSED  idempotency-key-reused
+    │   ├── IdempotencyKeyReused  reason IDEMPOTENCY_KEY_REUSED  idempotency-key-reused
+    │   └── TurnAlreadyFinished   reason TURN_ALREADY_FINISHED   (x-should-retry: false)
     ├── PermissionDenied    PERMISSION_DENIED    403  permission-denied
     ├── ResourceExhausted   RESOURCE_EXHAUSTED   429  resource-exhausted (Retry-After)
     │   ├── RateLimited       reason RATE_LIMITED     rate-limited       (Retry-After)
@@ -30,6 +36,9 @@ the typed client's exceptions and the compatibility surfaces.
     ├── OutOfRange          OUT_OF_RANGE         400  out-of-range
     ├── Unimplemented       UNIMPLEMENTED        501  unimplemented
     ├── Unavailable         UNAVAILABLE          503  unavailable
+    │   ├── NoLiveWorker      reason NO_LIVE_WORKER   no-live-worker     (Retry-After)
+    │   ├── OwnerAway         reason OWNER_AWAY       owner-away
+    │   └── HeldElsewhere     reason HELD_ELSEWHERE   held-elsewhere     (between servers)
     ├── DataLoss            DATA_LOSS            500  data-loss
     └── Unauthenticated     UNAUTHENTICATED      401  unauthenticated    (WWW-Authenticate)
 
@@ -229,6 +238,43 @@ class NotFound(TurnmeshError):
     openai_type = "invalid_request_error"
 
 
+class ModelNotFound(NotFound):
+    """The compatibility surfaces' ``model`` (an agent) is served by no worker
+    this mesh has ever seen."""
+
+    slug = "model-not-found"
+    title = "Model not found"
+
+
+class TurnNotFound(NotFound):
+    """A turn named by id is not in the session's history (a fork's point)."""
+
+    slug = "turn-not-found"
+    title = "Turn not found"
+
+
+class ItemNotFound(NotFound):
+    """A Responses input item names a stored item that does not exist."""
+
+    slug = "item-not-found"
+    title = "Item not found"
+
+
+class PreviousResponseNotFound(NotFound):
+    """``previous_response_id`` names no stored response of the caller's."""
+
+    slug = "previous-response-not-found"
+    title = "Previous response not found"
+
+
+class UnknownMember(NotFound):
+    """The router does not know the calling member (it restarted, or dropped
+    it after missed heartbeats): register again. Never reaches a public caller."""
+
+    slug = "unknown-member"
+    title = "Unknown mesh member"
+
+
 class AlreadyExists(TurnmeshError):
     code = grpc.StatusCode.ALREADY_EXISTS
     http_status = 409
@@ -243,6 +289,15 @@ class IdempotencyKeyReused(AlreadyExists):
 
     slug = "idempotency-key-reused"
     title = "Idempotency key reused"
+
+
+class TurnAlreadyFinished(AlreadyExists):
+    """A turn's idempotency key names a finished turn whose events are no
+    longer kept: running it again would answer twice (never retryable)."""
+
+    slug = "turn-already-finished"
+    title = "Turn already finished"
+    trailers = (("x-should-retry", "false"),)
 
 
 class PermissionDenied(TurnmeshError):
@@ -382,6 +437,32 @@ class Unavailable(TurnmeshError):
     slug = "unavailable"
     title = "Service unavailable"
     openai_type = "server_error"
+
+
+class NoLiveWorker(Unavailable):
+    """The agent is known, but no worker that serves it is live now (all
+    stopped, restarting or draining): retry once one has registered."""
+
+    slug = "no-live-worker"
+    title = "No live worker"
+    # A worker that restarts registers again within a few seconds.
+    default_retry_after = 5
+
+
+class OwnerAway(Unavailable):
+    """The server that holds the session (in a store only it reads) is
+    unreachable; the session waits for it to come back."""
+
+    slug = "owner-away"
+    title = "Session owner unreachable"
+
+
+class HeldElsewhere(Unavailable):
+    """Another live server holds the session's lease (metadata ``owner_id``,
+    ``owner_address``): the call belongs there. Between servers only."""
+
+    slug = "held-elsewhere"
+    title = "Session held by another server"
 
 
 class DataLoss(TurnmeshError):

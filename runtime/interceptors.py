@@ -11,7 +11,7 @@ from typing import Any, NoReturn, cast
 
 import grpc
 
-from turnmesh.runtime import principals, requests, wire
+from turnmesh.runtime import principals, requests, sanitize, wire
 from turnmesh.runtime.auth import ApiKeys, authenticate, bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
@@ -187,7 +187,7 @@ def _decoded(request: Any) -> None:
 
 async def _abort(context: ServicerContext, exc: Exception, method: str) -> NoReturn:
     if isinstance(exc, TurnmeshError):
-        status = exc.to_status()
+        status = _worded_for_callers(exc, method).to_status()
     elif _is_abort(exc):
         raise exc  # context.abort() already set the status
     else:
@@ -198,6 +198,37 @@ async def _abort(context: ServicerContext, exc: Exception, method: str) -> NoRet
     # frees (a flood of refused 50 MB requests held gigabytes). Their locals go now.
     traceback.clear_frames(exc.__traceback__)
     await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def _worded_for_callers(error: TurnmeshError, method: str) -> TurnmeshError:
+    """The error, or, if its text reads like Python's exception text, the
+    same row in the table's words (runtime.sanitize); the original is logged."""
+    violations = error.violations if isinstance(error, InvalidArgument) else []
+    texts = [error.detail, *(v.description for v in violations)]
+    if not any(sanitize.is_internal(text) for text in texts):
+        return error
+    log.warning(
+        "%s: an error's text reads like Python's own; sent as %r: %r", method, error.title, texts
+    )
+    if isinstance(error, InvalidArgument):
+        return InvalidArgument(
+            [
+                FieldViolation(
+                    v.field,
+                    "is not valid" if sanitize.is_internal(v.description) else v.description,
+                )
+                for v in violations
+            ]
+        )
+    clean = TurnmeshError.__new__(type(error))
+    TurnmeshError.__init__(
+        clean,
+        error.title,
+        reason=error.reason,
+        metadata=error.metadata,
+        retry_after=error.retry_after,
+    )
+    return clean
 
 
 def _is_abort(exc: Exception) -> bool:

@@ -317,6 +317,17 @@ def _errors() -> list[str]:
         + ", ".join(f"{status} `{slug}`" for status, (slug, _, _) in errors.edge_problems().items())
         + f"; any other status `{errors.EDGE_FALLBACK[0]}`.",
         "",
+        "No error's text is Python's own: every status leaves a server through one boundary "
+        "(`runtime/interceptors.py`), which sends a text that reads like an exception's "
+        "(`runtime/sanitize.py`) as the row's title instead and logs the original. gRPC core "
+        "answers a few malformed calls before turnmesh's code sees them, with its own short "
+        "message and nothing changed: a message whose compressed flag is set with no "
+        "`grpc-encoding`, one its `grpc-encoding` cannot decode, or a `grpc-encoding` it does "
+        'not know is `INTERNAL` ("Compression bit set but no encoding configured", '
+        '"Decompression failed due to zlib error", "Error parsing \'grpc-encoding\' '
+        'metadata"); a message over the size limit is `RESOURCE_EXHAUSTED` without '
+        "`Retry-After`.",
+        "",
         "A turn that fails after its first event ends with `RUN_ERROR`, whose `code` and "
         "`problem` say why:",
         "",

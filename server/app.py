@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING, cast
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ext_authz import CHECK_METHOD, authorization_handler
@@ -44,6 +45,7 @@ from turnmesh.server.stores import open_store
 from turnmesh.server.webhooks.sender import WebhookSender
 from turnmesh.server.webhooks.settings import settings_from
 from turnmesh.server.workers.pool import WorkerPool
+from turnmesh.server.workers.readiness import AGENT_HEALTH_SERVICE
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -178,7 +180,7 @@ class SessionServer:
             transport=transport,
             report_page_size=c.report_page_size,
         )
-        self.workers = WorkerPool(self._membership)
+        self.workers = WorkerPool(self._membership, on_listed=self._workers_listed)
         self.router = RouterClient(self._membership)
         self.ownership = SessionOwnership(
             self.member_id,
@@ -267,6 +269,7 @@ class SessionServer:
             transport=transport,
         )
         await self._process.start()
+        await self._publish_agent_readiness()
         self._opened.push_async_callback(self._process.stop, 1.0)
         self.metrics_address = serve_metrics(c.host, c.metrics_port)
         if c.advertise_host:
@@ -299,9 +302,13 @@ class SessionServer:
         assert self._membership is not None and self._process is not None
         await self._membership.registered.wait()
         await self.workers.known.wait()
+        readiness = self.core.readiness
+        if self.workers.has_agent(readiness.agent):
+            readiness.observe(True)  # ready with the server, not a list later
         if self.state == spb.LIFECYCLE_STATE_INITIALIZING:
             self.state = spb.LIFECYCLE_STATE_READY
             await self._process.set_serving(True)
+            await self._publish_agent_readiness()
             write_ready_file(
                 self.config.ready_file,
                 address=self._process.address,
@@ -310,6 +317,24 @@ class SessionServer:
                 metrics_address=self.metrics_address,
             )
             log.info("ready")
+
+    async def _workers_listed(self) -> None:
+        readiness = self.core.readiness
+        if readiness.observe(self.workers.has_agent(readiness.agent)):
+            log.info(
+                "agent %r %s", readiness.agent, "ready" if readiness.ready else "has no worker"
+            )
+            await self._publish_agent_readiness()
+
+    async def _publish_agent_readiness(self) -> None:
+        """AGENT_HEALTH_SERVICE: SERVING while this server takes turns and a
+        turn of the default agent can run."""
+        if self._process is None:
+            return
+        up = self.state == spb.LIFECYCLE_STATE_READY and self.core.readiness.ready
+        serving = health_pb2.HealthCheckResponse.SERVING
+        status = serving if up else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self._process.health.set(AGENT_HEALTH_SERVICE, status)
 
     async def _expire_loop(self) -> None:
         interval = min(30.0, max(0.05, self.config.session_ttl_seconds / 4))
@@ -356,6 +381,7 @@ class SessionServer:
             assert self._process is not None
             log.info("shutting down: draining turns for up to %.0f s", self.config.grace_seconds)
             await self._process.set_serving(False)
+            await self._publish_agent_readiness()
             await self.core.drain(self.config.grace_seconds)
         for task in self._tasks:
             task.cancel()

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 import grpc
 
 from turnmesh.runtime import principals, requests, tracing, wire
-from turnmesh.runtime.errors import FieldViolation, InvalidArgument, PermissionDenied, Unavailable
+from turnmesh.runtime.errors import (
+    FieldViolation,
+    InvalidArgument,
+    NoLiveWorker,
+    PermissionDenied,
+    Unavailable,
+)
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_METADATA, PRINCIPAL_PATTERN
@@ -503,6 +509,9 @@ class SessionServicer:
         state = self._state()
         if state not in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING):
             raise Unavailable(f"not ready: {spb.LifecycleState.Name(state)}")
+        readiness = self._core.readiness
+        if not readiness.ready:
+            raise NoLiveWorker(f"not ready: no live worker serves agent {readiness.agent!r}")
         return spb.GetReadinessResponse(ready=True, status=state)
 
 

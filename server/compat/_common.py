@@ -25,6 +25,7 @@ from turnmesh.runtime.errors import (
     DeadlineExceeded,
     FieldViolation,
     InvalidArgument,
+    ModelNotFound,
     NotFound,
     TurnCancelled,
     TurnError,
@@ -185,7 +186,7 @@ class Mesh:
         try:
             response = await self._unary(self._svc.CreateSession(request, self._call))
         except NotFound as exc:
-            raise NotFound(exc.detail, reason="MODEL_NOT_FOUND", metadata={"param": param}) from exc
+            raise ModelNotFound(exc.detail, metadata={"param": param}) from exc
         return response.session.session_id
 
     async def delete_session(self, session_id: str) -> None:

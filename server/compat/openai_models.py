@@ -12,7 +12,7 @@ from typing import Any
 
 from google.api import httpbody_pb2
 
-from turnmesh.runtime.errors import NotFound
+from turnmesh.runtime.errors import ModelNotFound
 from turnmesh.server.compat._common import json_body
 
 __all__ = ["Models"]
@@ -46,9 +46,8 @@ class Models:
         created = self._served().get(model)
         if created is None:
             shown = repr(model) if len(model) <= MAX_ECHOED_ID else "requested"
-            raise NotFound(
+            raise ModelNotFound(
                 f"The model {shown} does not exist",
-                reason="MODEL_NOT_FOUND",
                 metadata={"param": "model"},
             )
         return json_body(_model(model, created))

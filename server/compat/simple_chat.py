@@ -33,10 +33,11 @@ TOOL_ERROR_PREFIX = "error:"
 
 
 def health(native: spb.GetHealthResponse) -> cpb.ChatHealth:
-    """HoloDeck's health: healthy while this server takes turns."""
+    """HoloDeck's health: healthy while this server takes turns of the
+    default agent (a live worker serves it)."""
     serving = native.status in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING)
     return cpb.ChatHealth(
-        status="healthy" if serving else "unhealthy",
+        status="healthy" if serving and native.agent_ready else "unhealthy",
         agent_name=native.agent_name,
         agent_ready=native.agent_ready,
         active_sessions=native.active_sessions,

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from turnmesh.runtime.errors import Unavailable, from_rpc_error
-from turnmesh.server.mesh.leases import HELD_ELSEWHERE
+from turnmesh.runtime.errors import HeldElsewhere, Unavailable, from_rpc_error
 from turnmesh.server.mesh.ownership import Forward, Owner, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
 
@@ -211,11 +210,11 @@ async def _took(call: grpc.aio.Call) -> bool:
 
 
 def _held_elsewhere(error: grpc.aio.AioRpcError) -> Owner | None:
-    """The server an owner says holds the session (HELD_ELSEWHERE), if any."""
+    """The server an owner says holds the session (HeldElsewhere), if any."""
     if error.code() != grpc.StatusCode.UNAVAILABLE:
         return None
     known = from_rpc_error(error)
     member_id, address = known.metadata.get("owner_id"), known.metadata.get("owner_address")
-    if known.reason != HELD_ELSEWHERE or not member_id or not address:
+    if not isinstance(known, HeldElsewhere) or not member_id or not address:
         return None
     return Owner(member_id, address)

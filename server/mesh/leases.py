@@ -36,9 +36,6 @@ from turnmesh.runtime.renewal import Renewal
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_SECONDS = 6.0
-# The reason of a server's UNAVAILABLE when another live server holds the
-# session (its id and address in the metadata): the caller goes there.
-HELD_ELSEWHERE = "HELD_ELSEWHERE"
 # Attempts at a compare-and-swap before answering "retry" (another server is
 # claiming the same session at the same moment).
 CLAIM_ATTEMPTS = 3

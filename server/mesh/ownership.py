@@ -23,10 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from turnmesh.router.state import OWNER_AWAY
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import HeldElsewhere, OwnerAway, Unavailable
 from turnmesh.runtime.principals import public_id
-from turnmesh.server.mesh.leases import HELD_ELSEWHERE, Claim, HeldBy, Leases, Mine, Missing, Owner
+from turnmesh.server.mesh.leases import Claim, HeldBy, Leases, Mine, Missing, Owner
 
 __all__ = ["LOCAL", "Forward", "Local", "Owner", "Placement", "Router", "SessionOwnership"]
 
@@ -180,7 +179,7 @@ class SessionOwnership:
         try:
             owner = await self._ask(session_id, assign=assign)
         except Unavailable as exc:
-            if exc.reason == OWNER_AWAY:
+            if isinstance(exc, OwnerAway):
                 raise  # its owner is away, and nobody else has it: retry later
             return await self._without_router(session_id, assign=assign)
         return await self._placement(session_id, owner, assign=assign)
@@ -189,7 +188,7 @@ class SessionOwnership:
         """Another server forwarded a call here (the router named us): take
         the session if nobody's lease holds it. ``unreachable``: the member
         the forwarding server could not reach; if it holds the session, wait
-        out its lease. Another live holder: Unavailable (HELD_ELSEWHERE, with
+        out its lease. Another live holder: HeldElsewhere (with
         its address), and the forwarding server sends the call there."""
         if self._leases is None:
             return
@@ -197,10 +196,9 @@ class SessionOwnership:
             return
         claim = await self._take(session_id, wait_for=unreachable)
         if isinstance(claim, HeldBy):
-            raise Unavailable(
+            raise HeldElsewhere(
                 f"session {public_id(session_id)!r} is held by server"
                 f" {claim.owner.member_id}; retry there",
-                reason=HELD_ELSEWHERE,
                 metadata={
                     "owner_id": claim.owner.member_id,
                     "owner_address": claim.owner.address,
@@ -243,7 +241,7 @@ class SessionOwnership:
         try:
             owner = await self._ask(session_id)
         except Unavailable as exc:
-            if exc.reason == OWNER_AWAY:
+            if isinstance(exc, OwnerAway):
                 raise  # the router dropped it, and nobody else can serve it
             if self._leases is None:
                 return None

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from turnmesh.router.state import OWNER_AWAY
 from turnmesh.runtime import tracing
-from turnmesh.runtime.errors import Unavailable, from_rpc_error
+from turnmesh.runtime.errors import OwnerAway, Unavailable, from_rpc_error
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.server.mesh.ownership import Owner
@@ -53,8 +52,8 @@ class RouterClient:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return None
             error = from_rpc_error(exc)
-            if error.reason == OWNER_AWAY:
-                raise Unavailable(error.detail, reason=OWNER_AWAY) from exc
+            if isinstance(error, OwnerAway):
+                raise OwnerAway(error.detail) from exc
             log.warning("router could not route %s: %s", session_id, exc.code())
             raise Unavailable("the mesh router is unavailable") from exc
         return Owner(response.owner.member_id, response.owner.address)

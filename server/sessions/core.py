@@ -20,8 +20,10 @@ from turnmesh.runtime.errors import (
     FieldViolation,
     IdempotencyKeyReused,
     InvalidArgument,
+    NoLiveWorker,
     NotFound,
     ResourceExhausted,
+    TurnAlreadyFinished,
     Unavailable,
 )
 from turnmesh.runtime.ids import new_id
@@ -40,6 +42,7 @@ from turnmesh.server.stores.listing import FILTER_BATCH, SCAN_BUDGET, Filters, P
 from turnmesh.server.webhooks.sender import WebhookSender
 from turnmesh.server.webhooks.settings import allowed, check_destination
 from turnmesh.server.workers.pool import WorkerPool
+from turnmesh.server.workers.readiness import AgentReadiness
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -93,6 +96,9 @@ class SessionCore:
         self.store = store
         self.workers = workers
         self.default_agent = default_agent
+        # Whether a turn of the default agent can run now (the app feeds it
+        # each list of the mesh's workers).
+        self.readiness = AgentReadiness(default_agent)
         self.limits = limits
         # Turns' ends notified to the callers' URLs (None: none allowed).
         self.webhooks = webhooks
@@ -128,12 +134,10 @@ class SessionCore:
     # Sessions ---------------------------------------------------------------
 
     async def require_agent(self, agent_name: str) -> str:
-        """The agent a new session binds to; NotFound if no worker serves it."""
+        """The agent a new session binds to: NotFound if no worker of it was
+        ever seen, NoLiveWorker if none is live now."""
         agent = agent_name or self.default_agent
-        if not self.workers.has_agent(agent):
-            await self.workers.refresh()
-            if not self.workers.has_agent(agent):
-                raise NotFound(f"no agent named {agent!r} is served by this mesh")
+        await self._require_worker(agent, known=agent == self.default_agent)
         return agent
 
     async def create_session(
@@ -383,10 +387,9 @@ class SessionCore:
             if keyed.log is None:
                 # Its events went early (the server's budget for them);
                 # running it again would answer twice.
-                raise AlreadyExists(
+                raise TurnAlreadyFinished(
                     f"turn {keyed.use.turn_id!r} with this idempotency key finished; its events"
-                    " are no longer kept (the session's history has its messages)",
-                    reason="TURN_ALREADY_FINISHED",
+                    " are no longer kept (the session's history has its messages)"
                 )
             turns.rejoin(keyed.use.turn_id)
             return keyed.log
@@ -402,11 +405,15 @@ class SessionCore:
             return self.logs.get(record.session_id, arrived.turn_id)
         return turns.submit(admission, fence, webhook=admission.webhook_url or record.webhook_url)
 
-    async def _require_worker(self, agent: str) -> None:
+    async def _require_worker(self, agent: str, *, known: bool = True) -> None:
+        """A live worker of ``agent``, or NoLiveWorker; NotFound if no worker
+        of it was ever seen and it is not ``known`` (a session's agent is)."""
         if not self.workers.has_agent(agent):
             await self.workers.refresh()
             if not self.workers.has_agent(agent):
-                raise Unavailable(f"no live worker serves agent {agent!r}")
+                if known or self.workers.knows_agent(agent):
+                    raise NoLiveWorker(f"no live worker serves agent {agent!r} now; retry")
+                raise NotFound(f"no agent named {agent!r} is served by this mesh")
 
     def refuse_over_budget(self, session_id: str, size: int) -> None:
         """429 at once if a request of ``size`` bytes would take a session
@@ -528,7 +535,7 @@ class SessionCore:
         sessions = await self.store.count()
         return Health(
             default_agent=self.default_agent,
-            agent_ready=self.workers.has_agent(self.default_agent),
+            agent_ready=self.readiness.ready,
             sessions=sessions,
             running_turns=self.runner.inflight,
             sessions_available=self._count_sessions(sessions),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from google.protobuf import struct_pb2, timestamp_pb2
 
-from turnmesh.runtime.errors import NotFound
+from turnmesh.runtime.errors import TurnNotFound
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -23,10 +23,9 @@ def up_to_turn(
     for index in range(len(history) - 1, -1, -1):
         if history[index].turn_id == turn_id:
             return history[: index + 1]
-    raise NotFound(
+    raise TurnNotFound(
         f"turn {turn_id!r} is not in the session's history (a running, cancelled or "
         "failed turn saved nothing)",
-        reason="TURN_NOT_FOUND",
         metadata={"param": param},
     )
 

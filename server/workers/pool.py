@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,9 @@ FAILED_WORKER_QUARANTINE = 5.0
 # Bound on sessions whose history positions on workers are remembered; a
 # forgotten one only costs one full history send.
 MAX_HISTORY_ENTRIES = 100_000
+# Bound on agent names remembered from workers seen (live or not): a known
+# agent without a live worker is unavailable (retry), not unknown.
+MAX_KNOWN_AGENTS = 1024
 
 
 _RUN = wpb.DESCRIPTOR.services_by_name["WorkerService"].methods_by_name["Run"]
@@ -56,9 +60,17 @@ class WorkerRef:
 
 
 class WorkerPool:
-    def __init__(self, membership: Membership, refresh_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        membership: Membership,
+        refresh_interval: float = 1.0,
+        on_listed: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._membership = membership
         self._interval = refresh_interval
+        # Called after each periodic list of the mesh's workers.
+        self._on_listed = on_listed
+        self._seen_agents: OrderedDict[str, None] = OrderedDict()
         self._workers: dict[str, WorkerRef] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         # This server's relay from each worker (by address), once asked for.
@@ -92,6 +104,8 @@ class WorkerPool:
     async def _loop(self) -> None:
         while True:
             await self.refresh()
+            if self._on_listed is not None:
+                await self._on_listed()
             await asyncio.sleep(self._interval)
 
     async def refresh(self) -> None:
@@ -117,6 +131,7 @@ class WorkerPool:
                 if until < now:
                     del self._failed_until[member_id]
             for member in response.members:
+                self._remember_agent(member.agent_name)
                 if not member.accepting or member.member_id in self._failed_until:
                     live.pop(member.member_id, None)  # kept from before: draining now
                     continue
@@ -158,6 +173,16 @@ class WorkerPool:
 
     def has_agent(self, agent_name: str) -> bool:
         return any(w.agent_name == agent_name for w in self._workers.values())
+
+    def knows_agent(self, agent_name: str) -> bool:
+        """A worker of this agent was seen, live or not, since this server started."""
+        return agent_name in self._seen_agents
+
+    def _remember_agent(self, agent_name: str) -> None:
+        self._seen_agents[agent_name] = None
+        self._seen_agents.move_to_end(agent_name)
+        while len(self._seen_agents) > MAX_KNOWN_AGENTS:
+            self._seen_agents.popitem(last=False)
 
     def pick(self, agent_name: str, session_id: str, exclude: set[str]) -> WorkerRef | None:
         candidates = [

@@ -60,7 +60,7 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
         keys.write_text(f"{PRINCIPAL}\t{KEY}\n")
         mesh.start_router()
         worker = mesh.spawn_worker("worker", "echo")
-        server = mesh.spawn_server("server", "--api-keys-file", str(keys))
+        server = mesh.spawn_server("server", "--api-keys-file", str(keys), "--agent", "echo")
         mesh.wait_ready(worker, server)
         envoy = mesh.start_envoy([server], timeouts=TIMEOUTS)
         plain = mesh.start_envoy([server], "envoy-plain", api_keys=False)

@@ -8,12 +8,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
+import subprocess
 
+import grpc
 import httpx
 import pytest
 
 from tests.conftest import SharedMesh
 from tests.support.mesh import Mesh, eventually, until
+from turnmesh.v1 import session_service_pb2 as spb
 
 
 def _deep(depth: int) -> str:
@@ -151,3 +155,48 @@ def test_the_playground_is_never_framed_by_another_page(shared_mesh: SharedMesh)
     assert page.status_code == 200
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
     assert page.headers["x-frame-options"] == "DENY"
+
+
+@pytest.mark.parametrize(
+    "encoding", [None, "gzip", "no-such-codec"], ids=["no-encoding", "gzip", "unknown"]
+)
+def test_a_grpc_message_with_a_bad_compression_changes_nothing(
+    shared_mesh: SharedMesh, encoding: str | None
+) -> None:
+    """A message whose compressed flag is set but that no declared encoding
+    decodes (none declared, not gzip data, an encoding gRPC does not know) is
+    refused by gRPC core before turnmesh's code sees the call: INTERNAL, with
+    gRPC's own short message (docs/api.md, "Errors"). Nothing is created."""
+    session_id = f"bad-compression-{encoding or 'none'}"
+    message = spb.CreateSessionRequest(session_id=session_id).SerializeToString()
+    frame = b"\x01" + len(message).to_bytes(4, "big") + message  # flag 1: "compressed"
+    headers = ["content-type: application/grpc", "te: trailers"]
+    if encoding is not None:
+        headers.append(f"grpc-encoding: {encoding}")
+    answer = subprocess.run(
+        [
+            "curl",
+            "-sS",
+            "-v",
+            "--http2-prior-knowledge",
+            "--max-time",
+            "60",
+            *[arg for header in headers for arg in ("-H", header)],
+            "--data-binary",
+            "@-",
+            f"http://{shared_mesh.edge}/turnmesh.v1.SessionService/CreateSession",
+        ],
+        input=frame,
+        capture_output=True,
+        timeout=90,
+        check=False,
+    )
+    trace = answer.stderr.decode(errors="replace")
+    status = re.search(r"< grpc-status: (\d+)", trace)
+    assert status is not None, trace
+    assert status.group(1) == str(grpc.StatusCode.INTERNAL.value[0])
+    shown = re.search(r"< grpc-message: (.*)", trace)
+    assert shown is not None and "Traceback" not in shown.group(1) and "File " not in shown.group(1)
+    with httpx.Client(base_url=f"http://{shared_mesh.edge}", timeout=60) as rest:
+        assert rest.get(f"/v1/sessions/{session_id}").status_code == 404
+        assert rest.get("/ready").status_code == 200

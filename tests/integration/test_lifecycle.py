@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.mesh import Mesh, eventually, until
 from turnmesh.client import AsyncClient, UnavailableError
 from turnmesh.runtime.serving import insecure_channel
+from turnmesh.server.workers.readiness import AGENT_HEALTH_SERVICE
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
@@ -156,3 +157,76 @@ async def test_a_worker_drains_relayed_turns_then_ends_its_relays(mesh_factory: 
     assert text == "one two three four five six"
     # Far less than the 600 s grace: the relay ended when the turn did.
     assert worker.proc.wait(timeout=60) == 0
+
+
+async def test_readiness_follows_the_default_agents_workers(mesh_factory: Mesh) -> None:
+    """With the only worker of the default agent gone, the edge's /ready and
+    /v1/chat/health say so and every surface answers 503 NO_LIVE_WORKER with
+    Retry-After; the server itself stays SERVING for Envoy (reads go on), and
+    readiness comes back with a worker."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("demo", "demo")
+    server = mesh.spawn_server("server")
+    mesh.wait_ready(worker, server)
+    envoy = mesh.start_envoy([server])
+    async with (
+        httpx.AsyncClient(base_url=f"http://{envoy.listener_address}", timeout=30) as rest,
+        insecure_channel(server.address) as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def agent_health() -> int:
+            request = health_pb2.HealthCheckRequest(service=AGENT_HEALTH_SERVICE)
+            return int((await health.Check(request)).status)
+
+        assert await agent_health() == health_pb2.HealthCheckResponse.SERVING
+        session = (await rest.post("/v1/sessions", json={})).json()["session"]["sessionId"]
+        mesh.kill(worker)
+
+        async def withdrawn() -> bool:
+            return (await rest.get("/ready")).status_code == 503
+
+        await eventually(withdrawn, timeout=60, what="readiness to be withdrawn")
+        ready = await rest.get("/ready")
+        assert ready.json()["reason"] == "NO_LIVE_WORKER"
+        assert ready.headers["retry-after"] == "5"
+        chat_health = (await rest.get("/v1/chat/health")).json()
+        assert chat_health["status"] == "unhealthy"
+        assert chat_health.get("agent_ready", False) is False
+        # Envoy still routes to the server: reads are answered.
+        assert (await health.Check(health_pb2.HealthCheckRequest())).status == (
+            health_pb2.HealthCheckResponse.SERVING
+        )
+        assert await agent_health() == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert (await rest.get(f"/v1/sessions/{session}")).status_code == 200
+        # A known agent without a live worker is unavailable, not unknown.
+        refusals = [
+            await rest.post("/v1/sessions", json={}),
+            await rest.post(f"/v1/sessions/{session}/turns", json={"message": "hi"}),
+            await rest.post("/v1/chat", json={"message": "hi"}),
+        ]
+        for refused in refusals:
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["reason"] == "NO_LIVE_WORKER"
+            assert refused.headers["retry-after"] == "5"
+        openai = await rest.post(
+            "/v1/chat/completions",
+            json={"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert openai.status_code == 503
+        assert openai.json()["error"]["code"] == "no_live_worker"
+        assert openai.headers["retry-after"] == "5"
+        unknown = await rest.post("/v1/sessions", json={"agentName": "nobody"})
+        assert unknown.status_code == 404
+
+        mesh.wait_ready(mesh.spawn_worker("demo-again", "demo"))
+
+        async def restored() -> bool:
+            return (await rest.get("/ready")).status_code == 200
+
+        await eventually(restored, timeout=60, what="readiness to come back")
+        assert (await rest.get("/v1/chat/health")).json()["status"] == "healthy"
+        assert await agent_health() == health_pb2.HealthCheckResponse.SERVING
+        turn = await rest.post(f"/v1/sessions/{session}/turns", json={"message": "hi"})
+        assert turn.status_code == 200, turn.text

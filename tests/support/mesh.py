@@ -164,7 +164,8 @@ class Mesh:
         api_keys: bool | None = None,
     ) -> RunningEnvoy:
         """Envoy on a free port in front of the given servers; waits until a
-        REST readiness call succeeds through it (over HTTPS trusting
+        REST health call succeeds through it (a server serves behind it; /ready
+        would also wait for a worker of the servers' default agent) (over HTTPS trusting
         ``ca_file`` when the listener has TLS). It checks keys at the edge
         when the servers have them, as ``turnmesh up`` does."""
         config = EdgeConfig(
@@ -193,7 +194,7 @@ class Mesh:
         while True:
             try:
                 with urllib.request.urlopen(
-                    f"{scheme}://{envoy.listener_address}/ready", timeout=5, context=context
+                    f"{scheme}://{envoy.listener_address}/health", timeout=5, context=context
                 ) as response:
                     if response.status == 200:
                         return envoy

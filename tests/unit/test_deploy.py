@@ -478,7 +478,9 @@ def test_probes_target_ports_the_containers_declare() -> None:
             assert c[probe_name]["grpc"]["port"] == parsed(component).port
     edge = container("edge")
     assert edge["livenessProbe"]["tcpSocket"]["port"] == parsed("edge").port
-    assert edge["readinessProbe"]["httpGet"] == {"path": "/ready", "port": parsed("edge").port}
+    # /health: a server serves behind Envoy. /ready would also withdraw the
+    # edge (reads included) while no worker of the default agent is live.
+    assert edge["readinessProbe"]["httpGet"] == {"path": "/health", "port": parsed("edge").port}
 
 
 def test_metrics_ports_are_announced_to_prometheus() -> None:

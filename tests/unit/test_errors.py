@@ -3,6 +3,7 @@ edge's problem types, titles and OpenAI error types."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -17,6 +18,18 @@ from turnmesh.envoy.config import lua_error_table, render
 from turnmesh.runtime import errors
 
 ROOT = Path(__file__).resolve().parents[2]
+# The folders of the turnmesh package (hand-written code).
+PACKAGE_FOLDERS = (
+    "server",
+    "cli",
+    "envoy",
+    "agent",
+    "worker",
+    "runtime",
+    "router",
+    "client",
+    "files",
+)
 
 
 def _error(kind: type[errors.TurnmeshError]) -> errors.TurnmeshError:
@@ -25,6 +38,18 @@ def _error(kind: type[errors.TurnmeshError]) -> errors.TurnmeshError:
     if issubclass(kind, errors.HistoryMiss):
         return errors.HistoryMiss("s")
     return kind("detail", metadata={"param": "model"})
+
+
+COMPAT_OR_MESH_ROWS = (
+    errors.TurnCancelled,
+    errors.TurnFailed,
+    errors.ModelNotFound,
+    errors.ItemNotFound,
+    errors.PreviousResponseNotFound,
+    errors.UnknownMember,
+    errors.OwnerAway,
+    errors.HeldElsewhere,
+)
 
 
 def test_every_status_code_has_a_row() -> None:
@@ -58,11 +83,12 @@ def test_a_status_turns_back_into_the_error_it_was(row: errors.Row) -> None:
 
 
 def test_a_reason_without_a_row_keeps_its_code_row() -> None:
-    error = errors.NotFound("no model", reason="MODEL_NOT_FOUND")
+    # A newer server's reason, which this table does not know.
+    error = errors.NotFound("no gadget", reason="GADGET_NOT_FOUND")
     status = error.to_status()
     back = errors.from_status(status.code, status.details, status.trailing_metadata)
     assert type(back) is errors.NotFound
-    assert back.reason == "MODEL_NOT_FOUND"
+    assert back.reason == "GADGET_NOT_FOUND"
     # A reason of another code's row does not change the row.
     assert errors.kind_for(grpc.StatusCode.UNAVAILABLE, "SESSION_BUSY") is errors.Unavailable
 
@@ -84,9 +110,10 @@ def test_every_row_has_a_client_class_named_after_it() -> None:
                 kind.__name__, f"{kind.__name__}Error"
             )
             assert cls.__name__ == expected
-        elif kind in (errors.TurnCancelled, errors.TurnFailed):
-            # Only the one-piece compatibility surfaces answer these; a typed
-            # client that met one would see its parent row's class.
+        elif kind in COMPAT_OR_MESH_ROWS:
+            # Only the compatibility surfaces answer these, or only members of
+            # the mesh get them; a typed client that met one would see its
+            # parent row's class.
             assert cls is CLIENT_CLASSES[kind.__mro__[1]]
         else:  # INTERNAL, UNKNOWN, DATA_LOSS, and the worker's HISTORY_MISS
             assert cls in (TurnmeshClientError, CLIENT_CLASSES[errors.FailedPrecondition])
@@ -137,3 +164,33 @@ def test_in_band_errors_are_problems_of_the_same_base() -> None:
     assert event.problem.type == errors.PROBLEM_BASE + "worker-failed"
     assert event.problem.status == 502
     assert event.message == "it broke"
+
+
+def _error_classes() -> set[str]:
+    return {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.TurnmeshError)
+    }
+
+
+def test_every_reason_raised_is_a_row() -> None:
+    """A reason is a row of the table (a class), never a string passed to
+    another row: so the edge, the docs and the client all know it."""
+    classes = _error_classes()
+    passed: list[str] = []
+    for folder in PACKAGE_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "runtime" / "errors.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name in classes and any(k.arg == "reason" for k in node.keywords):
+                    passed.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}(reason=…)")
+    assert not passed, passed
+    # And the reasons the table's docstring names are its rows.
+    documented = set(re.findall(r"reason ([A-Z_]+)", errors.__doc__ or ""))
+    assert documented == {row.reason for row in errors.reason_rows()}

@@ -15,6 +15,7 @@ from tests.unit._server_fakes import FakeClock, FakeRunner, fake_time_module, sp
 from turnmesh.runtime.errors import (
     AlreadyExists,
     IdempotencyKeyReused,
+    NoLiveWorker,
     NotFound,
     NotWaiting,
     ResourceExhausted,
@@ -41,6 +42,8 @@ ET = event_pb2.EventType
 class FakePool:
     def __init__(self, *agents: str) -> None:
         self.agents = set(agents)
+        # Agents whose workers were listed once, live or not.
+        self.seen = set(agents)
         self.on_refresh: set[str] = set()
         self.refreshes = 0
         self.forgotten: list[str] = []
@@ -48,9 +51,13 @@ class FakePool:
     def has_agent(self, agent_name: str) -> bool:
         return agent_name in self.agents
 
+    def knows_agent(self, agent_name: str) -> bool:
+        return agent_name in self.seen
+
     async def refresh(self) -> None:
         self.refreshes += 1
         self.agents |= self.on_refresh
+        self.seen |= self.on_refresh
 
     def forget_session(self, session_id: str) -> None:
         self.forgotten.append(session_id)
@@ -140,6 +147,23 @@ async def test_create_session_for_an_unknown_agent_refreshes_then_raises(
     assert pool.refreshes == 1
     pool.on_refresh = {"late"}
     assert (await core.create_session("s1", "late", struct_pb2.Struct())).agent_name == "late"
+
+
+async def test_a_known_agent_without_a_live_worker_is_unavailable_not_unknown(
+    core: SessionCore, pool: FakePool
+) -> None:
+    await core.create_session("s1", "demo", struct_pb2.Struct())
+    pool.agents.clear()  # demo's workers are gone; it is the default agent
+    with pytest.raises(NoLiveWorker) as new_session:
+        await core.create_session("s2", "", struct_pb2.Struct())
+    assert new_session.value.retry_after == 5
+    with pytest.raises(NoLiveWorker):
+        await start(core, request())  # a turn of s1
+    pool.seen.add("other")  # listed once, gone now
+    with pytest.raises(NoLiveWorker):
+        await core.create_session("s3", "other", struct_pb2.Struct())
+    with pytest.raises(NotFound):
+        await core.create_session("s4", "never", struct_pb2.Struct())
 
 
 async def test_session_proto_shows_the_running_turn(core: SessionCore, runner: FakeRunner) -> None:

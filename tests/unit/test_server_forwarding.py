@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import struct_pb2
 
 from turnmesh.runtime import principals
-from turnmesh.runtime.errors import AlreadyExists, ResourceExhausted, Unavailable
+from turnmesh.runtime.errors import AlreadyExists, HeldElsewhere, ResourceExhausted, Unavailable
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA
 from turnmesh.runtime.principals import PRINCIPAL_METADATA, Principal
 from turnmesh.server.config import SessionLimits
@@ -23,7 +23,6 @@ from turnmesh.server.mesh.forwarding import (
     Forwarder,
     OwnerFailed,
 )
-from turnmesh.server.mesh.leases import HELD_ELSEWHERE
 from turnmesh.server.mesh.ownership import LOCAL, Forward, Owner, SessionOwnership
 from turnmesh.server.service import SessionServicer
 from turnmesh.server.sessions.core import SessionCore
@@ -282,9 +281,8 @@ async def test_a_stale_route_to_a_vanished_owner_is_reported_and_rerouted() -> N
 
 async def test_an_owner_that_says_another_holds_the_session_sends_the_call_there() -> None:
     router = FakeRouter({"s": B})  # stale: C holds the session by its lease
-    held = Unavailable(
+    held = HeldElsewhere(
         "held elsewhere",
-        reason=HELD_ELSEWHERE,
         metadata={"owner_id": C.member_id, "owner_address": C.address},
     ).to_status()
     refusal = grpc.aio.AioRpcError(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from turnmesh.runtime.errors import Unavailable
-from turnmesh.server.mesh.leases import HELD_ELSEWHERE, HeldBy, Leases, Mine, Missing, Owner
+from turnmesh.runtime.errors import HeldElsewhere, Unavailable
+from turnmesh.server.mesh.leases import HeldBy, Leases, Mine, Missing, Owner
 from turnmesh.server.mesh.ownership import LOCAL, Forward, SessionOwnership
 
 TTL = 6.0
@@ -187,7 +187,7 @@ async def test_a_forwarded_call_for_a_session_held_elsewhere_is_refused() -> Non
     with pytest.raises(Unavailable, match="held by server") as held:
         await b.accept_forwarded("s")  # no hint: refused at once, with A's address
     assert store.now == started
-    assert held.value.reason == HELD_ELSEWHERE
+    assert isinstance(held.value, HeldElsewhere)
     assert held.value.metadata == {"owner_id": A.member_id, "owner_address": A.address}
     with pytest.raises(Unavailable, match="held by server"):
         await b.accept_forwarded("s", unreachable=A.member_id)  # told A is gone: waits

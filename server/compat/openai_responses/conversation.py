@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from turnmesh.runtime.errors import FieldViolation, InvalidArgument, NotFound
+from turnmesh.runtime.errors import (
+    FieldViolation,
+    InvalidArgument,
+    ItemNotFound,
+    NotFound,
+    PreviousResponseNotFound,
+)
 from turnmesh.server.compat._common import Mesh, invalid
 from turnmesh.server.compat._files import decode
 from turnmesh.server.compat.openai_responses.ids import decoded, parse_response_id
@@ -146,9 +152,8 @@ async def _continued(mesh: Mesh, previous: str) -> tuple[str, bool]:
         session = await mesh.get_session(session_id)
         history = await mesh.history(session_id)
     except (NotFound, InvalidArgument):
-        raise NotFound(
+        raise PreviousResponseNotFound(
             f"previous response {previous!r} not found",
-            reason="PREVIOUS_RESPONSE_NOT_FOUND",
             metadata={"param": "previous_response_id"},
         ) from None
     last = max((i for i, m in enumerate(history) if m.turn_id == turn_id), default=None)
@@ -211,9 +216,7 @@ async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputItem]:
             items.append(item)
             continue
         where = f"{request.field(index)}.id"
-        not_found = NotFound(
-            f"item {item.id[:128]!r} not found", reason="ITEM_NOT_FOUND", metadata={"param": where}
-        )
+        not_found = ItemNotFound(f"item {item.id[:128]!r} not found", metadata={"param": where})
         if not item.id.startswith("msg_"):
             raise not_found
         try:
