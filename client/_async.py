@@ -115,7 +115,8 @@ class AsyncClient:
     ) -> spb.Session:
         """Create a session; ``messages`` is an optional history to start
         from; ``webhook_url``: where the end of each of its turns is
-        notified (a URL the server's --webhook-allow admits)."""
+        notified (a URL your key's allow-list admits: its own, or the
+        server's --webhook-allow)."""
         request = build_create_request(session_id, agent, metadata, messages)
         request.webhook_url = webhook_url
         with map_rpc_errors():

@@ -145,8 +145,13 @@ class SessionServer:
             )
         except ValueError as exc:
             raise SystemExit(str(exc)) from None
+        if not webhook_settings.secret and self.api_keys.webhook_principals():
+            log.warning(
+                "the API keys file names webhooks, but without --webhook-secret-file none are sent"
+            )
         # Delivers from the store's outbox; stopped before the store closes.
-        self.webhooks = WebhookSender(webhook_settings, self.store.outbox())
+        # Each principal's destinations and secret: the keys file's, if it names them.
+        self.webhooks = WebhookSender(webhook_settings, self.store.outbox(), trust=self.api_keys)
         self.webhooks.start()
         self._opened.push_async_callback(self.webhooks.stop)
 

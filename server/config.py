@@ -218,13 +218,15 @@ class ServerConfig(MemberConfig, SessionLimits):
         description=(
             "comma-separated URL prefixes a turn's webhook_url may start with"
             " (https://hooks.example.com admits its paths on the default port, not"
-            " hooks.example.com:6379 nor hooks.example.com.other); unset: no webhooks"
+            " hooks.example.com:6379 nor hooks.example.com.other), for principals whose"
+            " API keys file lines name none of their own (webhooks=)"
         ),
     )
     webhook_secret_file: Annotated[str | None, Flag("--webhook-secret-file", up=True)] = Field(
         default=None,
         description=(
-            "file holding the webhooks' signing secret, Standard Webhooks' whsec_<base64>"
+            "file holding the webhooks' signing secret, Standard Webhooks' whsec_<base64>,"
+            " for principals without their own (webhook-secret=); given, webhooks are on"
             " (required with --webhook-allow)"
         ),
     )

@@ -243,7 +243,7 @@ class SessionServicer:
         sid = principals.scoped(principals.current().name, request.session_id)
         # Before an owner is assigned, so a refused create costs the router nothing.
         if request.webhook_url:
-            self._core.check_webhook(request.webhook_url)
+            self._core.check_webhook(principals.principal_of(sid), request.webhook_url)
         await self._core.require_agent(request.agent_name)
         await self._core.check_capacity(principals.principal_of(sid))
 
@@ -365,9 +365,9 @@ class SessionServicer:
             session_id=request.new_session_id,
             agent_name=source.agent_name,
             messages=up_to_turn(list(history.messages), request.at_turn_id),
-            # A URL the allow-list no longer admits is not carried over.
+            # A URL the caller's allow-list does not admit (now) is not carried over.
             webhook_url=source.webhook_url
-            if self._core.webhook_allowed(source.webhook_url)
+            if self._core.webhook_allowed(principals.current().name, source.webhook_url)
             else "",
         )
         create.metadata.CopyFrom(

@@ -40,7 +40,6 @@ from turnmesh.server.sessions.turns import CancelReason, KeyUse, PendingTurn, Se
 from turnmesh.server.stores.base import SessionRecord, SessionStore, now, session_quota_exceeded
 from turnmesh.server.stores.listing import FILTER_BATCH, SCAN_BUDGET, Filters, Page, Position
 from turnmesh.server.webhooks.sender import WebhookSender
-from turnmesh.server.webhooks.settings import allowed, check_destination
 from turnmesh.server.workers.pool import WorkerPool
 from turnmesh.server.workers.readiness import AgentReadiness
 from turnmesh.v1 import event_pb2, message_pb2
@@ -281,7 +280,7 @@ class SessionCore:
         caller follows. A background turn, and one with a webhook, is
         recorded in the store before this returns."""
         if admission.webhook_url:
-            self.check_webhook(admission.webhook_url)
+            self.check_webhook(admission.principal, admission.webhook_url)
         tlog = await self._start_turn(admission)
         if recorded(tlog):
             # Its state now (an idempotent retry's turn may have ended
@@ -290,20 +289,15 @@ class SessionCore:
             await self.records.save(tlog.session_id, turn_records.of_log(tlog))
         return tlog
 
-    def webhook_allowed(self, url: str) -> bool:
-        return self.webhooks is not None and allowed(url, self.webhooks.settings.allow)
+    def webhook_allowed(self, principal: str, url: str) -> bool:
+        return self.webhooks is not None and self.webhooks.allows(principal, url)
 
-    def check_webhook(self, url: str) -> None:
+    def check_webhook(self, principal: str, url: str) -> None:
+        """The principal's webhooks may go to ``url`` (its keys-file list, or
+        the server's), else InvalidArgument on ``webhook_url``."""
         if self.webhooks is None or not self.webhooks.enabled:
-            raise InvalidArgument(
-                [
-                    FieldViolation(
-                        "webhook_url",
-                        "this server sends no webhooks (its --webhook-allow names no destination)",
-                    )
-                ]
-            )
-        check_destination(url, self.webhooks.settings.allow, "webhook_url")
+            raise InvalidArgument([FieldViolation("webhook_url", "this server sends no webhooks")])
+        self.webhooks.check(principal, url, "webhook_url")
 
     async def _start_turn(self, admission: Admission) -> TurnLog:
         if self.draining:

@@ -42,17 +42,25 @@ MAX_MEMORY_OUTBOX_BYTES = 64 * 2**20
 
 
 def notice(
-    kind: str, data: Mapping[str, Any], notice_id: str = "", truncated: bool = False
+    kind: str,
+    data: Mapping[str, Any],
+    notice_id: str = "",
+    truncated: bool = False,
+    principal: str = "",
 ) -> tuple[str, bytes]:
     """A notice's id (a new one unless given) and body: ``{"type",
-    "timestamp", "data"}`` (kind: ``turn.finished``, ``turn.failed``...),
-    and ``"truncated": true`` when ``data`` was cut to fit."""
+    "timestamp", "principal", "data"}`` (kind: ``turn.finished``,
+    ``turn.failed``...; ``principal``: whose turn it tells of, when known,
+    in the body so the signature covers it), and ``"truncated": true`` when
+    ``data`` was cut to fit."""
     notice_id = notice_id or f"msg_{new_id()}"
     body: dict[str, Any] = {
         "type": kind,
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "data": dict(data),
     }
+    if principal:
+        body["principal"] = principal
+    body["data"] = dict(data)
     if truncated:
         body["truncated"] = True
     return notice_id, json.dumps(body, separators=(",", ":")).encode()

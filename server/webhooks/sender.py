@@ -8,6 +8,12 @@ verifies them.
 delivers from it in the background, retrying with exponential backoff until
 the receiver answers 2xx, answers 410, or the attempts run out; each attempt
 is signed anew with its own time.
+
+Whose notice it is: each names its principal, in its body (``principal``,
+covered by the signature) and in a ``webhook-principal`` header (a copy, to
+pick the secret by before the body is verified). A principal's keys-file
+lines may name its own destinations and secret (``settings.Trust``), read
+again at each check and each attempt, so a reload applies to what is queued.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,7 +40,13 @@ from turnmesh.server.webhooks.outbox import (
     OutboxUnavailable,
     notice,
 )
-from turnmesh.server.webhooks.settings import WebhookSettings, allowed
+from turnmesh.server.webhooks.settings import (
+    NO_TRUST,
+    Trust,
+    WebhookSettings,
+    allowed,
+    check_destination,
+)
 
 __all__ = ["WebhookSender"]
 
@@ -43,6 +55,9 @@ log = logging.getLogger(__name__)
 # Of a receiver's answer, read at most (beyond httpx's own buffer of one
 # network read, 64 KiB): its status is all a delivery needs.
 MAX_RESPONSE_BYTES = 4096
+# The header naming a notice's principal (its body's ``principal`` is the
+# signed one).
+PRINCIPAL_HEADER = "webhook-principal"
 
 
 class WebhookSender:
@@ -53,6 +68,7 @@ class WebhookSender:
         settings: WebhookSettings,
         outbox: Outbox,
         transport: httpx.AsyncBaseTransport | None = None,
+        trust: Trust = NO_TRUST,
     ) -> None:
         if settings.allow and not settings.secret:
             raise ValueError("webhooks need a signing secret")
@@ -60,7 +76,7 @@ class WebhookSender:
             raise ValueError("max_in_flight_per_owner must be at least 1")
         self.settings = settings
         self.outbox = outbox
-        self._signer = Webhook(settings.secret) if settings.allow else None
+        self.trust = trust
         self._client = httpx.AsyncClient(
             timeout=settings.timeout_seconds, follow_redirects=False, transport=transport
         )
@@ -72,7 +88,24 @@ class WebhookSender:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.settings.allow)
+        """Webhooks are on with the server's secret (principals may have
+        their own; the server's signs the others')."""
+        return bool(self.settings.secret)
+
+    def destinations(self, principal: str) -> tuple[Sequence[str], bool]:
+        """Where the principal's webhooks may go, and whether that is its
+        own list (the keys file's) rather than the server's."""
+        own = self.trust.webhook_trust(principal).allow
+        return (self.settings.allow, False) if own is None else (own, True)
+
+    def allows(self, principal: str, url: str) -> bool:
+        return self.enabled and allowed(url, self.destinations(principal)[0])
+
+    def check(self, principal: str, url: str, field_name: str) -> None:
+        """InvalidArgument naming ``field_name`` unless the principal's
+        webhooks may go to ``url``."""
+        allow, own = self.destinations(principal)
+        check_destination(url, allow, field_name, own)
 
     def start(self) -> None:
         if self._task is None and self.enabled:
@@ -99,13 +132,14 @@ class WebhookSender:
     ) -> str | None:
         """Put a notice in the outbox (``notice_id``: its id, when the caller
         makes the same notice more than once; the outbox keeps one;
-        ``owner``: the principal it counts against); its id, or None if the
+        ``owner``: the principal whose notice it is, named in it, and whose
+        share of the outbox it counts against); its id, or None if the
         outbox is full or the body is over ``MAX_NOTICE_BYTES`` (the notice
         is dropped, counted; ``truncated``: the caller cut ``data`` to fit).
         OutboxUnavailable if the outbox failed: nothing is queued, and the
         caller decides how the notice is sent again (the turn goes on either
         way)."""
-        notice_id, body = notice(kind, data, notice_id, truncated)
+        notice_id, body = notice(kind, data, notice_id, truncated, owner)
         if len(body) > MAX_NOTICE_BYTES:
             log.warning("webhook %s for %s dropped: %d bytes", notice_id, kind, len(body))
             metrics.WEBHOOKS.labels("dropped").inc()
@@ -189,13 +223,14 @@ class WebhookSender:
 
     async def _deliver(self, delivery: Delivery) -> None:
         delivery.attempts += 1
-        if allowed(delivery.url, self.settings.allow):
+        if self.allows(delivery.owner, delivery.url):
             status = await self._post(delivery)
         else:
             # Queued by a server whose allow-list admits it (a mesh whose
-            # servers' lists differ, for a while): an attempt that failed
+            # servers' lists differ, for a while), or before a keys file
+            # took the URL off its principal's list: an attempt that failed
             # here, left for a server that may send it.
-            log.info("webhook %s: its URL is not on this server's allow-list", delivery.id)
+            log.info("webhook %s: its URL is not on its principal's allow-list here", delivery.id)
             status = None
         if status is not None and 200 <= status < 300:
             outcome, retry_at = "delivered", None
@@ -229,10 +264,12 @@ class WebhookSender:
             "webhook-id": delivery.id,
             "webhook-timestamp": str(int(sent_at.timestamp())),
         }
-        if self._signer is not None:
-            headers["webhook-signature"] = self._signer.sign(
-                delivery.id, sent_at, delivery.body.decode()
-            )
+        if delivery.owner:  # "" only for a notice queued before owners were kept
+            headers[PRINCIPAL_HEADER] = delivery.owner
+        secret = self.trust.webhook_trust(delivery.owner).secret or self.settings.secret
+        headers["webhook-signature"] = _signer(secret).sign(
+            delivery.id, sent_at, delivery.body.decode()
+        )
         status: int | None = None
         try:
             # One deadline for the whole attempt (httpx's timeout is per
@@ -257,6 +294,13 @@ class WebhookSender:
                 "webhook %s attempt %d: %s", delivery.id, delivery.attempts, type(exc).__name__
             )
         return status
+
+
+@functools.lru_cache(maxsize=1024)
+def _signer(secret: str) -> Webhook:
+    """The signer of a secret (its base64 decoded once, not per attempt):
+    one per principal with its own secret, bounded."""
+    return Webhook(secret)
 
 
 async def _skim(response: httpx.Response) -> None:

@@ -2,7 +2,9 @@
 every destination is checked against: when a client names a URL, and again
 before each attempt (``allowed``), so a URL a client can dress up (dot
 segments, encoded slashes, credentials, a longer host) never leaves the
-prefixes the operator allowed.
+prefixes the operator allowed. Which list is a principal's own business: its
+keys-file lines may name one (``Trust``, ``runtime.webhook_trust``), else
+``--webhook-allow`` applies.
 """
 
 from __future__ import annotations
@@ -11,14 +13,28 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import httpx
-from standardwebhooks import Webhook
 
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument
+from turnmesh.runtime.webhook_trust import (
+    DEFAULT_TRUST,
+    WebhookTrust,
+    parse_prefixes,
+    read_secret,
+)
 
-__all__ = ["WebhookSettings", "allowed", "check_destination", "settings_from"]
+__all__ = [
+    "NO_TRUST",
+    "Trust",
+    "WebhookSettings",
+    "allowed",
+    "check_destination",
+    "settings_from",
+]
 
 MAX_URL_CHARS = 2048
 
@@ -27,10 +43,11 @@ MAX_URL_CHARS = 2048
 class WebhookSettings:
     """Where webhooks may go and how hard they are tried."""
 
-    # Allowed destinations: URL prefixes (scheme://host[:port][/path]); none
-    # allowed, no webhooks.
+    # Allowed destinations: URL prefixes (scheme://host[:port][/path]), for
+    # the principals whose keys-file lines name none of their own.
     allow: Sequence[str] = ()
-    # The signing secret, Standard Webhooks' form ("whsec_" + base64).
+    # The signing secret, Standard Webhooks' form ("whsec_" + base64), of
+    # the principals without their own; none, no webhooks.
     secret: str = ""
     max_attempts: int = 8
     first_retry_seconds: float = 1.0
@@ -47,6 +64,22 @@ class WebhookSettings:
     max_in_flight_per_owner: int = 2
 
 
+class Trust(Protocol):
+    """Where a principal's webhook trust is read (``runtime.auth.ApiKeys``:
+    its keys-file lines, as reloaded)."""
+
+    def webhook_trust(self, principal: str) -> WebhookTrust: ...
+
+
+class _NoTrust:
+    def webhook_trust(self, principal: str) -> WebhookTrust:
+        return DEFAULT_TRUST
+
+
+# A server without a keys file: every principal has the server's list and secret.
+NO_TRUST: Trust = _NoTrust()
+
+
 def settings_from(
     allow: str | None,
     secret_file: str | None,
@@ -56,26 +89,16 @@ def settings_from(
 ) -> WebhookSettings:
     """The server's webhook settings from its flags; ValueError, in words
     for the operator, if they cannot work."""
-    prefixes = tuple(p.strip() for p in (allow or "").split(",") if p.strip())
-    for prefix in prefixes:
-        parts = urlsplit(prefix)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--webhook-allow: {prefix!r} is not an http(s) URL prefix")
-    secret = ""
-    if prefixes:
-        if not secret_file:
-            raise ValueError("--webhook-allow needs --webhook-secret-file (the signing secret)")
-        try:
-            with open(secret_file, encoding="utf-8") as file:
-                secret = file.read().strip()
-        except OSError as exc:
-            raise ValueError(f"--webhook-secret-file: {exc.strerror}: {secret_file}") from None
-        try:
-            Webhook(secret)
-        except Exception:
-            raise ValueError(
-                "--webhook-secret-file: not a Standard Webhooks secret (whsec_<base64>)"
-            ) from None
+    try:
+        prefixes = parse_prefixes(allow or "")
+    except ValueError as error:
+        raise ValueError(f"--webhook-allow: {error}") from None
+    if prefixes and not secret_file:
+        raise ValueError("--webhook-allow needs --webhook-secret-file (the signing secret)")
+    try:
+        secret = read_secret(Path(secret_file)) if secret_file else ""
+    except ValueError as error:
+        raise ValueError(f"--webhook-secret-file: {error}") from None
     return WebhookSettings(
         allow=prefixes,
         secret=secret,
@@ -85,9 +108,10 @@ def settings_from(
     )
 
 
-def check_destination(url: str, allow: Sequence[str], field_name: str) -> str:
-    """The webhook URL, if the server's allow-list lets notices go there."""
-    problem = _problem(url, allow)
+def check_destination(url: str, allow: Sequence[str], field_name: str, own: bool = False) -> str:
+    """The webhook URL, if the allow-list lets notices go there (``own``:
+    the list is the caller's principal's, not the server's)."""
+    problem = _problem(url, allow, own)
     if problem:
         raise InvalidArgument([FieldViolation(field_name, problem)])
     return url
@@ -110,7 +134,7 @@ _ENCODED_SEPARATORS = re.compile(r"%(2f|5c)", re.IGNORECASE)
 _ODD_ESCAPE = re.compile(r"%(?![0-7][0-9a-fA-F])")
 
 
-def _problem(url: str, allow: Sequence[str]) -> str:
+def _problem(url: str, allow: Sequence[str], own: bool = False) -> str:
     if len(url) > MAX_URL_CHARS:
         return f"at most {MAX_URL_CHARS} characters"
     if "\\" in url or any(c.isspace() or not c.isprintable() for c in url):
@@ -138,9 +162,10 @@ def _problem(url: str, allow: Sequence[str]) -> str:
     if any(_dot_segment(segment) for segment in parts.path.split("/")):
         return "must not hold . or .. path segments"
     if not any(_under(url, prefix) for prefix in allow):
+        whose = "your key's allow-list" if own else "its allow-list"
         if not allow:
-            return "is not a destination this server sends webhooks to (its allow-list is empty)"
-        return "is not a destination this server sends webhooks to (see its allow-list)"
+            return f"is not a destination this server sends your webhooks to ({whose} is empty)"
+        return f"is not a destination this server sends your webhooks to (see {whose})"
     return ""
 
 

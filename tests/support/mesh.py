@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -233,16 +233,26 @@ class Mesh:
 
 
 def start_keyed_mesh(
-    mesh: Mesh, keys: Path, mesh_key: str, *, agent: str = "demo", servers: int = 2
+    mesh: Mesh,
+    keys: Path,
+    mesh_key: str,
+    *,
+    agent: str = "demo",
+    servers: int = 2,
+    server_flags: Sequence[str] = (),
 ) -> list[Component]:
     """A router, a worker and ``servers`` servers, all with the mesh key, the
-    servers with the API keys file ``keys``; returns the servers, ready."""
+    servers with the API keys file ``keys`` (and ``server_flags``); returns
+    the servers, ready."""
     mesh.router = router = mesh.spawn("router", "router", "--mesh-key", mesh_key)
     mesh.wait_ready(router)
     worker = mesh.spawn(
         "worker", "worker", "--router", router.address, "--agent", agent, "--mesh-key", mesh_key
     )
-    flags = ("--router", router.address, "--mesh-key", mesh_key, "--api-keys-file", str(keys))
+    flags = (
+        *("--router", router.address, "--mesh-key", mesh_key, "--api-keys-file", str(keys)),
+        *server_flags,
+    )
     started = [mesh.spawn(f"server-{i}", "server", *flags) for i in range(1, servers + 1)]
     mesh.wait_ready(worker, *started)
     return started

@@ -223,8 +223,9 @@ class CreateSessionRequest(_message.Message):
     """Optional; the mesh's default agent if unset."""
     webhook_url: _builtins.str
     """Where the end of each turn of the session is notified (a turn's own
-    `webhook_url` wins): a URL under the server's `--webhook-allow`. A fork
-    keeps its source's.
+    `webhook_url` wins): a URL under the caller's allow-list (its key's
+    `webhooks=` in the API keys file, else the server's `--webhook-allow`).
+    A fork keeps its source's.
     """
     @_builtins.property
     def metadata(self) -> _struct_pb2.Struct: ...
@@ -558,8 +559,9 @@ class TurnRequest(_message.Message):
     webhook_url: _builtins.str
     """Where to POST a signed notice when the turn ends: `turn.finished`,
     `turn.waiting` (it waits for the client), `turn.failed` or
-    `turn.cancelled`, with the turn as GetTurn reports it. Only URLs under
-    the server's allow-list (`--webhook-allow`; none by default); delivered
+    `turn.cancelled`, with the turn as GetTurn reports it, naming its
+    principal. Only URLs under the caller's allow-list (its key's `webhooks=`
+    in the API keys file, else `--webhook-allow`; none by default); delivered
     at least once, with retries, never holding up or failing the turn. A
     turn with a webhook has a durable record (GetTurn), as a background one.
     """
