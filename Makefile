@@ -94,8 +94,9 @@ bench: install
 	$(PY) -m bench.retention
 	$(PY) -m bench.webhooks
 
-# 64 conversations for 90 s while workers, a server and the router are killed;
-# writes chaos-report.json and fails if a turn was lost or duplicated.
+# 64 conversations for 90 s while workers, a server and the router are killed
+# and a server is frozen (SIGSTOP, then SIGCONT); writes chaos-report.json and
+# fails if a turn was lost or duplicated, or a caller got an unexplained 503.
 chaos: install
 	$(PY) -m tests.support.chaos --seconds 90 --conversations 64 --report chaos-report.json
 

@@ -43,9 +43,14 @@ def session_servers(config: EdgeConfig) -> dict[str, Any]:
                 ".HttpProtocolOptions",
                 "explicit_http_config": {
                     "http2_protocol_options": {
-                        # A server whose host vanished (no RST, no FIN) is
-                        # found out in seconds: its streams end, callers retry.
-                        "connection_keepalive": {"interval": "5s", "timeout": "3s"}
+                        # A server that froze (SIGSTOP, a stalled node) or
+                        # whose host vanished (no RST, no FIN) is found out
+                        # within 2 s: its connections close, reads and key
+                        # checks are asked again elsewhere, and the resets
+                        # leave it out (outlier detection). gRPC core acks
+                        # PINGs on its own threads, so a server whose Python
+                        # loop is saturated still answers them: no flapping.
+                        "connection_keepalive": {"interval": "1s", "timeout": "1s"}
                     }
                 },
             }

@@ -29,8 +29,10 @@ class EdgeTimeouts:
     # A connection with no request in flight (an idle keep-alive connection,
     # or one that never sent a byte).
     connection_idle: float = 60.0
-    # The key check (ext_authz) of one request, retries included.
-    auth: float = 2.0
+    # The key check (ext_authz) of one request, retries included: longer
+    # than a frozen server takes to be found out (the upstream keepalive,
+    # 2 s), so a check sent to one is asked again elsewhere, not refused.
+    auth: float = 5.0
 
 
 def _duration(seconds: float) -> str:

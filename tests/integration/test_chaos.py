@@ -35,6 +35,9 @@ async def test_chaos_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert counts.duplicated == 0, counts
     assert counts.partial == 0, counts
     assert counts.resumed_seq_errors == 0, counts
+    assert counts.unexplained_503 == 0, counts
+    assert any("SIGSTOP server" in f for f in counts.faults), counts.faults
+    assert any("SIGCONT server" in f for f in counts.faults), counts.faults
     assert any("SIGKILL server" in f for f in counts.faults), counts.faults
     assert any("SIGKILL router" in f for f in counts.faults), counts.faults
     assert any("restart router" in f for f in counts.faults), counts.faults

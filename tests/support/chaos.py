@@ -1,5 +1,7 @@
 """The chaos run: conversations through Envoy (REST/SSE and native gRPC) while
-workers, a server and the router are killed; then every history is checked.
+workers, a server and the router are killed and a server is frozen (SIGSTOP,
+then SIGCONT); then every history is checked, and every 503 a caller got is
+accounted for.
 
 `make chaos` runs it long; `tests/integration/test_chaos.py` runs it short.
 Loopback only, bounded in time, stops by itself, ends only processes it
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
 import tempfile
@@ -51,17 +54,64 @@ class Counts:
     lost: int = 0
     duplicated: int = 0
     partial: int = 0
+    # 503s a server answered with a reason of the error table (a session
+    # changing owner, say): the caller was told why, and retries.
+    unavailable_with_reason: int = 0
+    # 503s for a turn Envoy had sent to a server that died or froze: Envoy
+    # never sends a turn twice (it may have started); the caller retries with
+    # the same idempotency key.
+    turns_cut_in_flight: int = 0
+    # Any other 503 (no healthy server, a key that could not be checked, a
+    # read that was not retried on a live server): must stay 0.
+    unexplained_503: int = 0
+    unexplained_details: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not (
-            self.hung or self.lost or self.duplicated or self.partial or self.resumed_seq_errors
+            self.hung
+            or self.lost
+            or self.duplicated
+            or self.partial
+            or self.resumed_seq_errors
+            or self.unexplained_503
         )
 
 
 class Broken(Exception):
     """The stream broke before a terminal event (connection or status)."""
+
+    def __init__(self, what: str, refusal: Refusal | None = None) -> None:
+        super().__init__(what)
+        # The 503 it was, if it was one.
+        self.refusal = refusal
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A 503 (UNAVAILABLE) answer: a server's has a reason of the error
+    table; Envoy's own has none, only its detail."""
+
+    reason: str
+    detail: str
+
+
+def _refusal_of_response(response: httpx.Response) -> Refusal | None:
+    if response.status_code != 503:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return Refusal("", response.text[:200])
+    reason = body.get("reason") or ""
+    return Refusal(reason, str(body.get("detail") or body)[:200])
+
+
+def _refusal_of_error(error: TurnmeshClientError) -> Refusal | None:
+    if error.code != grpc.StatusCode.UNAVAILABLE:
+        return None
+    return Refusal(error.reason, error.message[:200])
 
 
 @dataclass
@@ -114,7 +164,7 @@ class ChaosRun:
         again; then more workers while time remains. Nothing waits on the
         clock: a slow machine stretches the run instead of skipping a fault."""
         start = time.monotonic()
-        plan = ["worker", "server", "worker", "router"]
+        plan = ["worker", "server", "freeze", "worker", "router"]
         step = 0
         while step < len(plan) or time.monotonic() < deadline:
             await self._turns_land(LANDED_BETWEEN_FAULTS)
@@ -124,6 +174,8 @@ class ChaosRun:
                 await self._replace_worker(step, start)
             elif fault == "server":
                 await self._restart_server(self.servers[0], start)
+            elif fault == "freeze":
+                await self._freeze_server(self.servers[1], start)
             else:
                 await self._router_outage(start)
             if step == len(plan):
@@ -151,6 +203,20 @@ class ChaosRun:
         )
         await self._members_back(len(self.workers) + len(self.servers))
         self.counts.faults.append(f"{time.monotonic() - start:.1f}s restart router")
+
+    async def _freeze_server(self, server: Component, start: float) -> None:
+        """SIGSTOP a server while turns run: Envoy's keepalive finds its
+        connections dead within 2 s and leaves it out; turns land meanwhile
+        (its sessions move once their leases lapse). Then SIGCONT: it comes
+        back, learns it lost its sessions, and registers again."""
+        os.kill(server.pid, signal.SIGSTOP)
+        self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGSTOP {server.name}")
+        try:
+            await self._turns_land(LANDED_BETWEEN_FAULTS)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGCONT {server.name}")
+        await self._members_back(len(self.workers) + len(self.servers))
 
     async def _members_back(self, expected: int) -> None:
         assert self.mesh.router is not None
@@ -261,8 +327,9 @@ class ChaosRun:
             try:
                 async for event in self._turn_events(c, message, key):
                     seen.append(event)
-            except Broken:
+            except Broken as broken:
                 if not seen:
+                    self._account(broken.refusal, turn=True)
                     continue  # nothing started (or we never heard): same key again
                 return await self._resume(c, seen)
             except (TurnmeshClientError, httpx.HTTPStatusError):
@@ -290,7 +357,8 @@ class ChaosRun:
                 ) as source:
                     if source.response.status_code != 200:
                         await source.response.aread()
-                        raise Broken(source.response.status_code)
+                        refusal = _refusal_of_response(source.response)
+                        raise Broken(str(source.response.status_code), refusal)
                     async for sse in source.aiter_sse():
                         event = json.loads(sse.data)
                         if event["type"] != "CUSTOM":
@@ -310,7 +378,20 @@ class ChaosRun:
                     if e.type != 11:  # CUSTOM keepalive
                         yield _event_dict(e)
         except TurnmeshClientError as exc:
-            raise Broken(str(exc)) from exc
+            raise Broken(str(exc), _refusal_of_error(exc)) from exc
+
+    def _account(self, refusal: Refusal | None, *, turn: bool) -> None:
+        """Count a 503 by what explains it (Counts)."""
+        if refusal is None:
+            return
+        if refusal.reason:
+            self.counts.unavailable_with_reason += 1
+        elif turn and "reset" in refusal.detail:
+            self.counts.turns_cut_in_flight += 1
+        else:
+            self.counts.unexplained_503 += 1
+            if len(self.counts.unexplained_details) < 20:
+                self.counts.unexplained_details.append(refusal.detail)
 
     async def _resume(self, c: Conversation, seen: list[dict[str, Any]]) -> str | None:
         """Follow a broken turn to its end with SubscribeTurn; each seq once."""
@@ -318,14 +399,22 @@ class ChaosRun:
         turn_id = seen[0]["runId"]
         last = seen[-1]["seq"]
         for _ in range(RESUME_ATTEMPTS):
+            got = False
             try:
                 async for event in self._subscribe(c, turn_id, last):
+                    got = True
                     if event["seq"] != last + 1:
                         self.counts.resumed_seq_errors += 1
                     last = event["seq"]
                     if event["type"] in TERMINAL:
                         return turn_id if event["type"] == "RUN_FINISHED" else None
-            except (Broken, TurnmeshClientError, httpx.HTTPError):
+            except Broken as broken:
+                if not got:
+                    self._account(broken.refusal, turn=False)
+            except TurnmeshClientError as error:
+                if not got:
+                    self._account(_refusal_of_error(error), turn=False)
+            except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.25)
         return None
@@ -342,7 +431,8 @@ class ChaosRun:
             ) as source:
                 if source.response.status_code != 200:
                     await source.response.aread()
-                    raise Broken(source.response.status_code)
+                    refusal = _refusal_of_response(source.response)
+                    raise Broken(str(source.response.status_code), refusal)
                 async for sse in source.aiter_sse():
                     event = json.loads(sse.data)
                     if event["type"] != "CUSTOM":

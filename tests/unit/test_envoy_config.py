@@ -153,7 +153,7 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
     service = check["grpc_service"]
     # The servers' cluster, so its health checks and mutual TLS apply.
     assert service["envoy_grpc"]["cluster_name"] == "session_servers"
-    assert service["timeout"] == "2.000s"
+    assert service["timeout"] == "5.000s"
     assert check["allowed_headers"] == {"patterns": [{"exact": "authorization"}]}
     # Skipped by native gRPC (the servers check it; Envoy buffers no gRPC),
     # health, readiness and the playground, and by nothing else that reaches
@@ -301,3 +301,20 @@ def test_a_servers_death_is_retried_elsewhere_within_a_budget() -> None:
     others = [r for r in routes if "route" in r and r["match"].get("path") not in READ_PATHS]
     for route in others:
         assert "reset" not in route["route"]["retry_policy"]["retry_on"].split(",")
+
+
+def test_a_frozen_server_is_found_out_before_a_key_check_runs_out() -> None:
+    """A key check sent to a frozen server ends with a reset when the
+    keepalive finds the connection dead, and is asked again elsewhere: only
+    if that happens within the check's own time (else: 503, key not checked)."""
+    config = render(EdgeConfig(upstreams=["127.0.0.1:7100"], api_keys=True))
+    cluster = next(
+        c for c in config["static_resources"]["clusters"] if c["name"] == "session_servers"
+    )
+    options = cluster["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    keepalive = options["explicit_http_config"]["http2_protocol_options"]["connection_keepalive"]
+    found_out = float(keepalive["interval"].rstrip("s")) + float(keepalive["timeout"].rstrip("s"))
+    assert found_out < EdgeTimeouts().auth
+    assert found_out <= 2.0  # the bound docs/deploy.md states
