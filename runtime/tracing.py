@@ -41,8 +41,15 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("turnmesh")
 
 Metadata = tuple[tuple[str, str], ...]
-# Methods whose calls never start or continue a trace.
-UNTRACED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+# Methods whose calls never start or continue a trace: health checks and
+# probes (a load balancer's every few seconds), reflection.
+UNTRACED_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.",
+    "/turnmesh.v1.SessionService/GetHealth",
+    "/turnmesh.v1.SessionService/GetReadiness",
+    "/turnmesh.v1.CompatService/GetChatHealth",
+)
 PROPAGATED = frozenset({"traceparent", "tracestate"})
 _exporting = False  # set once an exporter is installed
 

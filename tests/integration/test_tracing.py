@@ -202,6 +202,7 @@ def test_heartbeats_and_health_checks_start_no_traces(traced: TracedMesh) -> Non
         if span.service in ("turnmesh-router", "turnmesh-worker"):
             assert span.parent_span_id, span
         assert "Health" not in span.name
+        assert "Readiness" not in span.name
         assert "Heartbeat" not in span.name
     # No message content is put on spans.
     assert "6*7" not in json.dumps([s.attributes for s in traced.collector.spans()])
