@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
+from turnmesh.runtime import wire
 from turnmesh.runtime.errors import Unavailable, from_rpc_error
 from turnmesh.server.mesh.leases import HELD_ELSEWHERE
 from turnmesh.server.mesh.ownership import Forward, Owner, Placement, SessionOwnership
@@ -140,7 +141,7 @@ class Forwarder:
                 continue
             received = False
             try:
-                async for event in call:
+                async for event in wire.responses(call):
                     received = True
                     yield event
                 return
