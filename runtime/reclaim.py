@@ -5,8 +5,8 @@ threads' heaps; the slices are freed once the message is whole, but a small
 block allocated meanwhile above them keeps a heap from shrinking, so their
 pages stayed resident (tens of MiB after twenty 20 MiB bodies, up to a
 message's size per heap). ``malloc_trim`` returns them; it walks every
-heap's free blocks, a millisecond or so, in a thread (it runs without the
-GIL). One trim at a time, the next only after more large requests ended.
+heap's free blocks, in a thread (it runs without the GIL). One trim at a
+time, the next only after more large requests ended.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class Trimmer:
         self._delay = delay
         self._wanted: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self.trims = 0
 
     def request_ended(self, size: int | None) -> None:
         if self._trim is None or size is None or size < LARGE_REQUEST_BYTES:
@@ -68,7 +67,6 @@ class Trimmer:
                 await asyncio.to_thread(self._trim)
             except Exception:  # never fatal: memory stays as it was
                 log.warning("could not trim the heaps", exc_info=True)
-            self.trims += 1
 
     async def close(self) -> None:
         if self._task is not None:
