@@ -89,6 +89,7 @@ bench: install
 	$(PY) -m bench.loop_lag
 	$(PY) -m bench.seeded_history
 	$(PY) -m bench.collect_memory
+	$(PY) -m bench.body_memory
 	$(PY) -m bench.paced
 	$(PY) -m bench.compat_cost
 	$(PY) -m bench.retention

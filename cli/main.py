@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from turnmesh.cli._flags import add_flag, add_flags, env, given, settings
 from turnmesh.runtime.config import MemberConfig
+from turnmesh.runtime.memory import tune_allocator
 from turnmesh.runtime.tls import TlsConfigError, tls_files
 
 # The commands listen on well-known ports; the configs' own default (0, any
@@ -246,6 +247,7 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """asyncio.run, on uvloop when it is installed (TURNMESH_UVLOOP=0 opts out):
     grpc.aio's callbacks run on the event loop, and uvloop runs them faster."""
     _tune_gc()
+    tune_allocator()
     if os.environ.get("TURNMESH_UVLOOP", "1") != "0":
         try:
             import uvloop

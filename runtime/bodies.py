@@ -9,13 +9,15 @@ size is decoded in a thread a chunk at a time (the GIL changes hands between
 chunks), and work that releases the GIL (hashing) runs in a thread. Smaller
 inputs are handled inline: the hop would cost more than they do.
 
-Standard library only: the child processes import this module and no more.
+Standard library only: the child processes import this module (and
+``runtime.memory``) and no more.
 """
 
 from __future__ import annotations
 
 import asyncio
 import binascii
+import contextlib
 import json
 import multiprocessing
 import os
@@ -25,6 +27,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
+
+from turnmesh.runtime.memory import tune_allocator
 
 T = TypeVar("T")
 
@@ -58,23 +62,32 @@ def decode_json(data: bytes) -> dict[str, Any]:
     starts = data.count(b",") + data.count(b"{") + data.count(b"[")
     if starts > 2 * MAX_JSON_VALUES:
         raise BodyError(f"holds more than {MAX_JSON_VALUES} values")
-    try:
-        value = json.loads(data or b"{}")
-    except json.JSONDecodeError as exc:
-        # The parser's own phrase ("Expecting value") and where: no internals.
-        raise BodyError(f"not valid JSON: {exc.msg} at character {exc.pos}") from None
-    except UnicodeDecodeError as exc:
-        raise BodyError(f"not valid JSON: not UTF-8 text (at byte {exc.start})") from None
-    except RecursionError:
-        raise BodyError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except MemoryError:
-        raise BodyError("too large to decode") from None
-    except ValueError:  # an integer past Python's 4,300 digits (its text names sys calls)
-        raise BodyError("not valid JSON: a number of more than 4,300 digits") from None
+    value = _loads(data)
     if not isinstance(value, dict):
         raise BodyError("must be a JSON object")
     check_values(value)
     return value
+
+
+def _loads(data: bytes) -> Any:
+    """``json.loads``, its failures as BodyError."""
+    try:
+        return json.loads(data or b"{}")
+    except json.JSONDecodeError as exc:
+        # The parser's own phrase ("Expecting value") and where: no internals.
+        why = f"not valid JSON: {exc.msg} at character {exc.pos}"
+    except UnicodeDecodeError as exc:
+        why = f"not valid JSON: not UTF-8 text (at byte {exc.start})"
+    except RecursionError:
+        why = f"nested deeper than {MAX_JSON_DEPTH} levels"
+    except MemoryError:
+        why = "too large to decode"
+    except ValueError:  # an integer past Python's 4,300 digits (its text names sys calls)
+        why = "not valid JSON: a number of more than 4,300 digits"
+    # Raised here, not while handling the parser's exception, which it would
+    # keep (as __context__) with the whole document (its .doc, its frames)
+    # for as long as the refusal is kept.
+    raise BodyError(why)
 
 
 def check_values(data: dict[str, Any]) -> None:
@@ -127,9 +140,11 @@ async def sized(size: int, work: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(work, *args)
 
 
-def _leave_with(parent: int) -> None:
-    """In a child: exit once the server is gone, even killed (the pool's
-    queue never tells a child so: the child holds its writing end too)."""
+def _start_child(parent: int) -> None:
+    """In a child: hand large blocks back as the server does, and exit once
+    the server is gone, even killed (the pool's queue never tells a child
+    so: the child holds its writing end too)."""
+    tune_allocator()
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -159,17 +174,31 @@ class _Decoders:
             self._pool = ProcessPoolExecutor(
                 DECODE_PROCESSES,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_leave_with,
+                initializer=_start_child,
                 initargs=(os.getpid(),),
             )
             return self._pool.submit(decode_json, data)
 
     async def parse(self, data: bytes) -> dict[str, Any]:
         try:
-            return await asyncio.wrap_future(await asyncio.to_thread(self._submit, data))
-        except BrokenProcessPool:
-            # Its child died while parsing: once more, in a new one.
-            return await asyncio.wrap_future(await asyncio.to_thread(self._submit, data))
+            try:
+                return await asyncio.wrap_future(await asyncio.to_thread(self._submit, data))
+            except BrokenProcessPool:
+                # Its child died while parsing: once more, in a new one.
+                return await asyncio.wrap_future(await asyncio.to_thread(self._submit, data))
+        finally:
+            self._flush()
+
+    def _flush(self) -> None:
+        """The pool's feeder thread keeps the last call it pickled for a
+        child (a local it overwrites only with the next one), so the last
+        large body stayed in memory until another came: a call of nothing
+        takes its place."""
+        with self._lock:
+            if self._pool is None:
+                return
+            with contextlib.suppress(BrokenProcessPool, RuntimeError):  # broken, or shut down
+                self._pool.submit(int)
 
 
 _decoders = _Decoders()

@@ -11,7 +11,7 @@ from typing import Any, NoReturn, cast
 
 import grpc
 
-from turnmesh.runtime import principals, requests, sanitize, wire
+from turnmesh.runtime import principals, receipts, requests, sanitize, wire
 from turnmesh.runtime.auth import ApiKeys, authenticate, bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
@@ -55,13 +55,17 @@ class ErrorMappingInterceptor(ServerInterceptor):
             return None
         method = handler_call_details.method
 
+        # The request is handed on, not kept (the handler keeps it or drops
+        # it), nor kept by the abort's reference cycle (``_abort``).
         def unary(inner: Unary) -> Unary:
             async def mapped(request: Any, context: ServicerContext) -> Any:
                 try:
                     _decoded(request)
-                    return await inner(request, context)
+                    answer = inner(request, context)
+                    request = None
+                    return await answer
                 except Exception as exc:
-                    del request  # not kept by the abort's reference cycle
+                    request = None
                     await _abort(context, exc, method)
 
             return mapped
@@ -70,10 +74,12 @@ class ErrorMappingInterceptor(ServerInterceptor):
             async def mapped(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
                 try:
                     _decoded(request)
-                    async for item in inner(request, context):
+                    items = inner(request, context)
+                    request = None
+                    async for item in items:
                         yield item
                 except Exception as exc:
-                    del request  # not kept by the abort's reference cycle
+                    request = None
                     await _abort(context, exc, method)
 
             return mapped
@@ -97,14 +103,22 @@ class ReceiptInterceptor(ServerInterceptor):
     the edge's key check), streamed requests and mesh members' calls (read
     under a slot where they came in) pass untouched. On a keyless mesh every
     caller is the anonymous principal, so there the slots are each
-    connection's: one client's slow senders never hold up another's."""
+    connection's: one client's slow senders never hold up another's. The
+    ``decoded_later`` methods keep their slot until the handler has decoded
+    the body (``receipts.decoded``), or ends."""
 
     def __init__(
-        self, slots: ReceiptSlots, open_methods: frozenset[str], mesh_key: str | None = None
+        self,
+        slots: ReceiptSlots,
+        open_methods: frozenset[str],
+        mesh_key: str | None = None,
+        *,
+        decoded_later: frozenset[str] = frozenset(),
     ) -> None:
         self._slots = slots
         self._open = open_methods
         self._mesh_key = mesh_key.encode() if mesh_key else None
+        self._decoded_later = decoded_later
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -118,6 +132,7 @@ class ReceiptInterceptor(ServerInterceptor):
         ):
             return handler
         slots = self._slots
+        decoded_later = method in self._decoded_later
 
         async def receive(requests: Any, context: ServicerContext) -> Any:
             principal = principals.current()
@@ -128,8 +143,13 @@ class ReceiptInterceptor(ServerInterceptor):
                 await _abort(context, exc, method)
             try:
                 request = await context.read()
-            finally:
-                slot.release()  # arrived, or its caller went away
+            except BaseException:
+                slot.release()  # its caller went away
+                raise
+            if decoded_later:
+                receipts.keep_until_decoded(slot)
+            else:
+                slot.release()  # arrived
             if request is grpc.aio.EOF:
                 empty = InvalidArgument([FieldViolation("request", "no message was sent")])
                 await _abort(context, empty, method)
@@ -143,15 +163,21 @@ class ReceiptInterceptor(ServerInterceptor):
             inner_unary = cast(Unary, handler.unary_unary)
 
             async def unary(requests: Any, context: ServicerContext) -> Any:
-                return await inner_unary(await receive(requests, context), context)
+                try:
+                    return await inner_unary(await receive(requests, context), context)
+                finally:
+                    receipts.decoded()
 
             return grpc.stream_unary_rpc_method_handler(unary, **codec)
         if handler.unary_stream is not None:
             inner_stream = cast(Stream, handler.unary_stream)
 
             async def stream(requests: Any, context: ServicerContext) -> AsyncIterator[Any]:
-                async for item in inner_stream(await receive(requests, context), context):
-                    yield item
+                try:
+                    async for item in inner_stream(await receive(requests, context), context):
+                        yield item
+                finally:
+                    receipts.decoded()
 
             return grpc.stream_stream_rpc_method_handler(stream, **codec)
         return handler  # a streamed request: its messages are read as they come
@@ -186,6 +212,15 @@ def _decoded(request: Any) -> None:
 
 
 async def _abort(context: ServicerContext, exc: Exception, method: str) -> NoReturn:
+    # grpc keeps the abort's exception on its state of the call, and the
+    # exception's frames refer to that state: a reference cycle, which only
+    # the cyclic collector frees (with our thresholds, rarely). The abort
+    # chains this exception, and this one the exceptions it was raised from
+    # (a body's parse error, a validation error), each with its frames'
+    # locals: the request, its bytes, the parsed body. A flood of refused
+    # 20 MiB bodies held 20-35 MiB each. Every frame that has finished
+    # drops its locals now.
+    _clear_chain(exc)
     if isinstance(exc, TurnmeshError):
         status = _worded_for_callers(exc, method).to_status()
     elif _is_abort(exc):
@@ -193,10 +228,6 @@ async def _abort(context: ServicerContext, exc: Exception, method: str) -> NoRet
     else:
         log.exception("unhandled error in %s", method)
         status = TurnmeshError("internal error").to_status()
-    # The abort's exception chains this one, whose frames hold the request:
-    # gRPC keeps them in a reference cycle that only the cyclic collector
-    # frees (a flood of refused 50 MB requests held gigabytes). Their locals go now.
-    traceback.clear_frames(exc.__traceback__)
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
@@ -229,6 +260,20 @@ def _worded_for_callers(error: TurnmeshError, method: str) -> TurnmeshError:
         retry_after=error.retry_after,
     )
     return clean
+
+
+def _clear_chain(exc: BaseException) -> None:
+    """Clear the finished frames of ``exc`` and of what it was raised from
+    (``__cause__``) or while handling (``__context__``), all the way down."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        todo += (e.__cause__, e.__context__)
 
 
 def _is_abort(exc: Exception) -> bool:

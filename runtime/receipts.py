@@ -10,6 +10,12 @@ when its message has arrived, when its caller goes away, or after
 ``hold_seconds`` even if the message is still arriving (so a request behind k
 stalled ones of its principal waits about k / per_key x hold_seconds).
 
+A body that is decoded after it is read (the JSON of the HttpBody methods,
+in a child process when large) keeps its slot until it is decoded
+(``decoded``): while it waits for a decoder it is in memory two or three
+times over, and a principal's bodies arriving faster than they are decoded
+would otherwise pile up without bound.
+
 Hand-written: asyncio.Semaphore does the waiting, but a slot that may be
 handed back early by a timer, one table of keys that forgets idle ones, and a
 bounded count of waiters are ours.
@@ -18,6 +24,7 @@ bounded count of waiters are ours.
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from turnmesh.runtime.errors import RateLimited
@@ -111,3 +118,22 @@ class ReceiptSlots:
         entry.users -= 1
         if entry.users == 0:
             del self._keys[key]
+
+
+# The slot a call keeps until its body is decoded (each call runs in a task
+# of its own, so no call sees another's).
+_UNDECODED: ContextVar[Slot | None] = ContextVar("turnmesh_receipt_undecoded", default=None)
+
+
+def keep_until_decoded(slot: Slot) -> None:
+    """The current call keeps ``slot`` until ``decoded`` (or its end, or the
+    slot's timer)."""
+    _UNDECODED.set(slot)
+
+
+def decoded() -> None:
+    """The current call's body is decoded (or refused): its slot, if it kept
+    one, goes back."""
+    slot = _UNDECODED.get()
+    if slot is not None:
+        slot.release()

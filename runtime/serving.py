@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from turnmesh.agent._contract import MAX_CHECKPOINT_BYTES
 from turnmesh.runtime.exposure import is_loopback
 from turnmesh.runtime.interceptors import ErrorMappingInterceptor
+from turnmesh.runtime.reclaim import ReclaimInterceptor, Trimmer
 from turnmesh.runtime.tls import PLAINTEXT, Transport
 from turnmesh.runtime.tracing import TracingInterceptor
 
@@ -111,6 +112,7 @@ class GrpcProcess:
     max_receive_bytes: int = MAX_TURN_REQUEST_BYTES
     _server: grpc.aio.Server | None = None
     bound_port: int = 0
+    trimmer: Trimmer = field(default_factory=Trimmer)
 
     @property
     def address(self) -> str:
@@ -118,8 +120,10 @@ class GrpcProcess:
         return f"{host}:{self.bound_port}"
 
     async def start(self) -> None:
-        # Tracing outermost, so a refused call is in the trace with its status.
+        # Tracing outermost but for the trimmer (which only looks at a call's
+        # end), so a refused call is in the trace with its status.
         interceptors = [
+            ReclaimInterceptor(self.trimmer),
             TracingInterceptor(self.trace_roots),
             *self.interceptors,
             ErrorMappingInterceptor(),
@@ -155,6 +159,7 @@ class GrpcProcess:
         await self.health.enter_graceful_shutdown()
         await self._server.stop(grace)
         self._server = None
+        await self.trimmer.close()
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:

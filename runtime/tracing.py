@@ -157,11 +157,15 @@ class TracingInterceptor(ServerInterceptor):
                 set_status_on_exception=False,
             )
 
+        # The request is handed on, not kept: an aborted call's frames stay
+        # in a reference cycle with grpc's state of the call, theirs too.
         def unary(inner: Unary) -> Unary:
             async def traced(request: Any, context: ServicerContext) -> Any:
                 with span(context) as current:
+                    answer = inner(request, context)
+                    del request
                     try:
-                        return await inner(request, context)
+                        return await answer
                     finally:
                         _finish(current, context)
 
@@ -170,8 +174,10 @@ class TracingInterceptor(ServerInterceptor):
         def stream(inner: Stream) -> Stream:
             async def traced(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
                 with span(context) as current:
+                    items = inner(request, context)
+                    del request
                     try:
-                        async for item in inner(request, context):
+                        async for item in items:
                             yield item
                     finally:
                         _finish(current, context)

@@ -12,14 +12,15 @@ serializer passes bytes on as they are.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf.message import Message
 
 M = TypeVar("M", bound=Message)
+R = TypeVar("R")
 
 # The size on the wire of the request the current call received.
 _RECEIVED: ContextVar[int | None] = ContextVar("turnmesh_received_bytes", default=None)
@@ -75,3 +76,14 @@ def raw_unary_stream(
     """A unary-stream method (its descriptor) that sends requests already serialized."""
     path = f"/{method.containing_service.full_name}/{method.name}"
     return channel.unary_stream(path, _passed, response.FromString)
+
+
+async def responses(call: grpc.aio.UnaryStreamCall[Any, R]) -> AsyncIterator[R]:
+    """A call's responses, read one at a time. Iterating the call itself
+    makes an async generator that refers to the call as the call refers to
+    it: a reader that stops at a final event leaves the pair in a reference
+    cycle, and with them the request the call keeps (a turn's files), until
+    the cyclic garbage collector runs (with our thresholds, rarely): 15 MiB
+    kept for each turn of a 15 MiB file."""
+    while (response := await call.read()) is not grpc.aio.EOF:
+        yield cast("R", response)

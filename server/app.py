@@ -269,7 +269,16 @@ class SessionServer:
                     c.mesh_key,
                     rate_limit=request_rates(self.store, c.rate_limit, c.rate_burst),
                 ),
-                ReceiptInterceptor(receipts, open_methods, c.mesh_key),
+                ReceiptInterceptor(
+                    receipts,
+                    open_methods,
+                    c.mesh_key,
+                    # Their JSON bodies are decoded after they are read.
+                    decoded_later=frozenset(
+                        f"/{COMPAT_SERVICE_NAME}/{name}"
+                        for name in ("CreateChatCompletion", "CreateResponse", "RunAgent")
+                    ),
+                ),
             ],
             transport=transport,
         )

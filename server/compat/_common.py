@@ -17,7 +17,7 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from turnmesh.runtime import bodies, wire
+from turnmesh.runtime import bodies, receipts, wire
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.errors import (
     AwaitingClient,
@@ -421,16 +421,18 @@ async def parse_json_body(body: httpbody_pb2.HttpBody) -> dict[str, Any]:
     # Receiving and decoding the request took a loop step of its own already
     # (tens of milliseconds for 100 MB): copying its data out starts another.
     await asyncio.sleep(0)
+    # A copy (protobuf keeps the request's bytes in its arena until the
+    # request itself goes: the handlers drop it once this returns).
     data = body.data
-    # The request keeps no copy of its own: a turn may hold the call open
-    # for minutes, and the parsed body holds what it needs.
-    body.ClearField("data")
     try:
         return await bodies.parse_json(data)
     except bodies.BodyError as exc:
         raise invalid("body", str(exc)) from None
     except BrokenProcessPool:
         raise Unavailable("this server could not decode the body now; retry") from None
+    finally:
+        del data
+        receipts.decoded()  # the call's receipt slot, kept until now
 
 
 def json_body(payload: Any) -> httpbody_pb2.HttpBody:

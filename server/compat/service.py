@@ -52,6 +52,7 @@ class CompatServicer(CompatServiceServicer):
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = await openai_chat.parse(request)
+        del request  # its body's bytes (a turn may hold the call for minutes)
         turn, message = await openai_chat.open_turn(
             mesh,
             parsed,
@@ -70,6 +71,7 @@ class CompatServicer(CompatServiceServicer):
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = await openai_responses.parse(request)
+        del request  # its body's bytes (a turn may hold the call for minutes)
         policy = on_disconnect(_header(context, ON_DISCONNECT_HEADER))
         if parsed.stream:
             bodies = openai_responses.stream(mesh, parsed, policy)
@@ -105,6 +107,7 @@ class CompatServicer(CompatServiceServicer):
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
         parsed = await agui.parse(request)
+        del request  # its body's bytes (a turn may hold the call for minutes)
         async for body in agui.run(mesh, parsed):
             yield body
 

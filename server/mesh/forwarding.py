@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
+from turnmesh.runtime import wire
 from turnmesh.runtime.errors import HeldElsewhere, Unavailable, from_rpc_error
 from turnmesh.server.mesh.ownership import Forward, Owner, Placement, SessionOwnership
 from turnmesh.v1 import event_pb2
@@ -139,7 +140,7 @@ class Forwarder:
                 continue
             received = False
             try:
-                async for event in call:
+                async for event in wire.responses(call):
                     received = True
                     yield event
                 return

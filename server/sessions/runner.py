@@ -425,7 +425,7 @@ class TurnRunner:
         else:
             call = worker.stub.Run(request, metadata=metadata)
         try:
-            async for response in call:
+            async for response in wire.responses(call):
                 if response.files:
                     feed.run.file_refs = list(response.files)
                 if response.relayed_events and not (

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from turnmesh.runtime import receipts
 from turnmesh.runtime.errors import RateLimited
 from turnmesh.runtime.receipts import ReceiptSlots
 
@@ -76,3 +77,23 @@ def test_bad_settings_are_refused() -> None:
     for args in ({"per_key": 0}, {"max_waiting": -1}, {"hold_seconds": 0}):
         with pytest.raises(ValueError, match="per_key"):
             ReceiptSlots(**args)
+
+
+async def test_a_call_keeps_its_slot_until_its_body_is_decoded() -> None:
+    """A body parsed after it is read keeps the slot meanwhile (the next
+    request waits unread); ``decoded`` gives it back, once, and only the
+    current call's."""
+    slots = ReceiptSlots(1, hold_seconds=3600)
+
+    async def call() -> None:
+        receipts.keep_until_decoded(await slots.acquire("a"))
+        waiting = asyncio.create_task(slots.acquire("a"))
+        await _settle()
+        assert not waiting.done()  # the body is not decoded yet
+        receipts.decoded()
+        receipts.decoded()  # idempotent
+        (await waiting).release()
+
+    await asyncio.create_task(call())
+    receipts.decoded()  # another task's slot is not this one's to give back
+    assert len(slots) == 0 and slots.waiting == 0

@@ -106,6 +106,7 @@ class FakeCall:
         self.took = took  # the owner marked its headers: its errors are answers
         self.cancelled = False
         self._never = asyncio.Event()
+        self._reading: AsyncIterator[event_pb2.Event] | None = None
 
     async def initial_metadata(self) -> grpc.aio.Metadata:
         if self.silent:
@@ -137,6 +138,15 @@ class FakeCall:
 
     def __aiter__(self) -> AsyncIterator[event_pb2.Event]:
         return self._iterate()
+
+    async def read(self) -> Any:
+        """The next event, or grpc.aio.EOF (as grpc's calls read)."""
+        if self._reading is None:
+            self._reading = self._iterate()
+        try:
+            return await anext(self._reading)
+        except StopAsyncIteration:
+            return grpc.aio.EOF
 
 
 class Owners:

@@ -43,9 +43,19 @@ class FakeCall:
         self._script = script
         self.cancelled = False
         self.waiting = False
+        self._reading: AsyncIterator[wpb.RunResponse] | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    async def read(self) -> Any:
+        """The next response, or grpc.aio.EOF (as grpc's calls read)."""
+        if self._reading is None:
+            self._reading = self.__aiter__()
+        try:
+            return await anext(self._reading)
+        except StopAsyncIteration:
+            return grpc.aio.EOF
 
     async def __aiter__(self) -> AsyncIterator[wpb.RunResponse]:
         for item in self._script:
