@@ -113,7 +113,11 @@ def a2a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[A2AMesh]:
         mesh.stop()
         if remote.proc.poll() is None:
             os.kill(remote.proc.pid, signal.SIGTERM)
-        remote.proc.wait(timeout=30)
+        try:
+            remote.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(remote.proc.pid, signal.SIGKILL)
+            remote.proc.wait(timeout=10)
 
 
 def _deltas(events: list[event_pb2.Event]) -> list[str]:

@@ -177,7 +177,11 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # ready now: calls wait in the backlog until uvicorn takes them
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app(port, Log(args.log), args.token), log_level="warning")
+    config = uvicorn.Config(
+        app(port, Log(args.log), args.token),
+        log_level="warning",
+        timeout_graceful_shutdown=2,  # a task left waiting must not hold the stop
+    )
     args.ready_file.write_text(json.dumps({"port": port}))
     uvicorn.Server(config).run(sockets=[sock])
 
