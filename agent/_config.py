@@ -4,7 +4,7 @@ Python. ``turnmesh worker --agent agent.yaml`` (or ``turnmesh up --agent``).
 ::
 
     name: assistant
-    kind: openai            # openai | echo | demo | langgraph | areal | package.module:Class
+    kind: openai            # openai | echo | demo | langgraph | areal | a2a | package.module:Class
     model:
       name: ${OPENAI_MODEL:-llama3.1}
       base_url: ${OPENAI_BASE_URL:-http://127.0.0.1:11434/v1}
@@ -13,6 +13,15 @@ Python. ``turnmesh worker --agent agent.yaml`` (or ``turnmesh up --agent``).
     tools:
       - turnmesh.agent.builtin.tools:calculator
     approval: [calculator]  # these tools' calls wait for the client's approval
+
+A remote A2A agent behind the mesh::
+
+    name: travel
+    kind: a2a
+    remote:
+      url: https://agents.example.com/travel   # or the card's own URL (.../agent-card.json)
+      allow: [https://agents.example.com/]      # URL prefixes it may call (default: url's origin)
+      bearer_token_env: TRAVEL_TOKEN            # or bearer_token_file: /run/secrets/travel
 
 ``${VAR}`` and ``${VAR:-default}`` in any string come from the environment.
 The file is checked when the worker starts; a bad field stops it with a
@@ -31,13 +40,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from turnmesh.agent._contract import AgentRunnable
 from turnmesh.agent._spec import AgentLoadError, load_spec
+from turnmesh.agent.a2a_settings import RemoteSettings
 from turnmesh.agent.areal import AReaLAgent
 from turnmesh.agent.builtin.llm import ModelSettings, OpenAIAgent
 from turnmesh.agent.langgraph import LangGraphAgent
 from turnmesh.agent.tools import ToolLoadError
 
 AGENT_FILE_SUFFIXES = (".yaml", ".yml")
-KINDS = ("openai", "echo", "demo", "langgraph", "areal")
+KINDS = ("openai", "echo", "demo", "langgraph", "areal", "a2a")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -51,6 +61,7 @@ class AgentFile(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     kind: str = Field(min_length=1)
     model: ModelSettings | None = None
+    remote: RemoteSettings | None = Field(default=None, description="a2a: the remote agent")
     instructions: str = ""
     tools: list[str] = Field(default_factory=list, max_length=128)
     # Names of `tools` whose calls wait for the client's approval (an interrupt).
@@ -77,6 +88,10 @@ class AgentFile(BaseModel):
             raise ValueError(f"kind must be one of {', '.join(KINDS)} or package.module:Class")
         if self.kind == "openai" and self.model is None:
             raise ValueError("an openai agent needs `model` (at least its name)")
+        if self.kind == "a2a" and self.remote is None:
+            raise ValueError("an a2a agent needs `remote` (at least its url)")
+        if self.remote is not None and self.kind != "a2a":
+            raise ValueError("`remote` is for a2a agents")
         if self.kind == "langgraph" and not self.graph:
             raise ValueError("a langgraph agent needs `graph` (package.module:compiled_graph)")
         if self.kind == "areal" and not self.agent_class:
@@ -154,6 +169,11 @@ def build_agent(config: AgentFile) -> AgentRunnable:
             raise AgentFileError(f"tools: {exc}") from exc
         except ValueError as exc:
             raise AgentFileError(f"approval: {exc}") from exc
+    if config.kind == "a2a":
+        from turnmesh.agent.remote_a2a import A2AAgent  # the SDK loads only for this kind
+
+        assert config.remote is not None
+        return A2AAgent(config.remote, name=config.name)
     if config.kind == "langgraph":
         assert config.graph is not None
         return LangGraphAgent(config.graph, name=config.name, instructions=config.instructions)

@@ -136,7 +136,9 @@ class AgentRequest:
     messages it is ``messages`` joined with a blank line. ``history`` holds the
     session's prior messages in the OpenAI chat shape: ``{"role", "content"}``
     plus ``"tool_calls"`` on assistant messages that call tools and
-    ``"tool_call_id"`` on tool messages.
+    ``"tool_call_id"`` on tool messages; a turn's final assistant message has
+    ``"metadata"``: what its agent returned in ``AgentResponse.metadata``
+    (notes an agent keeps for its next turns, as ``kind: a2a`` does).
 
     ``session_id`` is unique in the whole mesh: ``PRINCIPAL/ID`` when the
     session's principal is named (two tenants may both call a session

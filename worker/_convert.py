@@ -129,6 +129,10 @@ def history_message(message: message_pb2.Message) -> dict[str, Any]:
         out["tool_call_id"] = message.tool_call_id
     if message.error:
         out["error"] = message.error
+    if message.metadata.fields:
+        # A turn's final answer keeps its agent's RUN_FINISHED.result: what
+        # an agent noted for its next turns (a2a: the remote's context).
+        out["metadata"] = json_format.MessageToDict(message.metadata)
     if message.files:
         # Earlier turns' files, as read then: agents can answer from them later.
         out["files"] = [

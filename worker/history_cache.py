@@ -20,9 +20,12 @@ DEFAULT_MAX_BYTES = 256 * 2**20
 
 
 def message_bytes(message: dict[str, Any]) -> int:
-    """About what a history message holds: its text, its files' texts and
-    its tool calls' arguments (characters, read without copying)."""
+    """About what a history message holds: its text, its files' texts, its
+    tool calls' arguments (characters, read without copying) and its
+    metadata."""
     size = len(message.get("content") or "")
+    if "metadata" in message:
+        size += len(str(message["metadata"]))
     for file in message.get("files", ()):
         size += len(file.get("text") or "") + len(file.get("error") or "")
     for call in message.get("tool_calls", ()):

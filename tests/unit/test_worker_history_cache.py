@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from turnmesh.runtime.errors import HistoryMiss
-from turnmesh.worker.history_cache import HistoryCache
+from turnmesh.v1 import message_pb2
+from turnmesh.worker._convert import history_message
+from turnmesh.worker.history_cache import HistoryCache, message_bytes
 
 
 def m(i: int) -> dict[str, str]:
@@ -66,3 +68,12 @@ def test_the_cache_holds_no_more_bytes_than_its_bound() -> None:
     with pytest.raises(HistoryMiss):
         cache.resolve("d", 1, [])
     assert cache.bytes <= 2500
+
+
+def test_a_final_answer_brings_its_agents_metadata_and_it_counts() -> None:
+    answer = message_pb2.Message(role="assistant", content="hi")
+    answer.metadata.update({"a2a": {"context_id": "c" * 1000}})
+    converted = history_message(answer)
+    assert converted["metadata"] == {"a2a": {"context_id": "c" * 1000}}
+    assert message_bytes(converted) > 1000 + message_bytes({"role": "assistant", "content": "hi"})
+    assert "metadata" not in history_message(message_pb2.Message(role="user", content="hi"))
