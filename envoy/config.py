@@ -217,6 +217,7 @@ def _lua_source() -> str:
         (HERE / "problem.lua")
         .read_text()
         .replace("__MAX_REQUEST_BYTES__", str(MAX_REQUEST_BODY_BYTES))
+        .replace("__MAX_HEADER_BYTES__", str(guards.MAX_HEADER_BYTES))
         .replace("__ERROR_TABLE__", lua_error_table())
     )
 

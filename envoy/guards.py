@@ -43,6 +43,16 @@ PRESSED_IDLE_TIMEOUT = "10s"
 # A stream silent this long (half-sent headers too) is cut under pressure; a
 # turn's stream is never that silent (the servers' keepalive is every 15 s).
 PRESSED_STREAM_IDLE_TIMEOUT = "60s"
+# A request's headers (gRPC's count: names, values and 32 bytes a header; the
+# request line included): past it 431, in each surface's shape (problem.lua).
+# The transcoder copies the path into x-envoy-original-path and Envoy adds
+# a few headers of its own (under 2 KiB), so what reaches a server stays
+# under twice this plus 2 KiB, well within what the servers accept.
+MAX_HEADER_BYTES = 16 * 1024
+# Envoy's own limit, a backstop past the one above (names and values, the
+# request line included; at most 100 headers): even with the path counted
+# twice and gRPC's 32 bytes a header, under the servers' metadata limit.
+CODEC_HEADER_KIB = 24
 
 # The names any keyless edge answers to (ports are stripped before matching).
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -129,6 +139,10 @@ def http_filters(config: EdgeConfig) -> list[dict[str, Any]]:
 def connection_manager(config: EdgeConfig) -> dict[str, Any]:
     """Keys for the HTTP connection manager."""
     return {
+        # Past this Envoy answers 431 before it knows the path (problem+json
+        # whatever the surface); problem.lua answers past MAX_HEADER_BYTES in
+        # each surface's shape.
+        "max_request_headers_kb": CODEC_HEADER_KIB,
         # The client is the peer (or what trusted proxies say it is): a
         # client's own X-Forwarded-For must not pick its rate-limit bucket.
         "use_remote_address": True,

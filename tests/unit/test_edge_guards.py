@@ -12,7 +12,8 @@ from turnmesh.cli._up_config import load
 from turnmesh.cli.edge import edge_config
 from turnmesh.cli.main import build_parser
 from turnmesh.envoy import EdgeConfig, EdgeGuards, render
-from turnmesh.envoy.guards import LOCAL_HOSTS
+from turnmesh.envoy.guards import CODEC_HEADER_KIB, LOCAL_HOSTS, MAX_HEADER_BYTES
+from turnmesh.runtime.serving import MAX_METADATA_BYTES, SERVER_OPTIONS
 
 UPSTREAMS = ["127.0.0.1:7100"]
 
@@ -71,6 +72,18 @@ def test_connections_are_bounded_per_connection_and_overall() -> None:
         "envoy.overload_actions.disable_http_keepalive": {heap, conns},
         "envoy.overload_actions.reduce_timeouts": {heap, conns},
     }
+
+
+def test_headers_the_edge_lets_through_fit_what_the_servers_accept() -> None:
+    """The path is sent twice (the transcoder's x-envoy-original-path), gRPC
+    counts 32 bytes more a header (Envoy takes 100 at most) and Envoy adds a
+    few of its own: still under the servers' metadata limit."""
+    assert _manager(EdgeConfig(upstreams=UPSTREAMS))["max_request_headers_kb"] == CODEC_HEADER_KIB
+    assert MAX_HEADER_BYTES < CODEC_HEADER_KIB * 1024
+    assert 2 * CODEC_HEADER_KIB * 1024 + 100 * 32 + 2048 < MAX_METADATA_BYTES
+    options = dict(SERVER_OPTIONS)
+    assert options["grpc.max_metadata_size"] == MAX_METADATA_BYTES
+    assert options["grpc.absolute_max_metadata_size"] == MAX_METADATA_BYTES
 
 
 def test_overload_replies_take_the_429_row() -> None:
