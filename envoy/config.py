@@ -82,6 +82,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
     bootstrap: dict[str, Any] = {
         "admin": {"address": address("127.0.0.1", config.admin_port)},
         "overload_manager": guards.overload_manager(config),
+        "memory_allocator_manager": guards.memory_allocator_manager(),
         "static_resources": {
             "listeners": [_listener(config)],
             "clusters": clusters.clusters(config),

@@ -16,6 +16,7 @@ from turnmesh.envoy.guards import CODEC_HEADER_KIB, LOCAL_HOSTS, MAX_HEADER_BYTE
 from turnmesh.runtime.serving import MAX_METADATA_BYTES, SERVER_OPTIONS
 
 UPSTREAMS = ["127.0.0.1:7100"]
+HEAP = "envoy.resource_monitors.fixed_heap"
 
 
 def _manager(config: EdgeConfig) -> dict[str, Any]:
@@ -72,6 +73,25 @@ def test_connections_are_bounded_per_connection_and_overall() -> None:
         "envoy.overload_actions.disable_http_keepalive": {heap, conns},
         "envoy.overload_actions.reduce_timeouts": {heap, conns},
     }
+
+
+def test_http1_bodies_are_bounded_by_the_heap_and_freed_memory_goes_back() -> None:
+    """Envoy resets only HTTP/2 streams under memory pressure: an HTTP/1
+    connection that sends more once the heap is full is answered and closed,
+    a little above the level where new requests are refused (so those keep
+    their surface's shape until then)."""
+    bootstrap = render(EdgeConfig(upstreams=UPSTREAMS))
+    overload = bootstrap["overload_manager"]
+    (point,) = overload["loadshed_points"]
+    assert point["name"] == "envoy.load_shed_points.http1_server_abort_dispatch"
+    refused = next(a for a in overload["actions"] if a["name"].endswith("stop_accepting_requests"))
+    assert point["triggers"] == [{"name": HEAP, "threshold": {"value": 0.98}}]
+    assert refused["triggers"] == [{"name": HEAP, "threshold": {"value": 0.95}}]
+    # A body that stopped coming is cut within a minute once the heap is 90 % full.
+    reduce = next(a for a in overload["actions"] if a["name"].endswith("reduce_timeouts"))
+    heap = next(t for t in reduce["triggers"] if t["name"].endswith("fixed_heap"))
+    assert heap["scaled"]["saturation_threshold"] == 0.9
+    assert bootstrap["memory_allocator_manager"]["bytes_to_release"] > 0
 
 
 def test_headers_the_edge_lets_through_fit_what_the_servers_accept() -> None:
