@@ -94,6 +94,7 @@ bench: install
 	$(PY) -m bench.compat_cost
 	$(PY) -m bench.retention
 	$(PY) -m bench.webhooks
+	$(PY) -m bench.edge_uploads
 
 # 64 conversations for 90 s while workers, a server and the router are killed
 # and a server is frozen (SIGSTOP, then SIGCONT); writes chaos-report.json and

@@ -82,6 +82,7 @@ def render(config: EdgeConfig) -> dict[str, Any]:
     bootstrap: dict[str, Any] = {
         "admin": {"address": address("127.0.0.1", config.admin_port)},
         "overload_manager": guards.overload_manager(config),
+        "memory_allocator_manager": guards.memory_allocator_manager(),
         "static_resources": {
             "listeners": [_listener(config)],
             "clusters": clusters.clusters(config),
@@ -217,6 +218,7 @@ def _lua_source() -> str:
         (HERE / "problem.lua")
         .read_text()
         .replace("__MAX_REQUEST_BYTES__", str(MAX_REQUEST_BODY_BYTES))
+        .replace("__MAX_HEADER_BYTES__", str(guards.MAX_HEADER_BYTES))
         .replace("__ERROR_TABLE__", lua_error_table())
     )
 

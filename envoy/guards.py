@@ -8,10 +8,11 @@ fragments ``config.render`` puts into the bootstrap.
   per connection (concurrent HTTP/2 streams, flow-control windows, the
   listener's buffer limit) and overall (``max_connections``).
 - Overall: the overload manager sheds requests with 429 before the heap is at
-  risk (never 503: a saturated edge must not look down), resets the streams
-  holding the most buffers, and near the connection cap closes connections
-  after each response and shortens idle timeouts, so idle connections cannot
-  lock everyone else out for long.
+  risk (never 503: a saturated edge must not look down), resets the HTTP/2
+  streams holding the most buffers, answers and closes HTTP/1 connections
+  still sending once the heap is full (bodies that never finish), and near the
+  connection cap closes connections after each response and shortens idle
+  timeouts, so idle connections cannot lock everyone else out for long.
 - Browsers: a Host allow-list against DNS rebinding (421 for other names;
   health stays open to any), and a cross-origin POST that skipped CORS
   preflight (any body but JSON) is refused with 415.
@@ -43,6 +44,23 @@ PRESSED_IDLE_TIMEOUT = "10s"
 # A stream silent this long (half-sent headers too) is cut under pressure; a
 # turn's stream is never that silent (the servers' keepalive is every 15 s).
 PRESSED_STREAM_IDLE_TIMEOUT = "60s"
+# A request's headers (gRPC's count: names, values and 32 bytes a header; the
+# request line included): past it 431, in each surface's shape (problem.lua).
+# The transcoder copies the path into x-envoy-original-path and Envoy adds
+# a few headers of its own (under 2 KiB), so what reaches a server stays
+# under twice this plus 2 KiB, well within what the servers accept.
+MAX_HEADER_BYTES = 16 * 1024
+# Envoy's own limit, a backstop past the one above (names and values, the
+# request line included; at most 100 headers): even with the path counted
+# twice and gRPC's 32 bytes a header, under the servers' metadata limit.
+CODEC_HEADER_KIB = 24
+# Shares of --max-heap-mb: new requests are refused (429) from REFUSE_AT, and
+# HTTP/1 connections still sending are answered 429 and closed from
+# ABORT_HTTP1_AT (the heap then grows by at most what arrives in one refresh).
+REFUSE_AT = 0.95
+ABORT_HTTP1_AT = 0.98
+# Free heap memory returned to the system a second, at most.
+RELEASE_BYTES_PER_SECOND = 128 * 1024 * 1024
 
 # The names any keyless edge answers to (ports are stripped before matching).
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -129,6 +147,10 @@ def http_filters(config: EdgeConfig) -> list[dict[str, Any]]:
 def connection_manager(config: EdgeConfig) -> dict[str, Any]:
     """Keys for the HTTP connection manager."""
     return {
+        # Past this Envoy answers 431 before it knows the path (problem+json
+        # whatever the surface); problem.lua answers past MAX_HEADER_BYTES in
+        # each surface's shape.
+        "max_request_headers_kb": CODEC_HEADER_KIB,
         # The client is the peer (or what trusted proxies say it is): a
         # client's own X-Forwarded-For must not pick its rate-limit bucket.
         "use_remote_address": True,
@@ -161,7 +183,9 @@ def _scaled(monitor: str, start: float, full: float) -> dict[str, Any]:
 
 def overload_manager(config: EdgeConfig) -> dict[str, Any]:
     return {
-        "refresh_interval": "0.25s",
+        # What arrives between two refreshes is how far past a threshold the
+        # heap can get before Envoy acts.
+        "refresh_interval": "0.1s",
         "resource_monitors": [
             {
                 "name": HEAP,
@@ -184,7 +208,7 @@ def overload_manager(config: EdgeConfig) -> dict[str, Any]:
             # New requests get 429 (Envoy's 503 "overload", mapped below).
             {
                 "name": "envoy.overload_actions.stop_accepting_requests",
-                "triggers": [_threshold(HEAP, 0.95)],
+                "triggers": [_threshold(HEAP, REFUSE_AT)],
             },
             # The streams holding the most buffered bytes are reset first.
             {
@@ -197,10 +221,12 @@ def overload_manager(config: EdgeConfig) -> dict[str, Any]:
                 "name": "envoy.overload_actions.disable_http_keepalive",
                 "triggers": [_threshold(HEAP, 0.9), _threshold(CONNECTIONS, 0.9)],
             },
-            # Idle connections and silent streams (slow headers) are cut sooner.
+            # Idle connections and silent streams (slow headers, bodies that
+            # stopped coming) are cut sooner; with the heap 90 % full, within
+            # a minute: before stalled uploads can hold it past 95 % for long.
             {
                 "name": "envoy.overload_actions.reduce_timeouts",
-                "triggers": [_scaled(CONNECTIONS, 0.8, 0.95), _scaled(HEAP, 0.85, 0.95)],
+                "triggers": [_scaled(CONNECTIONS, 0.8, 0.95), _scaled(HEAP, 0.8, 0.9)],
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.config.overload.v3"
                     ".ScaleTimersOverloadActionConfig",
@@ -217,9 +243,26 @@ def overload_manager(config: EdgeConfig) -> dict[str, Any]:
                 },
             },
         ],
+        "loadshed_points": [
+            # HTTP/1 has no stream reset under memory pressure (Envoy resets
+            # only HTTP/2 streams): a connection that sends more while the
+            # heap is full is answered 429 and closed, its buffers freed.
+            # Above where new requests are refused: this answer comes before
+            # the path is read, so it cannot take an OpenAI path's shape.
+            {
+                "name": "envoy.load_shed_points.http1_server_abort_dispatch",
+                "triggers": [_threshold(HEAP, ABORT_HTTP1_AT)],
+            },
+        ],
         # Streams buffering 1 MiB or more are tracked for reset_high_memory_stream.
         "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},
     }
+
+
+def memory_allocator_manager() -> dict[str, Any]:
+    """Free heap pages go back to the system (tcmalloc keeps them otherwise:
+    Envoy's resident memory would stay at its peak after a burst)."""
+    return {"bytes_to_release": RELEASE_BYTES_PER_SECOND, "memory_release_interval": "1s"}
 
 
 def _retry_after() -> dict[str, Any]:

@@ -62,16 +62,37 @@ end
 -- The transcoder rewrites every REST call into a gRPC POST; keep the method the
 -- client sent for the access log, and which error shape the caller expects.
 local MAX_REQUEST_BYTES = __MAX_REQUEST_BYTES__
+-- The request's headers as gRPC counts metadata (each name and value, and 32
+-- bytes more per header), request line included: the servers accept more than
+-- this plus what Envoy adds, so a call that passes is never refused for its
+-- metadata upstream (envoy/guards.py).
+local MAX_HEADER_BYTES = __MAX_HEADER_BYTES__
+
+local function header_bytes(headers)
+  local size = 0
+  for name, value in pairs(headers) do
+    size = size + #name + #value + 32
+  end
+  return size
+end
 
 function envoy_on_request(handle)
   local headers = handle:headers()
+  -- gRPC as Envoy sees it: application/grpc or application/grpc+NAME (not grpc-web).
+  local content_type = headers:get("content-type") or ""
+  local grpc = content_type == "application/grpc" or content_type:sub(1, 17) == "application/grpc+"
+  local header_size = header_bytes(headers)
+  if header_size > MAX_HEADER_BYTES then
+    -- gRPC callers get INVALID_ARGUMENT: sending it again cannot succeed.
+    handle:respond({[":status"] = "431", ["grpc-status"] = grpc and "3" or nil},
+      "the request's headers are " .. header_size
+      .. " bytes (names and values, 32 more for each header); the limit is " .. MAX_HEADER_BYTES)
+    return
+  end
   -- Refuse an oversize body from its Content-Length, before it is sent: a
   -- client using Expect: 100-continue then never uploads it. (The buffer
   -- filter still catches bodies without a length.)
   local length = tonumber(headers:get("content-length") or "")
-  -- gRPC as Envoy sees it: application/grpc or application/grpc+NAME (not grpc-web).
-  local content_type = headers:get("content-type") or ""
-  local grpc = content_type == "application/grpc" or content_type:sub(1, 17) == "application/grpc+"
   if length ~= nil and length > MAX_REQUEST_BYTES and not grpc then
     handle:respond({[":status"] = "413"}, "the request body is " .. length
       .. " bytes; the limit is " .. MAX_REQUEST_BYTES)

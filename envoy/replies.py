@@ -23,6 +23,21 @@ def local_reply_config(openai_paths: dict[str, Any]) -> dict[str, Any]:
     return {"mappers": [*ext_authz.reply_mappers(openai_paths), *_problem_mappers(openai_paths)]}
 
 
+# Requests too large to ever be served: OpenAI's SDKs would retry some of
+# them (they retry on their own judgement unless told not to).
+NEVER_RETRIED = (413, 431)
+
+
+def _never_retried(mapper: dict[str, Any], code: int) -> dict[str, Any]:
+    if code not in NEVER_RETRIED:
+        return mapper
+    never = {
+        "header": {"key": "x-should-retry", "value": "false"},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
+    return {**mapper, "headers_to_add": [never]}
+
+
 def _problem_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
     """Envoy's own replies to REST callers as problem+json; native gRPC callers
     (content-type application/grpc...) keep their plain statuses."""
@@ -84,7 +99,7 @@ def _problem_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
     # everyone's problem type and title come from the one error table.
     problems = errors.edge_problems()
     mappers = [
-        guards.shed(openai_mapper(status("EQ", code), error_type), code)
+        guards.shed(_never_retried(openai_mapper(status("EQ", code), error_type), code), code)
         for code, (_, _, error_type) in problems.items()
     ]
     mappers += [

@@ -41,11 +41,18 @@ MAX_RUN_REQUEST_BYTES = MAX_TURN_REQUEST_BYTES + MAX_HISTORY_BYTES + MAX_CHECKPO
 # The router's largest message: a server re-registering with every session it
 # owns (100,000 ids of up to 128 characters).
 MAX_ROUTER_REQUEST_BYTES = 32 * 1024 * 1024
+# A call's metadata (gRPC counts names, values and 32 bytes an entry). gRPC's
+# defaults refuse some calls from 8 KiB and all from 16 KiB, naming the largest
+# headers in the error; this is one limit, with no random zone, above what
+# the edge lets through (envoy/guards.py) plus what Envoy adds.
+MAX_METADATA_BYTES = 64 * 1024
 
 
 def server_options(max_receive_bytes: int) -> Sequence[tuple[str, int | str]]:
     return (
         ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         # Replies (a whole history) may be as large as anything a member sends.
         ("grpc.max_send_message_length", MAX_RUN_REQUEST_BYTES),
         ("grpc.so_reuseport", 0),

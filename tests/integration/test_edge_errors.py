@@ -14,7 +14,10 @@ from tests.conftest import SharedMesh
 from tests.support.mesh import Mesh
 from turnmesh.client import AsyncClient, InvalidArgumentError, UnavailableError
 from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
+from turnmesh.envoy.guards import MAX_HEADER_BYTES
 from turnmesh.envoy.process import RunningEnvoy
+from turnmesh.runtime.errors import PROBLEM_BASE
+from turnmesh.v1.session_service_pb2 import GetSessionRequest
 
 
 def _problem(response: httpx.Response, status: int) -> dict[str, object]:
@@ -143,6 +146,44 @@ async def test_oversize_body_is_413_before_it_is_sent(
     assert problem["status"] == 413
     assert str(size) in problem["detail"]
     assert (await rest.get(f"/v1/sessions/{sid}/history")).json() == {"messages": []}
+
+
+async def test_oversized_headers_get_431_in_each_surfaces_shape(
+    rest: httpx.AsyncClient, shared_mesh: SharedMesh
+) -> None:
+    """Headers past the edge's limit get 431 in the caller's shape, naming no
+    header Envoy adds; headers within it (the path counted twice upstream)
+    reach a server, which accepts them: never gRPC's 429 "metadata size
+    exceeds hard limit"."""
+    sid = await _session(rest, agentName="echo")
+    over = {"x-big": "a" * MAX_HEADER_BYTES}
+    problem = await rest.get(f"/v1/sessions/{sid}", headers=over)
+    assert _problem(problem, 431)["type"] == PROBLEM_BASE + "request-header-fields-too-large"
+    chat = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+    openai = await rest.post("/v1/chat/completions", json=chat, headers=over)
+    assert openai.status_code == 431, openai.text
+    assert openai.json()["error"]["type"] == "invalid_request_error"
+    assert openai.headers["x-should-retry"] == "false"
+    for refused in (problem, openai):
+        assert str(MAX_HEADER_BYTES) in refused.text
+        assert "x-envoy" not in refused.text and "x-turnmesh" not in refused.text
+    # Within the limit: a 5 KiB path (sent on twice) and 5 KiB more.
+    under = {"x-big": "a" * (5 * 1024)}
+    long_id = "s" * (5 * 1024)
+    reached = await rest.get(f"/v1/sessions/{long_id}", headers=under)
+    assert reached.status_code in (400, 404), reached.text  # the server's answer
+    served = await rest.post("/v1/chat/completions", json=chat, headers=under)
+    assert served.status_code == 200, served.text
+    async with grpc.aio.insecure_channel(shared_mesh.edge) as channel:
+        get: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/turnmesh.v1.SessionService/GetSession"
+        )
+        message = GetSessionRequest(session_id=sid).SerializeToString()
+        assert await get(message, metadata=tuple(under.items()), timeout=60)
+        with pytest.raises(grpc.aio.AioRpcError) as refused_call:
+            await get(message, metadata=tuple(over.items()), timeout=60)
+    assert refused_call.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert str(MAX_HEADER_BYTES) in str(refused_call.value.details())
 
 
 @pytest.fixture

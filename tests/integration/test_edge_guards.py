@@ -8,6 +8,8 @@ benchmark)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -15,8 +17,8 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
-from hpack import Encoder
-from hyperframe.frame import Frame, HeadersFrame, PingFrame, SettingsFrame
+from hpack import Decoder, Encoder
+from hyperframe.frame import DataFrame, Frame, HeadersFrame, PingFrame, SettingsFrame
 
 from tests.conftest import SharedMesh
 from tests.support.mesh import until
@@ -267,8 +269,40 @@ async def test_near_the_connection_cap_connections_close_after_each_response(
         assert "connection" not in (await client.get("/ready")).headers
 
 
+def _h2_request(
+    envoy: RunningEnvoy, method: str, path: str, body: bytes = b""
+) -> tuple[dict[str, str], bytes]:
+    """One request over HTTP/2 (prior knowledge): the answer's headers and body."""
+    host, port = envoy.listener_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize())
+        headers = HeadersFrame(1, flags=["END_HEADERS"] + ([] if body else ["END_STREAM"]))
+        headers.data = Encoder().encode(
+            [(":method", method), (":scheme", "http"), (":path", path),
+             (":authority", envoy.listener_address), ("content-type", "application/json")]
+        )  # fmt: skip
+        sock.sendall(headers.serialize())
+        if body:
+            sock.sendall(DataFrame(1, data=body, flags=["END_STREAM"]).serialize())
+        answer: dict[str, str] = {}
+        data = b""
+        while (frame := _read_frame(sock)) is not None:
+            if frame.stream_id != 1:
+                continue
+            if isinstance(frame, HeadersFrame):
+                answer = {k.decode(): v.decode() for k, v in Decoder().decode(frame.data, raw=True)}
+            elif isinstance(frame, DataFrame):
+                data += frame.data
+            if "END_STREAM" in frame.flags:
+                break
+    return answer, data
+
+
 async def test_overload_is_shed_as_429_never_503(shared_mesh: SharedMesh) -> None:
-    """An Envoy whose heap limit is already behind it sheds every request."""
+    """An Envoy whose heap limit is already behind it sheds every request.
+    HTTP/1 requests are refused before their path is read (the load-shed
+    point that cuts HTTP/1 uploads: problem+json on every path); HTTP/2
+    callers get their surface's shape."""
     mesh = shared_mesh.mesh
     config = EdgeConfig(upstreams=[s.address for s in shared_mesh.servers], port=0,
                         admin_port=0, guards=EdgeGuards(max_heap_mb=1))  # fmt: skip
@@ -287,9 +321,12 @@ async def test_overload_is_shed_as_429_never_503(shared_mesh: SharedMesh) -> Non
             ):
                 _problem(response, 429, "resource-exhausted")
                 assert response.headers["retry-after"] == "1"
-            openai = await client.post("/v1/chat/completions", json={})
-            assert openai.status_code == 429
-            assert openai.headers["retry-after"] == "1"
-            assert openai.json()["error"]["type"] == "rate_limit_error"
+                assert response.headers["connection"] == "close"
+        headers, body = await asyncio.to_thread(
+            _h2_request, envoy, "POST", "/v1/chat/completions", b"{}"
+        )
+        assert headers[":status"] == "429"
+        assert headers["retry-after"] == "1"
+        assert json.loads(body)["error"]["type"] == "rate_limit_error"
     finally:
         _stop(envoy)

@@ -18,8 +18,8 @@ import grpc
 import httpx
 import pytest
 
-from tests.support.mesh import Component, Mesh, until
-from turnmesh.envoy import EdgeConfig
+from tests.support.mesh import Component, Mesh, eventually, until
+from turnmesh.envoy import EdgeConfig, EdgeGuards
 from turnmesh.envoy.process import RunningEnvoy, write_config
 from turnmesh.envoy.process import start as start_envoy
 from turnmesh.envoy.timeouts import EdgeTimeouts
@@ -35,6 +35,8 @@ TIMEOUTS = EdgeTimeouts(request_headers=1.0, request=2.0)
 # answers in milliseconds, or in a timeout above).
 BOUND = 60.0
 MIB = 1024 * 1024
+# The heap of the edge whose uploads outgrow it (its own is about 12 MiB).
+SMALL_HEAP_MB = 96
 
 
 @dataclass
@@ -100,10 +102,12 @@ async def _until_closed(reader: asyncio.StreamReader) -> bytes:
     return answer
 
 
-async def _never_ending_upload(host: str, port: int, head: bytes) -> tuple[bytes, int]:
-    """Send head, then a chunked body of up to 120 MB, until Envoy answers and
-    closes the connection: what it answered, and the bytes sent by then (what
-    the socket buffers took in, when the rest of the body is never read)."""
+async def _never_ending_upload(
+    host: str, port: int, head: bytes, size: int = 120 * MIB
+) -> tuple[bytes, int]:
+    """Send head, then a chunked body of up to size bytes, until Envoy answers
+    and closes the connection: what it answered, and the bytes sent by then
+    (what the socket buffers took in, when the rest of the body is never read)."""
     chunk = b"%x\r\n" % MIB + b" " * MIB + b"\r\n"
     reader, writer = await asyncio.open_connection(host, port)
     sent = 0
@@ -111,7 +115,7 @@ async def _never_ending_upload(host: str, port: int, head: bytes) -> tuple[bytes
     async def send() -> None:
         nonlocal sent
         writer.write(head)
-        while sent < 120 * MIB:
+        while sent < size:
             writer.write(chunk)
             await writer.drain()
             sent += MIB
@@ -198,6 +202,71 @@ async def test_unauthenticated_uploads_are_refused_before_their_bodies(
     refused = await _logged(edge, lambda x: f"/v1/sessions/{sid}/turns" in x, 10)
     # Refused by the key check: never sent to a server.
     assert all(" 401 " in x and "up=- flags=UAEX" in x for x in refused), refused
+
+
+def _heap_in_use(envoy: RunningEnvoy) -> int:
+    """What Envoy's heap monitor counts: tcmalloc's heap less its free pages."""
+    memory = json.loads(envoy.admin("/memory"))
+    free = int(memory["pageheap_unmapped"]) + int(memory["pageheap_free"])
+    return int(memory["heap_size"]) - free
+
+
+async def test_uploads_that_never_finish_are_cut_at_the_heap_limit(
+    edge: Edge, rest: httpx.AsyncClient
+) -> None:
+    """Four chunked uploads with a key that never finish, each larger than a
+    small edge's whole heap: Envoy resets only HTTP/2 streams under memory
+    pressure, so each HTTP/1 upload is answered 429 and closed once the heap
+    is full; the heap stays near its limit (it held all 480 MiB before) and a
+    caller with the key is served again."""
+    limit = SMALL_HEAP_MB * MIB
+    envoy = await asyncio.to_thread(
+        edge.mesh.start_envoy,
+        [edge.server],
+        "envoy-small-heap",
+        guards=EdgeGuards(max_heap_mb=SMALL_HEAP_MB),
+    )
+    sid = await _session(rest)
+    head = _request_head(
+        f"/v1/sessions/{sid}/turns",
+        edge,
+        f"Authorization: Bearer {KEY}",
+        "Content-Type: application/json",
+        "Transfer-Encoding: chunked",
+    )
+    peak = 0
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, await asyncio.to_thread(_heap_in_use, envoy))
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        host, port = _host_port(envoy.listener_address)
+        results = await asyncio.gather(
+            *(_never_ending_upload(host, port, head, size=limit + 24 * MIB) for _ in range(4))
+        )
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    statuses = [answer.partition(b"\r\n")[0] for answer, _ in results]
+    assert statuses == [b"HTTP/1.1 429 Too Many Requests"] * 4, [a[:200] for a, _ in results]
+    assert all(sent < limit + 24 * MIB for _, sent in results), [s for _, s in results]
+    assert peak <= 2 * limit, peak
+    shed = "overload.envoy.load_shed_points.http1_server_abort_dispatch.shed_load_count"
+    assert int(envoy.admin(f"/stats?filter={shed}").split(":")[1]) >= 4
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(
+        base_url=f"http://{envoy.listener_address}", headers=headers, timeout=BOUND
+    ) as http:
+
+        async def served() -> bool:
+            return (await http.get(f"/v1/sessions/{sid}")).status_code == 200
+
+        await eventually(served, timeout=BOUND, what="a call served once the uploads are cut")
 
 
 async def test_unauthenticated_grpc_messages_are_refused_unread(edge: Edge) -> None:

@@ -12,9 +12,11 @@ from turnmesh.cli._up_config import load
 from turnmesh.cli.edge import edge_config
 from turnmesh.cli.main import build_parser
 from turnmesh.envoy import EdgeConfig, EdgeGuards, render
-from turnmesh.envoy.guards import LOCAL_HOSTS
+from turnmesh.envoy.guards import CODEC_HEADER_KIB, LOCAL_HOSTS, MAX_HEADER_BYTES
+from turnmesh.runtime.serving import MAX_METADATA_BYTES, SERVER_OPTIONS
 
 UPSTREAMS = ["127.0.0.1:7100"]
+HEAP = "envoy.resource_monitors.fixed_heap"
 
 
 def _manager(config: EdgeConfig) -> dict[str, Any]:
@@ -71,6 +73,37 @@ def test_connections_are_bounded_per_connection_and_overall() -> None:
         "envoy.overload_actions.disable_http_keepalive": {heap, conns},
         "envoy.overload_actions.reduce_timeouts": {heap, conns},
     }
+
+
+def test_http1_bodies_are_bounded_by_the_heap_and_freed_memory_goes_back() -> None:
+    """Envoy resets only HTTP/2 streams under memory pressure: an HTTP/1
+    connection that sends more once the heap is full is answered and closed,
+    a little above the level where new requests are refused (so those keep
+    their surface's shape until then)."""
+    bootstrap = render(EdgeConfig(upstreams=UPSTREAMS))
+    overload = bootstrap["overload_manager"]
+    (point,) = overload["loadshed_points"]
+    assert point["name"] == "envoy.load_shed_points.http1_server_abort_dispatch"
+    refused = next(a for a in overload["actions"] if a["name"].endswith("stop_accepting_requests"))
+    assert point["triggers"] == [{"name": HEAP, "threshold": {"value": 0.98}}]
+    assert refused["triggers"] == [{"name": HEAP, "threshold": {"value": 0.95}}]
+    # A body that stopped coming is cut within a minute once the heap is 90 % full.
+    reduce = next(a for a in overload["actions"] if a["name"].endswith("reduce_timeouts"))
+    heap = next(t for t in reduce["triggers"] if t["name"].endswith("fixed_heap"))
+    assert heap["scaled"]["saturation_threshold"] == 0.9
+    assert bootstrap["memory_allocator_manager"]["bytes_to_release"] > 0
+
+
+def test_headers_the_edge_lets_through_fit_what_the_servers_accept() -> None:
+    """The path is sent twice (the transcoder's x-envoy-original-path), gRPC
+    counts 32 bytes more a header (Envoy takes 100 at most) and Envoy adds a
+    few of its own: still under the servers' metadata limit."""
+    assert _manager(EdgeConfig(upstreams=UPSTREAMS))["max_request_headers_kb"] == CODEC_HEADER_KIB
+    assert MAX_HEADER_BYTES < CODEC_HEADER_KIB * 1024
+    assert 2 * CODEC_HEADER_KIB * 1024 + 100 * 32 + 2048 < MAX_METADATA_BYTES
+    options = dict(SERVER_OPTIONS)
+    assert options["grpc.max_metadata_size"] == MAX_METADATA_BYTES
+    assert options["grpc.absolute_max_metadata_size"] == MAX_METADATA_BYTES
 
 
 def test_overload_replies_take_the_429_row() -> None:
