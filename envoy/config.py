@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from a2a.types import a2a_pb2
 from google.api import annotations_pb2
 
 from turnmesh.envoy import clusters, ext_authz, guards
@@ -32,6 +33,8 @@ from turnmesh.v1 import compat_service_pb2, session_service_pb2
 HERE = Path(__file__).resolve().parent
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
+# A2A's own service, transcoded by its own google.api.http rules.
+A2A_SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
 
 # 100 MiB of files as base64 (4/3: 133.4 MiB) in JSON, plus the rest of the
 # request (a 10,000-character message, 64 KiB of metadata, names): 135 MiB.
@@ -152,7 +155,7 @@ def _transcoder(config: EdgeConfig) -> dict[str, Any]:
         "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"
         ".GrpcJsonTranscoder",
         "proto_descriptor": str(config.descriptor_set),
-        "services": [SESSION_SERVICE, COMPAT_SERVICE],
+        "services": [SESSION_SERVICE, COMPAT_SERVICE, A2A_SERVICE],
         "print_options": {
             "add_whitespace": False,
             # Unary answers print zero and empty fields (`activeSessions: 0`,
