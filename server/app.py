@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING, cast
 
 import grpc
+from a2a.types import a2a_pb2_grpc
 from grpc_health.v1 import health_pb2
 
 from turnmesh.runtime.auth import ApiKeys
@@ -33,6 +34,8 @@ from turnmesh.runtime.serving import (
 from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh, Models
+from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
+from turnmesh.server.compat.a2a import A2AServicer
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.mesh.forwarding import Forwarder
 from turnmesh.server.mesh.leases import Leases, LeaseStore
@@ -248,6 +251,10 @@ class SessionServer:
                 cast("session_service_pb2_grpc.SessionServiceServicer", servicer), server
             )
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
+            # a2a-sdk's generated stubs carry no types for this one function.
+            a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
+                A2AServicer(self._compat_mesh), server
+            )
             # Envoy's key check on each REST request: the key is in the request.
             server.add_generic_rpc_handlers((authorization_handler(self.api_keys),))
 
@@ -259,8 +266,12 @@ class SessionServer:
         self._process = GrpcProcess(
             host=c.host,
             port=c.port,
-            service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME],
-            trace_roots=(f"/{SERVICE_NAME}/", f"/{COMPAT_SERVICE_NAME}/"),
+            service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME, A2A_SERVICE_NAME],
+            trace_roots=(
+                f"/{SERVICE_NAME}/",
+                f"/{COMPAT_SERVICE_NAME}/",
+                f"/{A2A_SERVICE_NAME}/",
+            ),
             register=register,
             interceptors=[
                 ApiKeyInterceptor(

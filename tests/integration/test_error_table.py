@@ -39,7 +39,7 @@ SESSION_SERVICE = spb.DESCRIPTOR.services_by_name["SessionService"].full_name
 
 def _error(kind: type[errors.TurnmeshError]) -> errors.TurnmeshError:
     if issubclass(kind, errors.InvalidArgument):
-        return errors.InvalidArgument([errors.FieldViolation("message", "must not be blank")])
+        return kind([errors.FieldViolation("message", "must not be blank")])
     if issubclass(kind, errors.HistoryMiss):
         return errors.HistoryMiss("s")
     return kind(f"the {kind.__name__} row")
@@ -87,6 +87,10 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
         return self._raise()  # type: ignore[no-any-return]
 
     async def Turn(self, *args: object) -> AsyncGenerator[Any, None]:
+        self._raise()
+        yield  # pragma: no cover
+
+    async def SubscribeTurn(self, *args: object) -> AsyncGenerator[Any, None]:
         self._raise()
         yield  # pragma: no cover
 
@@ -166,8 +170,9 @@ async def test_every_row_comes_out_as_the_table_says(
             await client.get_session("s")
     assert type(info.value) is client_class(kind)
     assert info.value.code == row.code
-    # Invalid arguments carry a BadRequest, not an ErrorInfo (so no reason).
-    assert info.value.reason == ("" if isinstance(error, errors.InvalidArgument) else row.reason)
+    # Invalid arguments carry a BadRequest, not an ErrorInfo (so no reason);
+    # A2A's InvalidParams carries both.
+    assert info.value.reason == ("" if type(error) is errors.InvalidArgument else row.reason)
     assert info.value.retry_after == error.retry_after
     if isinstance(error, errors.InvalidArgument):
         assert info.value.violations == {"message": "must not be blank"}
