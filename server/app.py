@@ -12,6 +12,7 @@ import grpc
 from a2a.types import a2a_pb2_grpc
 from grpc_health.v1 import health_pb2
 
+from turnmesh import __version__
 from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ext_authz import CHECK_METHOD, authorization_handler
 from turnmesh.runtime.ids import new_member_id
@@ -35,7 +36,7 @@ from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh, Models
 from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
-from turnmesh.server.compat.a2a import A2AServicer
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.mesh.forwarding import Forwarder
 from turnmesh.server.mesh.leases import Leases, LeaseStore
@@ -235,7 +236,10 @@ class SessionServer:
         self._compat_mesh = Mesh()
         self._compat_mesh.connect(servicer)
         self._opened.push_async_callback(self._compat_mesh.close)
-        return servicer, CompatServicer(self._compat_mesh, Models(self.workers.agents))
+        cards = AgentCards(
+            self.workers.agents, c.default_agent, lambda: self.api_keys.configured, __version__
+        )
+        return servicer, CompatServicer(self._compat_mesh, Models(self.workers.agents), cards)
 
     async def _serve(
         self, servicer: SessionServicer, compat: CompatServicer, transport: Transport
@@ -260,7 +264,12 @@ class SessionServer:
 
         open_methods = frozenset(
             f"/{SERVICE_NAME}/{name}" for name in ("GetHealth", "GetReadiness")
-        ) | {CHECK_METHOD, f"/{COMPAT_SERVICE_NAME}/GetChatHealth"}
+        ) | {
+            CHECK_METHOD,
+            f"/{COMPAT_SERVICE_NAME}/GetChatHealth",
+            # A2A clients read an agent's card before anything else, keyless.
+            f"/{COMPAT_SERVICE_NAME}/GetAgentCard",
+        }
         receipts = ReceiptSlots(c.max_receiving_per_principal)
         REQUESTS_WAITING_TO_BE_READ.set_function(lambda: receipts.waiting)
         self._process = GrpcProcess(

@@ -32,20 +32,12 @@ S = a2a_pb2.TaskState
 POLL_SECONDS = 0.05
 POLL_LIMIT = 1200
 
-BINDINGS = ["GRPC"]
-
-
-def card(edge: str, binding: str, agent: str) -> a2a_pb2.AgentCard:
-    url = edge if binding == "GRPC" else f"http://{edge}"
-    card = a2a_pb2.AgentCard(name=agent, capabilities=a2a_pb2.AgentCapabilities(streaming=True))
-    card.supported_interfaces.add(
-        url=url, protocol_binding=binding, protocol_version="1.0", tenant=agent
-    )
-    return card
+BINDINGS = ["GRPC", "HTTP+JSON"]
 
 
 class Agents:
-    """An a2a-sdk client per agent, over one binding."""
+    """An a2a-sdk client per agent, over one binding, made from the agent's
+    card resolved by URL as any A2A client does."""
 
     def __init__(self, edge: str, binding: str) -> None:
         self.edge = edge
@@ -53,14 +45,14 @@ class Agents:
         self._http = httpx.AsyncClient(timeout=60)
         self._clients: list[Client] = []
 
-    def client(self, agent: str, *, streaming: bool = True) -> Client:
+    async def client(self, agent: str, *, streaming: bool = True) -> Client:
         config = ClientConfig(
             streaming=streaming,
             httpx_client=self._http,
             grpc_channel_factory=grpc.aio.insecure_channel,
             supported_protocol_bindings=[self.binding],
         )
-        created = ClientFactory(config).create(card(self.edge, self.binding, agent))
+        created = await ClientFactory(config).create_from_url(f"http://{self.edge}/{agent}")
         self._clients.append(created)
         return created
 
@@ -112,7 +104,7 @@ def open_gate(probe_dir: Path, gate: str) -> None:
 
 
 async def test_a_message_is_answered_by_a_completed_task(agents: Agents) -> None:
-    client = agents.client("demo", streaming=False)
+    client = await agents.client("demo", streaming=False)
     request = message("hello there")
     task = await sent(client, request)
     assert task.status.state == S.TASK_STATE_COMPLETED
@@ -129,7 +121,7 @@ async def test_a_message_is_answered_by_a_completed_task(agents: Agents) -> None
 
 
 async def test_return_immediately_then_the_task_is_read_when_done(agents: Agents) -> None:
-    client = agents.client("demo", streaming=False)
+    client = await agents.client("demo", streaming=False)
     request = message("background hello")
     request.configuration.return_immediately = True
     task = await sent(client, request)
@@ -141,7 +133,7 @@ async def test_return_immediately_then_the_task_is_read_when_done(agents: Agents
 
 
 async def test_a_streamed_task_and_its_context_continued(agents: Agents) -> None:
-    client = agents.client("demo")
+    client = await agents.client("demo")
     events = [r async for r in client.send_message(message("stream me please"))]
     first, *updates = events
     assert first.HasField("task") and first.task.status.state in (
@@ -159,14 +151,14 @@ async def test_a_streamed_task_and_its_context_continued(agents: Agents) -> None
     assert answer(task) == streamed and "stream me please" in streamed
     # The same context: the agent remembers the first message.
     follow = await sent(
-        agents.client("demo", streaming=False), message("and again", first.task.context_id)
+        await agents.client("demo", streaming=False), message("and again", first.task.context_id)
     )
     assert follow.context_id == first.task.context_id and follow.id != task.id
     assert "message 2 of our conversation" in answer(follow)
 
 
 async def test_a_client_chosen_context_is_made_on_first_use(agents: Agents) -> None:
-    client = agents.client("demo", streaming=False)
+    client = await agents.client("demo", streaming=False)
     context_id = f"ctx-{uuid.uuid4()}"
     first = await sent(client, message("one", context_id))
     second = await sent(client, message("two", context_id))
@@ -175,7 +167,7 @@ async def test_a_client_chosen_context_is_made_on_first_use(agents: Agents) -> N
 
 
 async def test_cancel_while_streaming(agents: Agents, shared_mesh: SharedMesh) -> None:
-    client = agents.client("probe")
+    client = await agents.client("probe")
     gate = str(uuid.uuid4())
     stream = client.send_message(message("hold", gate=gate, deltas="3", delay_ms="1"))
     first = await anext(stream)
@@ -200,7 +192,7 @@ async def test_cancel_while_streaming(agents: Agents, shared_mesh: SharedMesh) -
 
 
 async def test_a_dropped_stream_is_followed_again(agents: Agents, shared_mesh: SharedMesh) -> None:
-    client = agents.client("probe")
+    client = await agents.client("probe")
     gate = str(uuid.uuid4())
     stream = client.send_message(message("resume", gate=gate, deltas="4", delay_ms="1"))
     task_id = (await anext(stream)).task.id
@@ -238,14 +230,14 @@ async def test_a_dropped_stream_is_followed_again(agents: Agents, shared_mesh: S
 
 
 async def test_what_a2a_refuses(agents: Agents) -> None:
-    client = agents.client("demo", streaming=False)
+    client = await agents.client("demo", streaming=False)
     done = await sent(client, message("hi"))
     for missing in ("no-such-task", f"01J00000000000000000000000.{'x' * 8}", done.id + "x"):
         with pytest.raises(TaskNotFoundError):
             await client.get_task(a2a_pb2.GetTaskRequest(id=missing))
     # Another agent's task is not found through that agent.
     with pytest.raises(TaskNotFoundError):
-        await agents.client("echo").get_task(a2a_pb2.GetTaskRequest(id=done.id))
+        await (await agents.client("echo")).get_task(a2a_pb2.GetTaskRequest(id=done.id))
     with pytest.raises(TaskNotCancelableError):
         await client.cancel_task(a2a_pb2.CancelTaskRequest(id=done.id))
     empty = message("x")
@@ -260,3 +252,60 @@ async def test_what_a2a_refuses(agents: Agents) -> None:
     on_done.message.task_id = done.id
     with pytest.raises(UnsupportedOperationError):
         await sent(client, on_done)
+
+
+async def test_agent_cards(shared_mesh: SharedMesh) -> None:
+    """One card per agent at the well-known path, open, with absolute
+    interfaces for this edge naming the agent as tenant; the default agent's
+    at the root; an agent nobody serves is 404 in A2A's error shape."""
+    async with httpx.AsyncClient(base_url=f"http://{shared_mesh.edge}", timeout=30) as http:
+        for path, agent in (("/probe", "probe"), ("/echo", "echo"), ("", "demo")):
+            response = await http.get(f"{path}/.well-known/agent-card.json")
+            assert response.status_code == 200, response.text
+            card = response.json()
+            assert card["name"] == agent
+            assert {
+                (i["protocolBinding"], i["url"], i["tenant"]) for i in card["supportedInterfaces"]
+            } == {
+                ("HTTP+JSON", f"http://{shared_mesh.edge}", agent),
+                ("GRPC", shared_mesh.edge, agent),
+            }
+            assert card["capabilities"] == {
+                "streaming": True,
+                "pushNotifications": False,
+                "extendedAgentCard": False,
+            }
+            assert "securitySchemes" not in card  # a keyless mesh
+        missing = await http.get("/nobody/.well-known/agent-card.json")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["status"] == "NOT_FOUND"
+
+
+async def test_http_json_errors_and_media_type(shared_mesh: SharedMesh) -> None:
+    """A2A's HTTP+JSON error shape (Google's, with ErrorInfo in A2A's domain),
+    not problem+json; application/a2a+json passes the edge's cross-origin
+    guard as JSON does."""
+    async with httpx.AsyncClient(base_url=f"http://{shared_mesh.edge}", timeout=30) as http:
+        missing = await http.get("/demo/tasks/no-such-task")
+        assert missing.status_code == 404
+        error = missing.json()["error"]
+        assert (error["code"], error["status"]) == (404, "NOT_FOUND")
+        (info,) = error["details"]
+        assert (info["reason"], info["domain"]) == ("TASK_NOT_FOUND", "a2a-protocol.org")
+        bad = await http.post(
+            "/demo/message:send",
+            content=b'{"message": {"messageId": "m", "role": "ROLE_USER", "parts": []}}',
+            headers={"content-type": "application/a2a+json", "origin": "https://elsewhere.example"},
+        )
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["status"] == "INVALID_ARGUMENT"
+        assert {d["reason"] for d in bad.json()["error"]["details"] if "reason" in d} == {
+            "INVALID_PARAMS"
+        }
+        good = await http.post(
+            "/demo/message:send",
+            json={"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
+            headers={"content-type": "application/a2a+json", "origin": "https://elsewhere.example"},
+        )
+        assert good.status_code == 200, good.text
+        assert good.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
