@@ -309,3 +309,27 @@ async def test_http_json_errors_and_media_type(shared_mesh: SharedMesh) -> None:
         )
         assert good.status_code == 200, good.text
         assert good.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+
+async def test_a_question_makes_the_task_wait_for_input(agents: Agents) -> None:
+    """An agent's question ends the turn waiting: the task is INPUT_REQUIRED,
+    its status message says what is asked (text, and the interrupt as data);
+    it stays so when read back or followed again; cancelling it cancels the pause."""
+    client = await agents.client("demo", streaming=False)
+    task = await sent(client, message("please ask me something"))
+    assert task.status.state == S.TASK_STATE_INPUT_REQUIRED
+    asked = task.status.message
+    assert asked.role == a2a_pb2.ROLE_AGENT
+    (data,) = [p.data for p in asked.parts if p.HasField("data")]
+    (interrupt,) = data.struct_value.fields["interrupts"].list_value.values
+    assert interrupt.struct_value.fields["reason"].string_value == "question"
+    again = await client.get_task(a2a_pb2.GetTaskRequest(id=task.id))
+    assert again.status.state == S.TASK_STATE_INPUT_REQUIRED
+    streaming = await agents.client("demo")
+    (followed,) = [e async for e in streaming.subscribe(a2a_pb2.SubscribeToTaskRequest(id=task.id))]
+    assert followed.task.status.state == S.TASK_STATE_INPUT_REQUIRED
+    cancelled = await client.cancel_task(a2a_pb2.CancelTaskRequest(id=task.id))
+    assert cancelled.status.state == S.TASK_STATE_CANCELED
+    # The session waits no more (read back, the task's turn shows as it ended).
+    after = await client.get_task(a2a_pb2.GetTaskRequest(id=task.id))
+    assert after.status.state != S.TASK_STATE_INPUT_REQUIRED

@@ -100,6 +100,10 @@ async def send(
         configuration.history_length if configuration.HasField("history_length") else None
     )
     task = await stored.task(mesh, view.context_id, turn.turn_id, agent, history_length)
+    if view.ended:
+        # The turn's last event says how it ended; the session's pause may
+        # land a moment after it, so a read now could still say COMPLETED.
+        task.status.CopyFrom(view.status())
     return a2a_pb2.SendMessageResponse(task=task)
 
 

@@ -101,16 +101,22 @@ async def cancel(mesh: Mesh, request: a2a_pb2.CancelTaskRequest, agent: str) -> 
     pause); one that ended is TaskNotCancelable."""
     session_id, turn_id = parse_task_id(request.id)
     turn, session = await _found(mesh, session_id, turn_id, agent)
-    if state_of(turn, session) in TERMINAL:
-        raise TaskNotCancelable(
-            f"task {request.id!r} is {a2a_pb2.TaskState.Name(state_of(turn, session))}"
-        )
+    state = state_of(turn, session)
+    if state in TERMINAL:
+        raise TaskNotCancelable(f"task {request.id!r} is {a2a_pb2.TaskState.Name(state)}")
     cancelled = False
     with contextlib.suppress(NotFound):  # it ended meanwhile
-        cancelled = await mesh.cancel_turn(session_id, turn_id) == spb.TURN_STATE_CANCELLED
+        after = await mesh.cancel_turn(session_id, turn_id)
+        # A waiting task's turn finished; cancelling cancels its pause.
+        cancelled = after == spb.TURN_STATE_CANCELLED or (
+            state == a2a_pb2.TASK_STATE_INPUT_REQUIRED and after == spb.TURN_STATE_FINISHED
+        )
     found = await task(mesh, session_id, turn_id, agent, history_length=None)
-    if cancelled and found.status.state not in TERMINAL:
+    if cancelled and (
+        found.status.state not in TERMINAL or state == a2a_pb2.TASK_STATE_INPUT_REQUIRED
+    ):
         found.status.state = a2a_pb2.TASK_STATE_CANCELED  # its end is on its way
+        found.status.ClearField("message")
     return found
 
 

@@ -2,8 +2,8 @@
 (``TaskView``) or from what the mesh kept of it (``state_of``, ``status_message``).
 
 States: a queued turn is SUBMITTED, a running one WORKING; FINISHED is
-COMPLETED, or INPUT_REQUIRED while the session waits on that turn's pause
-(CANCELED once the client cancelled the pause); a failed turn is FAILED
+COMPLETED, or INPUT_REQUIRED while the session waits on that turn's pause;
+a failed turn is FAILED
 (REJECTED when it was refused for a pause it queued behind), a cancelled one
 CANCELED. The answer is one artifact (``<turn>-answer``) of text, streamed
 as the agent writes it.
@@ -64,10 +64,11 @@ def state_of(turn: spb.Turn, session: spb.Session) -> a2a_pb2.TaskState:
         return S.TASK_STATE_CANCELED
     if turn.state == spb.TURN_STATE_FAILED:
         return _ended_state(turn.error_code)
-    pause = session.pause
-    if session.HasField("pause") and pause.turn_id == turn.turn_id:
-        return S.TASK_STATE_CANCELED if pause.cancelled else S.TASK_STATE_INPUT_REQUIRED
-    return S.TASK_STATE_COMPLETED  # its pause, if it had one, was answered or expired
+    # The session shows a pause only while it waits (not answered, expired
+    # or cancelled).
+    if session.HasField("pause") and session.pause.turn_id == turn.turn_id:
+        return S.TASK_STATE_INPUT_REQUIRED
+    return S.TASK_STATE_COMPLETED
 
 
 def agent_message(
@@ -139,7 +140,7 @@ class TaskView:
         """The task as it stands, for a stream's first response: its answer
         so far, but the delta held back, which the next update appends."""
         task = a2a_pb2.Task(id=self.id, context_id=self.context_id, history=self.history)
-        task.status.CopyFrom(self._status())
+        task.status.CopyFrom(self.status())
         sent = self.text[:-1] if self._held is not None else self.text
         if sent:
             task.artifacts.add(
@@ -150,7 +151,7 @@ class TaskView:
             self._chunks = max(self._chunks, 1)
         return task
 
-    def _status(self, message: a2a_pb2.Message | None = None) -> a2a_pb2.TaskStatus:
+    def status(self, message: a2a_pb2.Message | None = None) -> a2a_pb2.TaskStatus:
         status = a2a_pb2.TaskStatus(state=self.state, timestamp=_now())
         if message is not None:
             status.message.CopyFrom(message)
@@ -160,7 +161,7 @@ class TaskView:
 
     def _status_update(self, message: a2a_pb2.Message | None = None) -> a2a_pb2.StreamResponse:
         update = a2a_pb2.TaskStatusUpdateEvent(
-            task_id=self.id, context_id=self.context_id, status=self._status(message)
+            task_id=self.id, context_id=self.context_id, status=self.status(message)
         )
         return a2a_pb2.StreamResponse(status_update=update)
 
