@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import grpc
+from a2a.types import a2a_pb2
 from google.api import annotations_pb2
 
 from turnmesh.envoy import clusters, ext_authz, guards
@@ -32,6 +34,8 @@ from turnmesh.v1 import compat_service_pb2, session_service_pb2
 HERE = Path(__file__).resolve().parent
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
+# A2A's own service, transcoded by its own google.api.http rules.
+A2A_SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
 
 # 100 MiB of files as base64 (4/3: 133.4 MiB) in JSON, plus the rest of the
 # request (a 10,000-character message, 64 KiB of metadata, names): 135 MiB.
@@ -153,7 +157,7 @@ def _transcoder(config: EdgeConfig) -> dict[str, Any]:
         "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3"
         ".GrpcJsonTranscoder",
         "proto_descriptor": str(config.descriptor_set),
-        "services": [SESSION_SERVICE, COMPAT_SERVICE],
+        "services": [SESSION_SERVICE, COMPAT_SERVICE, A2A_SERVICE],
         "print_options": {
             "add_whitespace": False,
             # Unary answers print zero and empty fields (`activeSessions: 0`,
@@ -239,6 +243,9 @@ def lua_error_table() -> str:
             "local BY_REASON = {",
             *(f"  {r.reason} = {{{row(r)}}}," for r in errors.reason_rows()),
             "}",
+            "local CODE_NAMES = {",
+            *(f'  [{c.value[0]}] = "{c.name}",' for c in grpc.StatusCode),
+            "}",
         ]
     )
 
@@ -261,6 +268,7 @@ def _read_paths() -> tuple[str, ...]:
     for module, name in (
         (session_service_pb2, "SessionService"),
         (compat_service_pb2, "CompatService"),
+        (a2a_pb2, "A2AService"),
     ):
         service = module.DESCRIPTOR.services_by_name[name]
         for method in service.methods:
@@ -270,6 +278,29 @@ def _read_paths() -> tuple[str, ...]:
 
 
 READ_PATHS = _read_paths()
+# A2A agent cards: where clients look for them, and the RPC that answers.
+AGENT_CARD_REST = r"^(/[^/]+)?/\.well-known/agent-card\.json$"
+AGENT_CARD_PATH = f"/{COMPAT_SERVICE}/GetAgentCard"
+# The Host a card's request named and the port it reached (the edge strips
+# ports from Host), for the card's absolute URLs (the server sees no
+# :authority); set here, so a caller's own values never count.
+AGENT_CARD_HOST_HEADER = "x-turnmesh-card-host"
+AGENT_CARD_PORT_HEADER = "x-turnmesh-card-port"
+
+
+def _card_headers() -> dict[str, Any]:
+    return {
+        "request_headers_to_add": [
+            {
+                "header": {"key": key, "value": value},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+            for key, value in (
+                (AGENT_CARD_HOST_HEADER, "%REQ(:AUTHORITY)%"),
+                (AGENT_CARD_PORT_HEADER, "%DOWNSTREAM_LOCAL_PORT%"),
+            )
+        ]
+    }
 
 
 def _route(retry_on: str = RETRY_ON) -> dict[str, Any]:
@@ -329,6 +360,7 @@ def _routes(
                 "match": {"path": path, "headers": [ext_authz.grpc_content_type()]},
                 "route": _route(READ_RETRY_ON),
                 "typed_per_filter_config": ext_authz.skipped(),
+                **(_card_headers() if path == AGENT_CARD_PATH else {}),
             }
             for path in READ_PATHS
         ),
@@ -349,6 +381,12 @@ def _routes(
             }
             for path in guards.REST_HEALTH_PATHS
         ),
+        # Nor do A2A agent cards: clients read them before they use a key.
+        {
+            "match": {"safe_regex": {"regex": AGENT_CARD_REST}, "headers": [_method("GET")]},
+            "route": route,
+            "typed_per_filter_config": ext_authz.bodiless(),
+        },
         *_openai_unserved_routes(),
         *_streamed_routes(route, transcoder),
         {"match": {"prefix": "/"}, "route": route},

@@ -1,11 +1,12 @@
 -- On the way in, remembers the client's HTTP method for the access log.
 -- On the way out, reshapes the transcoder's JSON gRPC errors (a google.rpc.Status) into RFC 7807
--- application/problem+json. LuaJIT in Envoy has no JSON library, so this scans
+-- application/problem+json (OpenAI's error object on OpenAI's paths, A2A's on A2A's). LuaJIT in Envoy has no JSON library, so this scans
 -- just enough JSON to copy values through verbatim (they are already escaped).
 
 -- The error table (turnmesh.runtime.errors), rendered by envoy/config.py:
 -- BASE, BY_CODE[grpc code] = {slug, title, OpenAI type} and
--- BY_REASON[ErrorInfo.reason] = {slug, title, OpenAI type, grpc code}.
+-- BY_REASON[ErrorInfo.reason] = {slug, title, OpenAI type, grpc code}, and
+-- CODE_NAMES[grpc code] = its name (NOT_FOUND).
 __ERROR_TABLE__
 
 -- The row for a status: by its reason (when that reason has a row of its own
@@ -59,6 +60,19 @@ local function member(s, key)
   return s:sub(e + 1, stop)
 end
 
+-- A2A's HTTP+JSON paths (its proto's own bindings, bare or under a tenant):
+-- /message:send, /message:stream, /tasks..., /extendedAgentCard, and cards.
+local function a2a_path(path)
+  local under_tenant = path:match("^/[^/]+(/.*)$")
+  for _, p in ipairs({path, under_tenant}) do
+    if p == "/message:send" or p == "/message:stream" or p == "/tasks" or p:find("^/tasks/")
+        or p == "/extendedAgentCard" or p == "/.well-known/agent-card.json" then
+      return true
+    end
+  end
+  return false
+end
+
 -- The transcoder rewrites every REST call into a gRPC POST; keep the method the
 -- client sent for the access log, and which error shape the caller expects.
 local MAX_REQUEST_BYTES = __MAX_REQUEST_BYTES__
@@ -110,6 +124,14 @@ function envoy_on_request(handle)
       or path:find("^/v1/models") then
     handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "openai")
   end
+  local bare = path:match("^[^?]*")
+  if a2a_path(bare) then
+    handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "a2a")
+    -- a2a-sdk's REST client POSTs :subscribe (bodiless), which A2A's own rule binds to GET.
+    if headers:get(":method") == "POST" and bare:find("/tasks/[^/]+:subscribe$") then
+      headers:replace(":method", "GET")
+    end
+  end
 end
 
 -- `,"instance":"<request id>"`, or nothing for a request without one.
@@ -128,6 +150,15 @@ local function openai_error(text, row, reason)
   return '{"error":{"message":' .. (member(text, "message") or '""')
     .. ',"type":"' .. row[3] .. '"'
     .. ',"param":' .. param .. ',"code":' .. error_code .. "}}"
+end
+
+-- A2A's HTTP+JSON clients read a google.rpc.Status in Google's HTTP shape:
+-- {"error": {"code": <HTTP status>, "status": "NOT_FOUND", "message", "details"}};
+-- ErrorInfo (A2A's reason, e.g. TASK_NOT_FOUND) rides in details as sent.
+local function a2a_error(text, status, code)
+  return '{"error":{"code":' .. status .. ',"status":"' .. (CODE_NAMES[code] or "UNKNOWN")
+    .. '","message":' .. (member(text, "message") or '""')
+    .. ',"details":' .. (member(text, "details") or "[]") .. "}}"
 end
 
 -- What a value of each proto type must look like in JSON.
@@ -177,6 +208,10 @@ function envoy_on_response(handle)
   local shape = handle:streamInfo():dynamicMetadata():get("turnmesh")
   if shape ~= nil and shape["error_shape"] == "openai" then
     handle:body():setBytes(openai_error(text, row, reason))
+    return
+  end
+  if shape ~= nil and shape["error_shape"] == "a2a" then
+    handle:body():setBytes(a2a_error(text, status, code))
     return
   end
   local parts = {

@@ -10,12 +10,15 @@ the typed client's exceptions and the compatibility surfaces.
     ├── Cancelled           CANCELLED            499  cancelled
     ├── Unknown             UNKNOWN              500  unknown
     ├── InvalidArgument     INVALID_ARGUMENT     400  invalid-argument   (+ BadRequest)
+    │   └── InvalidParams     reason INVALID_PARAMS   invalid-params     (A2A; + BadRequest)
+    │       └── ContentTypeNotSupported  reason CONTENT_TYPE_NOT_SUPPORTED  (A2A)
     ├── DeadlineExceeded    DEADLINE_EXCEEDED    504  deadline-exceeded
     ├── NotFound            NOT_FOUND            404  not-found
     │   ├── ModelNotFound     reason MODEL_NOT_FOUND  model-not-found
     │   ├── TurnNotFound      reason TURN_NOT_FOUND   turn-not-found
     │   ├── ItemNotFound      reason ITEM_NOT_FOUND   item-not-found
     │   ├── PreviousResponseNotFound  reason PREVIOUS_RESPONSE_NOT_FOUND
+    │   ├── TaskNotFound      reason TASK_NOT_FOUND   task-not-found     (A2A)
     │   └── UnknownMember     reason UNKNOWN_MEMBER   unknown-member     (router to member)
     ├── AlreadyExists       ALREADY_EXISTS       409  already-exists
     │   ├── IdempotencyKeyReused  reason IDEMPOTENCY_KEY_REUSED  idempotency-key-reused
@@ -27,7 +30,10 @@ the typed client's exceptions and the compatibility surfaces.
     │   └── TurnQuotaExceeded     reason TURN_QUOTA_EXCEEDED     (Retry-After)
     ├── FailedPrecondition  FAILED_PRECONDITION  400  failed-precondition
     │   ├── HistoryMiss       reason HISTORY_MISS     history-miss       (worker to server)
-    │   └── TurnFailed        reason TURN_FAILED      turn-failed        (x-should-retry: false)
+    │   ├── TurnFailed        reason TURN_FAILED      turn-failed        (x-should-retry: false)
+    │   ├── TaskNotCancelable reason TASK_NOT_CANCELABLE  task-not-cancelable  (A2A)
+    │   ├── UnsupportedOperation  reason UNSUPPORTED_OPERATION  (A2A)
+    │   └── PushNotificationNotSupported  reason PUSH_NOTIFICATION_NOT_SUPPORTED  (A2A)
     ├── Aborted             ABORTED              409  aborted
     │   ├── SessionBusy       reason SESSION_BUSY     session-busy       (Retry-After)
     │   ├── TurnCancelled     reason TURN_CANCELLED   turn-cancelled     (x-should-retry: false)
@@ -41,6 +47,9 @@ the typed client's exceptions and the compatibility surfaces.
     │   └── HeldElsewhere     reason HELD_ELSEWHERE   held-elsewhere     (between servers)
     ├── DataLoss            DATA_LOSS            500  data-loss
     └── Unauthenticated     UNAUTHENTICATED      401  unauthenticated    (WWW-Authenticate)
+
+The rows marked A2A are the agent-to-agent protocol's own errors: their
+ErrorInfo's domain is A2A's (``a2a-protocol.org``), as A2A clients read it.
 
 A row is found by its ``ErrorInfo.reason`` first (so ``RateLimited`` and
 ``ResourceExhausted`` stay distinct), then by the status code. Handlers raise
@@ -67,6 +76,9 @@ from grpc_status import rpc_status
 from turnmesh.v1 import event_pb2
 
 ERROR_DOMAIN = "turnmesh.dev"
+# The ErrorInfo domain of A2A's own errors (TASK_NOT_FOUND …), as its spec and
+# its SDKs' clients expect.
+A2A_DOMAIN = "a2a-protocol.org"
 PROBLEM_BASE = "https://turnmesh.dev/problems/"
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
 RETRY_AFTER_KEY = "retry-after"
@@ -112,6 +124,8 @@ class TurnmeshError(Exception):
     default_retry_after: ClassVar[int | None] = None
     # More trailing metadata (Envoy passes it on as HTTP headers).
     trailers: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # Whose reason this is (google.rpc.ErrorInfo's domain).
+    domain: ClassVar[str] = ERROR_DOMAIN
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -158,12 +172,7 @@ class TurnmeshError(Exception):
 
     def details(self) -> list[any_pb2.Any]:
         """google.rpc detail messages for this error."""
-        info = error_details_pb2.ErrorInfo(
-            reason=self.reason, domain=ERROR_DOMAIN, metadata=self.metadata
-        )
-        packed = any_pb2.Any()
-        packed.Pack(info)
-        return [packed]
+        return [_error_info(self.reason, self.domain, self.metadata)]
 
     def to_status(self) -> grpc.Status:
         status = status_pb2.Status(code=_rpc_code(self.code), message=self.detail)
@@ -222,6 +231,25 @@ class InvalidArgument(TurnmeshError):
         return [packed]
 
 
+class InvalidParams(InvalidArgument):
+    """An A2A request's parameters are invalid (its InvalidParamsError): the
+    field violations, and ErrorInfo with A2A's domain, which its clients map."""
+
+    slug = "invalid-params"
+    title = "Invalid parameters"
+    domain = A2A_DOMAIN
+
+    def details(self) -> list[any_pb2.Any]:
+        return [_error_info(self.reason, self.domain, self.metadata), *super().details()]
+
+
+class ContentTypeNotSupported(InvalidParams):
+    """An A2A message part the mesh does not take (a file by URL, say)."""
+
+    slug = "content-type-not-supported"
+    title = "Content type not supported"
+
+
 class DeadlineExceeded(TurnmeshError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     http_status = 504
@@ -265,6 +293,15 @@ class PreviousResponseNotFound(NotFound):
 
     slug = "previous-response-not-found"
     title = "Previous response not found"
+
+
+class TaskNotFound(NotFound):
+    """An A2A task id names no task of the caller's (another principal's, or
+    another agent's, is not found either)."""
+
+    slug = "task-not-found"
+    title = "Task not found"
+    domain = A2A_DOMAIN
 
 
 class UnknownMember(NotFound):
@@ -367,6 +404,31 @@ class TurnFailed(FailedPrecondition):
     slug = "turn-failed"
     title = "Turn failed"
     trailers = (("x-should-retry", "false"),)
+
+
+class TaskNotCancelable(FailedPrecondition):
+    """An A2A task that ended already (completed, failed, canceled, rejected)."""
+
+    slug = "task-not-cancelable"
+    title = "Task not cancelable"
+    domain = A2A_DOMAIN
+
+
+class UnsupportedOperation(FailedPrecondition):
+    """An A2A operation this mesh does not serve, or not in the task's state
+    (resubscribing to a task that ended, a message to a finished task)."""
+
+    slug = "unsupported-operation"
+    title = "Unsupported operation"
+    domain = A2A_DOMAIN
+
+
+class PushNotificationNotSupported(FailedPrecondition):
+    """A2A push notifications: the agent card says they are not served."""
+
+    slug = "push-notification-not-supported"
+    title = "Push notifications not supported"
+    domain = A2A_DOMAIN
 
 
 class Aborted(TurnmeshError):
@@ -689,6 +751,12 @@ class _Status(grpc.Status):
     code: grpc.StatusCode
     details: str
     trailing_metadata: tuple[tuple[str, str | bytes], ...]
+
+
+def _error_info(reason: str, domain: str, metadata: dict[str, str]) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=domain, metadata=metadata))
+    return packed
 
 
 def _rpc_code(code: grpc.StatusCode) -> int:

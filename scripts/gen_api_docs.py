@@ -30,6 +30,26 @@ def _one_line(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _a2a_service(fd: descriptor_pb2.FileDescriptorProto) -> list[str]:
+    out = [f"## `{fd.name}` (`{fd.package}`, from the pinned a2a-sdk)", ""]
+    for service in fd.service:
+        out += [f"### service `{fd.package}.{service.name}`", ""]
+        out += ["| RPC | request → response | HTTP |", "|---|---|---|"]
+        for m in service.method:
+            stream = "stream " if m.server_streaming else ""
+            sig = f"`{m.input_type.split('.')[-1]}` → {stream}`{m.output_type.split('.')[-1]}`"
+            rule: http_pb2.HttpRule = m.options.Extensions[annotations_pb2.http]
+            bindings = " ".join(_http_rule(r) for r in (rule, *rule.additional_bindings))
+            out.append(f"| `{m.name}` | {sig} | {bindings} |")
+        out.append("")
+    return out
+
+
+def _http_rule(rule: http_pb2.HttpRule) -> str:
+    kind = rule.WhichOneof("pattern")
+    return f"`{kind.upper()} {getattr(rule, kind)}`" if kind else ""
+
+
 def _http(method: descriptor_pb2.MethodDescriptorProto) -> str:
     rule: http_pb2.HttpRule = method.options.Extensions[annotations_pb2.http]
     kind = rule.WhichOneof("pattern")
@@ -62,7 +82,10 @@ PROTO_MODULE = [
 
 
 # How-to sections, kept as Markdown beside this script (in this order).
-PROSE = ["pauses.md"]
+PROSE = ["pauses.md", "a2a.md"]
+# A2A's contract, from the pinned a2a-sdk: its RPCs are listed (its own docs
+# describe its messages).
+A2A_PACKAGE = "lf.a2a.v1"
 
 
 def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
@@ -77,6 +100,8 @@ def render(fds: descriptor_pb2.FileDescriptorSet) -> str:
     for name in PROSE:
         out += [(ROOT / "scripts" / "api_prose" / name).read_text().rstrip(), ""]
     for fd in sorted(fds.file, key=lambda f: f.name):
+        if fd.package == A2A_PACKAGE:
+            out += _a2a_service(fd)
         if not fd.name.startswith("turnmesh/"):
             continue
         notes = _comments(fd)
@@ -242,6 +267,23 @@ DIFFERENCES = [
         "`type` is a `https://turnmesh.dev/problems/...` URL, never `about:blank`; problems "
         "add `grpc_code`, `reason` and `violations`.",
         "One error table names every problem, for REST and gRPC alike.",
+    ),
+    (
+        "A2A",
+        "A task's `history` holds its own messages, not its context's earlier tasks'.",
+        "Each earlier message of the context belongs to a task of its own, read by its id.",
+    ),
+    (
+        "A2A",
+        "Tool calls and results are data parts (`toolCall`, `toolResult`) of the agent's "
+        "messages, and of WORKING status updates while a task streams.",
+        "A2A has no tool events; a data part keeps them structured.",
+    ),
+    (
+        "A2A",
+        "Quotas, rate limits and a reused `messageId` keep the mesh's own errors (429 with "
+        "`Retry-After`, 409), and an unknown tenant is 404: not A2A reasons.",
+        "A2A has no error for them; the mesh's say what to do (wait, or send another id).",
     ),
 ]
 

@@ -3,7 +3,8 @@
 Writes Python messages, gRPC stubs and .pyi stubs for proto/turnmesh/v1/*.proto,
 an ``__init__.py`` that re-exports them, and the descriptor set Envoy's JSON
 transcoder loads (``--include_imports``, plus google/rpc/error_details.proto so
-that Envoy can print every error detail we send).
+that Envoy can print every error detail we send, plus A2A's ``lf.a2a.v1``
+exactly as the pinned a2a-sdk ships it).
 
 Usage: python scripts/gen_protos.py [OUT_DIR]   (default: gen/)
 """
@@ -18,6 +19,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from a2a.types import a2a_pb2
+from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +30,12 @@ PACKAGE_DIR = Path("turnmesh") / "v1"
 DESCRIPTOR_SET = "turnmesh.binpb"
 # Types Envoy must know to print google.rpc.Status details in JSON errors.
 EXTRA_DESCRIPTOR_PROTOS = ("google/rpc/error_details.proto", "google/rpc/status.proto")
+# A2A's contract (package lf.a2a.v1, service A2AService) is the pinned
+# a2a-sdk's generated module: the wheel ships no .proto, and a second
+# generated copy of lf.a2a.v1 in one process fails ("duplicate file name
+# a2a.proto"). Its serialized descriptor joins the set as it is, after the
+# files it imports (vendored in third_party/, or protoc's well-known types).
+A2A_IMPORTS = tuple(d.name for d in a2a_pb2.DESCRIPTOR.dependencies)
 # Envoy's external authorization service, which the session servers serve to
 # Envoy's ext_authz filter. Its protos (and their imports: udpa, validate,
 # xds) come from the npm package @grpc/grpc-js-xds, pinned in tools/: the PyPI
@@ -116,6 +125,19 @@ def _envoy_auth_descriptors(out: Path) -> None:
         raise SystemExit(f"protoc failed on {ENVOY_AUTH_PROTO} with exit code {code}")
 
 
+def _add_a2a(path: Path) -> None:
+    """Append A2A's file, as the pinned a2a-sdk serialized it, to the set."""
+    files = descriptor_pb2.FileDescriptorSet.FromString(path.read_bytes())
+    names = {f.name for f in files.file}
+    missing = [name for name in A2A_IMPORTS if name not in names]
+    if missing or a2a_pb2.DESCRIPTOR.name in names:
+        raise SystemExit(f"cannot add {a2a_pb2.DESCRIPTOR.name}: missing {missing}")
+    files.file.append(
+        descriptor_pb2.FileDescriptorProto.FromString(a2a_pb2.DESCRIPTOR.serialized_pb)
+    )
+    path.write_bytes(files.SerializeToString())
+
+
 def generate(out_dir: Path) -> None:
     protos = sorted((PROTO_DIR / PACKAGE_DIR).glob("*.proto"))
     rel = [str(p.relative_to(PROTO_DIR)) for p in protos]
@@ -140,8 +162,10 @@ def generate(out_dir: Path) -> None:
                 f"--descriptor_set_out={tmp_out / DESCRIPTOR_SET}",
                 *rel,
                 *EXTRA_DESCRIPTOR_PROTOS,
+                *A2A_IMPORTS,
             ]
         )
+        _add_a2a(tmp_out / DESCRIPTOR_SET)
         _envoy_auth_descriptors(tmp_out / PACKAGE_DIR / ENVOY_AUTH_DESCRIPTOR_SET)
         package = tmp_out / PACKAGE_DIR
         _write_init(package, protos)

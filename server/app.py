@@ -9,8 +9,10 @@ import math
 from typing import TYPE_CHECKING, cast
 
 import grpc
+from a2a.types import a2a_pb2_grpc
 from grpc_health.v1 import health_pb2
 
+from turnmesh import __version__
 from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.ext_authz import CHECK_METHOD, authorization_handler
 from turnmesh.runtime.ids import new_member_id
@@ -33,6 +35,8 @@ from turnmesh.runtime.serving import (
 from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh, Models
+from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.mesh.forwarding import Forwarder
 from turnmesh.server.mesh.leases import Leases, LeaseStore
@@ -232,7 +236,10 @@ class SessionServer:
         self._compat_mesh = Mesh()
         self._compat_mesh.connect(servicer)
         self._opened.push_async_callback(self._compat_mesh.close)
-        return servicer, CompatServicer(self._compat_mesh, Models(self.workers.agents))
+        cards = AgentCards(
+            self.workers.agents, c.default_agent, lambda: self.api_keys.configured, __version__
+        )
+        return servicer, CompatServicer(self._compat_mesh, Models(self.workers.agents), cards)
 
     async def _serve(
         self, servicer: SessionServicer, compat: CompatServicer, transport: Transport
@@ -248,19 +255,32 @@ class SessionServer:
                 cast("session_service_pb2_grpc.SessionServiceServicer", servicer), server
             )
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
+            # a2a-sdk's generated stubs carry no types for this one function.
+            a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
+                A2AServicer(self._compat_mesh), server
+            )
             # Envoy's key check on each REST request: the key is in the request.
             server.add_generic_rpc_handlers((authorization_handler(self.api_keys),))
 
         open_methods = frozenset(
             f"/{SERVICE_NAME}/{name}" for name in ("GetHealth", "GetReadiness")
-        ) | {CHECK_METHOD, f"/{COMPAT_SERVICE_NAME}/GetChatHealth"}
+        ) | {
+            CHECK_METHOD,
+            f"/{COMPAT_SERVICE_NAME}/GetChatHealth",
+            # A2A clients read an agent's card before anything else, keyless.
+            f"/{COMPAT_SERVICE_NAME}/GetAgentCard",
+        }
         receipts = ReceiptSlots(c.max_receiving_per_principal)
         REQUESTS_WAITING_TO_BE_READ.set_function(lambda: receipts.waiting)
         self._process = GrpcProcess(
             host=c.host,
             port=c.port,
-            service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME],
-            trace_roots=(f"/{SERVICE_NAME}/", f"/{COMPAT_SERVICE_NAME}/"),
+            service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME, A2A_SERVICE_NAME],
+            trace_roots=(
+                f"/{SERVICE_NAME}/",
+                f"/{COMPAT_SERVICE_NAME}/",
+                f"/{A2A_SERVICE_NAME}/",
+            ),
             register=register,
             interceptors=[
                 ApiKeyInterceptor(

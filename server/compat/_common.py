@@ -117,6 +117,10 @@ class SessionCalls(Protocol):
         self, request: spb.CancelTurnRequest, context: Context
     ) -> spb.CancelTurnResponse: ...
 
+    def SubscribeTurn(
+        self, request: spb.SubscribeTurnRequest, context: Context
+    ) -> AsyncGenerator[event_pb2.Event, None]: ...
+
 
 class Mesh:
     """The public API as the compatibility surfaces see it: this server's own
@@ -252,6 +256,22 @@ class Mesh:
         request = spb.GetTurnRequest(session_id=session_id, turn_id=turn_id)
         return (await self._unary(self._svc.GetTurn(request, self._call))).turn
 
+    @contextlib.asynccontextmanager
+    async def subscribe_turn(
+        self, session_id: str, turn_id: str, after_seq: int = 0
+    ) -> AsyncIterator[AsyncIterator[event_pb2.Event]]:
+        """A turn's events after ``after_seq``, then live until it ends
+        (SubscribeTurn, from whichever server runs it); leaving the block
+        stops following it, never the turn."""
+        request = spb.SubscribeTurnRequest(
+            session_id=session_id, turn_id=turn_id, after_seq=after_seq
+        )
+        events = self._svc.SubscribeTurn(request, self._call)
+        try:
+            yield events
+        finally:
+            await events.aclose()
+
     async def cancel_turn(self, session_id: str, turn_id: str) -> spb.TurnState.ValueType:
         """The turn's state after the call: CANCELLED, or how it had ended."""
         request = spb.CancelTurnRequest(session_id=session_id, turn_id=turn_id)
@@ -268,6 +288,7 @@ class TurnArgs(TypedDict, total=False):
     tools: Sequence[message_pb2.ToolDefinition]
     tool_results: Sequence[message_pb2.ToolResult]
     resume: Sequence[message_pb2.ResumeEntry]
+    idempotency_key: str
 
 
 async def _turn_request(session_id: str, message: str, options: TurnArgs) -> spb.TurnRequest:
@@ -279,6 +300,7 @@ async def _turn_request(session_id: str, message: str, options: TurnArgs) -> spb
         tools=options.get("tools", ()),
         tool_results=options.get("tool_results", ()),
         resume=options.get("resume", ()),
+        idempotency_key=options.get("idempotency_key", ""),
     )
     if metadata := options.get("metadata"):
         json_format.ParseDict(dict(metadata), request.metadata)

@@ -10,6 +10,7 @@ from google.api import httpbody_pb2
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server.compat import agui, openai_chat, openai_responses, simple_chat
 from turnmesh.server.compat._common import ON_DISCONNECT_HEADER, Mesh, on_disconnect
+from turnmesh.server.compat.a2a import AgentCards
 from turnmesh.server.compat.openai_models import Models
 from turnmesh.server.sessions import validation
 from turnmesh.v1 import compat_service_pb2 as cpb
@@ -43,9 +44,10 @@ async def _then_headers(
 
 
 class CompatServicer(CompatServiceServicer):
-    def __init__(self, mesh: Mesh, models: Models) -> None:
+    def __init__(self, mesh: Mesh, models: Models, cards: AgentCards) -> None:
         self._mesh = mesh
         self._models = models
+        self._cards = cards
 
     async def CreateChatCompletion(
         self, request: httpbody_pb2.HttpBody, context: ServicerContext
@@ -128,6 +130,11 @@ class CompatServicer(CompatServiceServicer):
         await _validate_chat(request)
         async for event in simple_chat.stream(mesh, request):
             yield event
+
+    async def GetAgentCard(
+        self, request: cpb.GetAgentCardRequest, context: ServicerContext
+    ) -> httpbody_pb2.HttpBody:
+        return self._cards.card(request.agent, context.invocation_metadata())
 
 
 async def _one(body: Awaitable[httpbody_pb2.HttpBody]) -> AsyncIterator[httpbody_pb2.HttpBody]:

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from a2a.types import a2a_pb2_grpc
 
 from turnmesh.client import AsyncClient, TurnmeshClientError
 from turnmesh.client.errors import client_class
@@ -29,6 +30,7 @@ from turnmesh.envoy.process import start as start_envoy
 from turnmesh.runtime import errors
 from turnmesh.runtime.serving import GrpcProcess
 from turnmesh.server.compat import CompatServicer, Mesh, Models
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -39,7 +41,7 @@ SESSION_SERVICE = spb.DESCRIPTOR.services_by_name["SessionService"].full_name
 
 def _error(kind: type[errors.TurnmeshError]) -> errors.TurnmeshError:
     if issubclass(kind, errors.InvalidArgument):
-        return errors.InvalidArgument([errors.FieldViolation("message", "must not be blank")])
+        return kind([errors.FieldViolation("message", "must not be blank")])
     if issubclass(kind, errors.HistoryMiss):
         return errors.HistoryMiss("s")
     return kind(f"the {kind.__name__} row")
@@ -90,6 +92,10 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
         self._raise()
         yield  # pragma: no cover
 
+    async def SubscribeTurn(self, *args: object) -> AsyncGenerator[Any, None]:
+        self._raise()
+        yield  # pragma: no cover
+
 
 @dataclass
 class Edge:
@@ -108,11 +114,16 @@ async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
     # define answer UNIMPLEMENTED, as they should here.
     sessions = RaisingSessions()  # type: ignore[abstract]
     mesh = Mesh()
-    compat = CompatServicer(mesh, Models(lambda: ["demo"]))
+    compat = CompatServicer(
+        mesh, Models(lambda: ["demo"]), AgentCards(lambda: ["demo"], "demo", lambda: False, "0")
+    )
 
     def register(server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(sessions, server)
         compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
+        a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            A2AServicer(mesh), server
+        )
 
     process = GrpcProcess(
         host="127.0.0.1", port=0, service_names=[SESSION_SERVICE], register=register
@@ -166,8 +177,9 @@ async def test_every_row_comes_out_as_the_table_says(
             await client.get_session("s")
     assert type(info.value) is client_class(kind)
     assert info.value.code == row.code
-    # Invalid arguments carry a BadRequest, not an ErrorInfo (so no reason).
-    assert info.value.reason == ("" if isinstance(error, errors.InvalidArgument) else row.reason)
+    # Invalid arguments carry a BadRequest, not an ErrorInfo (so no reason);
+    # A2A's InvalidParams carries both.
+    assert info.value.reason == ("" if type(error) is errors.InvalidArgument else row.reason)
     assert info.value.retry_after == error.retry_after
     if isinstance(error, errors.InvalidArgument):
         assert info.value.violations == {"message": "must not be blank"}
@@ -199,6 +211,17 @@ async def test_every_row_comes_out_as_the_table_says(
             assert response.headers.get("retry-after") == retry, where
             if row.code == grpc.StatusCode.UNAUTHENTICATED:
                 assert response.headers["www-authenticate"].startswith("Bearer"), where
+
+        # A2A's HTTP+JSON binding: Google's error shape, the row's status.
+        a2a = await http.post(
+            "/demo/message:send",
+            json={"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}},
+        )
+        assert a2a.status_code == row.http_status, a2a.text
+        a2a_error = a2a.json()["error"]
+        assert (a2a_error["code"], a2a_error["status"]) == (row.http_status, row.code.name)
+        assert a2a_error["message"]
+        assert a2a.headers.get("retry-after") == retry
 
         # OpenAI's paths: OpenAI's error shape with the row's type.
         openai_calls = [

@@ -7,7 +7,9 @@ import re
 import shlex
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import SharedMesh
 from tests.integration.test_grpcurl import _objects
@@ -89,6 +91,68 @@ def test_readme_grpcurl_conversation(shared_mesh: SharedMesh) -> None:
         "user",
         "assistant",
     ]
+
+
+def test_readme_a2a_grpcurl(shared_mesh: SharedMesh) -> None:
+    outputs = []
+    # The README's ids are fixed: a fresh context each run.
+    context = f"a2a-thread-{uuid.uuid4()}"
+    for line in _block("a2a-grpcurl").strip().splitlines():
+        args = shlex.split(line.replace(README_ADDRESS, shared_mesh.edge))
+        assert args[0] == ".venv/bin/grpcurl"
+        args[0] = str(Path(sys.executable).parent / "grpcurl")
+        args = [a.replace("a2a-thread", context) for a in args]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    task = json.loads(outputs[0])["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert "42" in task["artifacts"][0]["parts"][0]["text"]
+    streamed: list[Any] = _objects(outputs[1])
+    assert streamed[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    text = "".join(
+        p["text"]
+        for e in streamed
+        if "artifactUpdate" in e
+        for p in e["artifactUpdate"]["artifact"]["parts"]
+    )
+    assert "What is 6*7?" in text
+
+
+def test_readme_a2a_curl(shared_mesh: SharedMesh) -> None:
+    context = f"a2a-curl-{uuid.uuid4()}"
+    outputs = []
+    for line in _block("a2a-curl").strip().splitlines():
+        args = shlex.split(line.replace(README_ADDRESS, shared_mesh.edge))
+        assert args[0] == "curl"
+        args = [a.replace("a2a-curl", context) for a in args]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    card = json.loads(outputs[0])
+    assert card["name"] == "demo"
+    assert {i["protocolBinding"] for i in card["supportedInterfaces"]} == {"HTTP+JSON", "GRPC"}
+    task = json.loads(outputs[1])["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert "42" in task["artifacts"][0]["parts"][0]["text"]
+    frames = [json.loads(f[len("data: ") :]) for f in outputs[2].split("\n\n") if f.strip()]
+    assert frames[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    text = "".join(
+        p["text"]
+        for f in frames
+        if "artifactUpdate" in f
+        for p in f["artifactUpdate"]["artifact"]["parts"]
+    )
+    assert "What is 6*7?" in text
+
+
+def test_readme_a2a_python(shared_mesh: SharedMesh) -> None:
+    code = _block("a2a-python").replace(README_ADDRESS, shared_mesh.edge)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "42" in result.stdout
 
 
 def test_readme_python_client(shared_mesh: SharedMesh) -> None:

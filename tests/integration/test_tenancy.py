@@ -18,6 +18,10 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from a2a.client import A2AClientError, AuthInterceptor, Client, ClientConfig, ClientFactory
+from a2a.client.auth import CredentialService
+from a2a.types import a2a_pb2
+from a2a.utils.errors import TaskNotFoundError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -647,3 +651,83 @@ async def test_isolation_with_mutual_tls_and_no_mesh_key(
             await channel.close()
         listed = {s.session_id for s in (await beta.list_sessions(page_size=100)).sessions}
         assert not listed & set(sids)
+
+
+class _Key(CredentialService):
+    """The principal's API key, for the scheme the agent card names."""
+
+    def __init__(self, principal: str) -> None:
+        self._key = KEYS[principal]
+
+    async def get_credentials(self, security_scheme_name: str, context: object) -> str | None:
+        return self._key if security_scheme_name == "bearer" else None
+
+
+@pytest.mark.parametrize("binding", ["HTTP+JSON", "GRPC"])
+async def test_a2a_tasks_are_their_principals_own(
+    tenants: Tenants, rest: httpx.AsyncClient, binding: str
+) -> None:
+    """A2A on a keyed mesh: the card is open and names the bearer scheme
+    (the real a2a-sdk client sends the key from it); another principal's
+    task is not found, and a context id is each principal's own."""
+    card = await rest.get("/echo/.well-known/agent-card.json")  # no key
+    assert card.status_code == 200, card.text
+    scheme = card.json()["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]
+    assert scheme["scheme"] == "Bearer"
+
+    made: list[Client] = []
+
+    async def client(who: str, streaming: bool = False) -> Client:
+        config = ClientConfig(
+            streaming=streaming,
+            httpx_client=rest,
+            grpc_channel_factory=grpc.aio.insecure_channel,
+            supported_protocol_bindings=[binding],
+        )
+        created = await ClientFactory(config).create_from_url(
+            f"http://{tenants.edge}/echo", interceptors=[AuthInterceptor(_Key(who))]
+        )
+        made.append(created)
+        return created
+
+    acme, beta = await client("acme"), await client("beta")
+    context_id = f"a2a-{uuid.uuid4()}"
+
+    def sent(text: str) -> a2a_pb2.SendMessageRequest:
+        message = a2a_pb2.Message(
+            message_id=str(uuid.uuid4()), context_id=context_id, role=a2a_pb2.ROLE_USER
+        )
+        message.parts.add(text=text)
+        return a2a_pb2.SendMessageRequest(message=message)
+
+    (answered,) = [r async for r in acme.send_message(sent("acme's secret"))]
+    task = answered.task
+    assert task.status.state == a2a_pb2.TASK_STATE_COMPLETED
+    with pytest.raises(TaskNotFoundError):
+        await beta.get_task(a2a_pb2.GetTaskRequest(id=task.id))
+    with pytest.raises(TaskNotFoundError):
+        await beta.cancel_task(a2a_pb2.CancelTaskRequest(id=task.id))
+    with pytest.raises(TaskNotFoundError):
+        async for _ in (await client("beta", streaming=True)).subscribe(
+            a2a_pb2.SubscribeToTaskRequest(id=task.id)
+        ):
+            pass
+    # The same context id is beta's own session: nothing of acme's in it.
+    (theirs,) = [r async for r in beta.send_message(sent("beta here"))]
+    assert theirs.task.context_id == context_id and theirs.task.id != task.id
+    assert "acme" not in str(theirs.task)
+    assert (await acme.get_task(a2a_pb2.GetTaskRequest(id=task.id))).id == task.id
+    # No key: refused before anything runs.
+    keyless = await ClientFactory(
+        ClientConfig(
+            streaming=False,
+            httpx_client=rest,
+            grpc_channel_factory=grpc.aio.insecure_channel,
+            supported_protocol_bindings=[binding],
+        )
+    ).create_from_url(f"http://{tenants.edge}/echo")
+    made.append(keyless)
+    with pytest.raises(A2AClientError):
+        await keyless.get_task(a2a_pb2.GetTaskRequest(id=task.id))
+    for created in made:
+        await created.close()

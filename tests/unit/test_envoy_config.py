@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from turnmesh.envoy import EdgeConfig, EdgeGuards, render
-from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES, READ_PATHS
+from turnmesh.envoy.config import AGENT_CARD_REST, MAX_REQUEST_BODY_BYTES, READ_PATHS
 from turnmesh.envoy.ext_authz import BODILESS_BYTES, GRPC_CONTENT_TYPE
 from turnmesh.envoy.process import EnvoyError, validate, write_config
 from turnmesh.envoy.timeouts import EdgeTimeouts
@@ -76,9 +76,10 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     assert "direct_response" in routes[0]  # the playground page
     forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
     # The reads by their gRPC path, native gRPC, /health, /ready and
-    # /v1/chat/health (no key check), the streamed REST routes (which print
-    # only set fields), and the rest.
-    assert len(forwarded) == 6 + len(READ_PATHS)
+    # /v1/chat/health (no key check), A2A's agent cards (no key check
+    # either), the streamed REST routes (which print only set fields), and
+    # the rest.
+    assert len(forwarded) == 7 + len(READ_PATHS)
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
@@ -87,7 +88,12 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     assert transcoder["print_options"]["stream_sse_style_delimited"] is True
     # Unary answers print zero fields; streamed events only what they set.
     assert transcoder["print_options"]["always_print_primitive_fields"] is True
-    (streamed,) = [r for r in forwarded if "safe_regex" in r["match"]]
+    (streamed,) = [
+        r
+        for r in forwarded
+        if "safe_regex" in r["match"]
+        and "envoy.filters.http.grpc_json_transcoder" in r.get("typed_per_filter_config", {})
+    ]
     options = streamed["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
     assert options["print_options"]["always_print_primitive_fields"] is False
     assert options["print_options"]["stream_sse_style_delimited"] is True
@@ -156,7 +162,7 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
     assert service["timeout"] == "5.000s"
     assert check["allowed_headers"] == {"patterns": [{"exact": "authorization"}]}
     # Skipped by native gRPC (the servers check it; Envoy buffers no gRPC),
-    # health, readiness and the playground, and by nothing else that reaches
+    # health, readiness, A2A's agent cards and the playground, and by nothing else that reaches
     # a server (refusals at the edge, such as cross-origin bodies, answer first).
     host = manager["route_config"]["virtual_hosts"][0]
     skipping = [
@@ -174,6 +180,7 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
         {"path": "/health", "headers": get},
         {"path": "/ready", "headers": get},
         {"path": "/v1/chat/health", "headers": get},
+        {"safe_regex": {"regex": AGENT_CARD_REST}, "headers": get},
     ]
     # Envoy's gRPC is application/grpc or application/grpc+NAME: grpc-web
     # is transcoded (and buffered) as REST, so it is checked as REST.

@@ -91,3 +91,29 @@ def test_api_reference_matches_protos(tmp_path: Path) -> None:
     assert out.read_text() == (ROOT / "docs" / "api.md").read_text(), (
         "docs/api.md is stale: run `make gen` and commit"
     )
+
+
+def test_envoy_loads_a2a_exactly_as_the_pinned_sdk_ships_it() -> None:
+    """One contract for lf.a2a.v1: the descriptor Envoy transcodes with is the
+    pinned a2a-sdk's own, not a copy that could drift from it."""
+    from a2a.types import a2a_pb2
+
+    from turnmesh.envoy import config as envoy_config
+    from turnmesh.envoy.edge_config import DESCRIPTOR_SET, EdgeConfig
+
+    fds = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes())
+    (loaded,) = [f for f in fds.file if f.package == "lf.a2a.v1"]
+    assert loaded == descriptor_pb2.FileDescriptorProto.FromString(a2a_pb2.DESCRIPTOR.serialized_pb)
+    # Its imports come before it, as Envoy builds the pool in order.
+    names = [f.name for f in fds.file]
+    assert all(names.index(d) < names.index(loaded.name) for d in loaded.dependency)
+    manager = envoy_config.render(EdgeConfig(upstreams=["127.0.0.1:1"]))["static_resources"][
+        "listeners"
+    ][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    (transcoder,) = [
+        f["typed_config"]
+        for f in manager["http_filters"]
+        if f["name"] == "envoy.filters.http.grpc_json_transcoder"
+    ]
+    assert transcoder["proto_descriptor"] == str(DESCRIPTOR_SET)
+    assert "lf.a2a.v1.A2AService" in transcoder["services"]

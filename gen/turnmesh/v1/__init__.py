@@ -13,6 +13,7 @@ from turnmesh.v1 import session_service_pb2_grpc
 from turnmesh.v1 import worker_service_pb2
 from turnmesh.v1 import worker_service_pb2_grpc
 
+from turnmesh.v1.compat_service_pb2 import GetAgentCardRequest as GetAgentCardRequest
 from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
 from turnmesh.v1.compat_service_pb2 import CancelResponseRequest as CancelResponseRequest
 from turnmesh.v1.compat_service_pb2 import ListModelsRequest as ListModelsRequest
@@ -134,6 +135,7 @@ __all__ = [
     "ForkSessionRequest",
     "ForkSessionResponse",
     "FunctionCall",
+    "GetAgentCardRequest",
     "GetChatHealthRequest",
     "GetHealthRequest",
     "GetHealthResponse",

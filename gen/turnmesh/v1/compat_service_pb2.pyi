@@ -22,6 +22,26 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class GetAgentCardRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent; empty: the mesh's default."""
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAgentCardRequest: _TypeAlias = GetAgentCardRequest  # noqa: Y015
+
+@_typing.final
 class GetResponseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

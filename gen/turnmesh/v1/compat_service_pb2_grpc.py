@@ -94,6 +94,11 @@ class CompatServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatRequest.SerializeToString,
                 response_deserializer=turnmesh_dot_v1_dot_event__pb2.Event.FromString,
                 _registered_method=True)
+        self.GetAgentCard = channel.unary_unary(
+                '/turnmesh.v1.CompatService/GetAgentCard',
+                request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.GetAgentCardRequest.SerializeToString,
+                response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+                _registered_method=True)
 
 
 class CompatServiceServicer:
@@ -194,6 +199,18 @@ class CompatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAgentCard(self, request, context):
+        """A2A: an agent's card (A2A's `AgentCard` JSON), where A2A clients look
+        for it: `/{agent}/.well-known/agent-card.json`, and the mesh's default
+        agent's at `/.well-known/agent-card.json`. Needs no key. Its interfaces
+        (HTTP+JSON and gRPC, with the agent as their tenant) are absolute URLs
+        built from the request's scheme and Host; an agent no live worker
+        serves is 404.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +263,11 @@ def add_CompatServiceServicer_to_server(servicer, server):
                     servicer.ChatStream,
                     request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.ChatRequest.FromString,
                     response_serializer=turnmesh_dot_v1_dot_event__pb2.Event.SerializeToString,
+            ),
+            'GetAgentCard': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgentCard,
+                    request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.GetAgentCardRequest.FromString,
+                    response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -526,6 +548,33 @@ class CompatService:
             '/turnmesh.v1.CompatService/ChatStream',
             turnmesh_dot_v1_dot_compat__service__pb2.ChatRequest.SerializeToString,
             turnmesh_dot_v1_dot_event__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgentCard(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/turnmesh.v1.CompatService/GetAgentCard',
+            turnmesh_dot_v1_dot_compat__service__pb2.GetAgentCardRequest.SerializeToString,
+            google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
             options,
             channel_credentials,
             insecure,

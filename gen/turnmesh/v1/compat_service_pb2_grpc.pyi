@@ -89,6 +89,14 @@ class CompatServiceStub:
     """
     ChatStream: _grpc.UnaryStreamMultiCallable[_compat_service_pb2.ChatRequest, _event_pb2.Event]
     """Simple chat, streamed as turnmesh events."""
+    GetAgentCard: _grpc.UnaryUnaryMultiCallable[_compat_service_pb2.GetAgentCardRequest, _httpbody_pb2.HttpBody]
+    """A2A: an agent's card (A2A's `AgentCard` JSON), where A2A clients look
+    for it: `/{agent}/.well-known/agent-card.json`, and the mesh's default
+    agent's at `/.well-known/agent-card.json`. Needs no key. Its interfaces
+    (HTTP+JSON and gRPC, with the agent as their tenant) are absolute URLs
+    built from the request's scheme and Host; an agent no live worker
+    serves is 404.
+    """
 
 @_typing.type_check_only
 class CompatServiceAsyncStub(CompatServiceStub):
@@ -149,6 +157,14 @@ class CompatServiceAsyncStub(CompatServiceStub):
     """
     ChatStream: _aio.UnaryStreamMultiCallable[_compat_service_pb2.ChatRequest, _event_pb2.Event]  # type: ignore[assignment]
     """Simple chat, streamed as turnmesh events."""
+    GetAgentCard: _aio.UnaryUnaryMultiCallable[_compat_service_pb2.GetAgentCardRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
+    """A2A: an agent's card (A2A's `AgentCard` JSON), where A2A clients look
+    for it: `/{agent}/.well-known/agent-card.json`, and the mesh's default
+    agent's at `/.well-known/agent-card.json`. Needs no key. Its interfaces
+    (HTTP+JSON and gRPC, with the agent as their tenant) are absolute URLs
+    built from the request's scheme and Host; an agent no live worker
+    serves is 404.
+    """
 
 class CompatServiceServicer(metaclass=_abc_1.ABCMeta):
     """The APIs clients already speak, served by the session servers: OpenAI chat
@@ -266,5 +282,19 @@ class CompatServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_event_pb2.Event], _abc.AsyncIterator[_event_pb2.Event]]:
         """Simple chat, streamed as turnmesh events."""
+
+    @_abc_1.abstractmethod
+    def GetAgentCard(
+        self,
+        request: _compat_service_pb2.GetAgentCardRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_httpbody_pb2.HttpBody, _abc.Awaitable[_httpbody_pb2.HttpBody]]:
+        """A2A: an agent's card (A2A's `AgentCard` JSON), where A2A clients look
+        for it: `/{agent}/.well-known/agent-card.json`, and the mesh's default
+        agent's at `/.well-known/agent-card.json`. Needs no key. Its interfaces
+        (HTTP+JSON and gRPC, with the agent as their tenant) are absolute URLs
+        built from the request's scheme and Host; an agent no live worker
+        serves is 404.
+        """
 
 def add_CompatServiceServicer_to_server(servicer: CompatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
