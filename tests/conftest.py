@@ -6,6 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.a2a_clients import BINDINGS, Agents
 from tests.support.mesh import Component, Mesh, RedisServer
 from tests.support.redis_cluster import RedisCluster
 from turnmesh.client import AsyncClient
@@ -99,3 +100,11 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=BINDINGS)
+async def agents(shared_mesh: SharedMesh, request: pytest.FixtureRequest) -> AsyncIterator[Agents]:
+    """An a2a-sdk client maker over each A2A binding, against the shared mesh."""
+    made = Agents(shared_mesh.edge, request.param)
+    yield made
+    await made.close()
