@@ -383,10 +383,14 @@ class A2AAgent:
                 client.send_message(SendMessageRequest(message=message)),
             )
             async with contextlib.aclosing(events):
-                async for event in events:
-                    await stream.take(event)
-                    if stream.ended:
+                while not stream.ended:
+                    # Silence past the timeout fails the turn on every binding
+                    # (httpx's read timeout covers only the HTTP ones).
+                    async with asyncio.timeout(self.settings.timeout_seconds):
+                        event = await anext(events, None)
+                    if event is None:
                         break
+                    await stream.take(event)
         except (asyncio.CancelledError, AgentError):
             # The turn ends here (cancelled, or an answer too long): so does
             # the remote's task, if it still runs.

@@ -1,8 +1,8 @@
 """``kind: a2a``: a remote A2A agent behind a real mesh. The remote is built
 from a2a-sdk's own server classes (tests/support/a2a_remote.py) and runs in
-its own process on a loopback port, with a bearer token; the workers reach
-it over real sockets with the pinned a2a-sdk client, over JSON-RPC and
-HTTP+JSON. What the remote saw is read from its log."""
+its own process on loopback ports, with a bearer token; the workers reach
+it over real sockets with the pinned a2a-sdk client, over JSON-RPC,
+HTTP+JSON and gRPC. What the remote saw is read from its log."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ TOKEN = "a2a-test-token"  # the remote's; a file holds it for the worker
 class Remote:
     proc: subprocess.Popen[bytes]
     port: int
+    grpc_port: int
+    down_port: int
     log_path: Path
 
     def seen(self, event: str) -> list[dict[str, Any]]:
@@ -66,7 +68,8 @@ def _start_remote(workdir: Path) -> Remote:
         )
     wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the remote A2A agent")
     assert proc.poll() is None, (workdir / "remote.out").read_text()
-    return Remote(proc, json.loads(ready.read_text())["port"], log_path)
+    ports = json.loads(ready.read_text())
+    return Remote(proc, ports["port"], ports["grpc_port"], ports["down_port"], log_path)
 
 
 def _closed_port() -> int:
@@ -81,8 +84,8 @@ def _agent_file(workdir: Path, name: str, remote: str) -> str:
     return str(path)
 
 
-def _spawn_worker(a2a: A2AMesh, name: str) -> Component:
-    return a2a.mesh.spawn_worker(name, str(a2a.workdir / "travel.yaml"))
+def _spawn_worker(a2a: A2AMesh, name: str, agent: str) -> Component:
+    return a2a.mesh.spawn_worker(name, str(a2a.workdir / f"{agent}.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,15 @@ def a2a(tmp_path_factory: pytest.TempPathFactory) -> Iterator[A2AMesh]:
         # The base URL of the card that names the HTTP+JSON binding.
         "travel-rest": f"  url: {base}/rest\n{token}",
         "nobody": f"  url: http://127.0.0.1:{_closed_port()}\n  connect_timeout_seconds: 5\n",
+        # The card that names the gRPC binding: its port is allowed as an
+        # http:// origin, so the channel is plaintext.
+        "travel-grpc": (
+            f"  url: {base}/grpc\n  allow: [{base}/, http://127.0.0.1:{remote.grpc_port}]\n{token}"
+        ),
+        # A gRPC interface nothing listens on.
+        "nobody-grpc": (
+            f"  url: {base}/grpc-down\n  allow: [{base}/, http://127.0.0.1:{remote.down_port}]\n"
+        ),
     }
     mesh = Mesh(workdir / "mesh")
     try:
@@ -130,9 +142,16 @@ def _result(events: list[event_pb2.Event]) -> dict[str, Any]:
     return json_format.MessageToDict(finished.result)
 
 
-async def test_turns_stream_the_remote_answer_in_one_remote_context(a2a: A2AMesh) -> None:
+# The remote's card names JSON-RPC for "travel", gRPC for "travel-grpc".
+BY_BINDING = pytest.mark.parametrize("agent", ["travel", "travel-grpc"])
+
+
+@BY_BINDING
+async def test_turns_stream_the_remote_answer_in_one_remote_context(
+    a2a: A2AMesh, agent: str
+) -> None:
     async with AsyncClient(a2a.server.address) as client:
-        sid = (await client.create_session()).session_id
+        sid = (await client.create_session(agent=agent)).session_id
         first = await client.send(sid, "hello")
         second = await client.send(sid, "again")
     context = context_for(sid)
@@ -150,6 +169,8 @@ async def test_turns_stream_the_remote_answer_in_one_remote_context(a2a: A2AMesh
     assert [m["text"] for m in seen] == ["hello", "again"]
     # The worker sent the token from its file on every call.
     assert a2a.remote.seen("auth") and all(e["ok"] for e in a2a.remote.seen("auth"))
+    grpc_calls = [e for e in a2a.remote.seen("auth") if e.get("binding") == "GRPC"]
+    assert bool(grpc_calls) == (agent == "travel-grpc")
 
 
 async def test_the_http_json_binding_carries_a_turn(a2a: A2AMesh) -> None:
@@ -165,11 +186,12 @@ def _answer(interrupt_id: str, payload: str) -> message_pb2.ResumeEntry:
     return entry
 
 
+@BY_BINDING
 async def test_input_required_is_a_question_answered_on_the_same_task_by_another_worker(
-    a2a: A2AMesh,
+    a2a: A2AMesh, agent: str
 ) -> None:
     async with AsyncClient(a2a.server.address) as client:
-        sid = (await client.create_session()).session_id
+        sid = (await client.create_session(agent=agent)).session_id
         asked = await client.send(sid, "ask me where to go")
         assert asked.outcome is not None and asked.outcome.type == "interrupt"
         (question,) = asked.outcome.interrupts
@@ -180,8 +202,8 @@ async def test_input_required_is_a_question_answered_on_the_same_task_by_another
         assert not (await client.get_session(sid)).pause.agent_checkpoint
 
         # Another worker takes the answer: the first stops once the second is up.
-        first = next(c for c in a2a.mesh.components if c.name == "worker-travel")
-        second = _spawn_worker(a2a, "worker-travel-2")
+        first = next(c for c in a2a.mesh.components if c.name == f"worker-{agent}")
+        second = _spawn_worker(a2a, f"worker-{agent}-2", agent)
         a2a.mesh.wait_ready(second)
         a2a.mesh.kill(first, signal.SIGTERM)
 
@@ -207,9 +229,10 @@ async def test_a_cancelled_question_cancels_the_remote_task(a2a: A2AMesh) -> Non
     assert _result(after.events)["a2a"]["task_id"] != task_id
 
 
-async def test_a_cancelled_turn_cancels_the_remote_task(a2a: A2AMesh) -> None:
+@BY_BINDING
+async def test_a_cancelled_turn_cancels_the_remote_task(a2a: A2AMesh, agent: str) -> None:
     async with AsyncClient(a2a.server.address) as client:
-        sid = (await client.create_session()).session_id
+        sid = (await client.create_session(agent=agent)).session_id
         async with client.stream_turn(sid, "slow please") as events:
             async for event in events:
                 if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
@@ -229,7 +252,9 @@ async def test_a_cancelled_turn_cancels_the_remote_task(a2a: A2AMesh) -> None:
     ("agent", "message", "code", "detail"),
     [
         ("nobody", "hello", "remote_unreachable", "the remote A2A agent could not be reached"),
+        ("nobody-grpc", "hello", "remote_unreachable", "the remote A2A agent could not be reached"),
         ("travel", "fail now", "remote_failed", "the remote A2A agent's task ended failed"),
+        ("travel-grpc", "fail now", "remote_failed", "the remote A2A agent's task ended failed"),
         ("travel", "reject this", "remote_rejected", "I only book trips."),
     ],
 )
@@ -311,3 +336,55 @@ async def test_a_wrong_token_is_refused_credentials(
         "the remote A2A agent rejected this agent's credentials",
     )
     assert not a2a.remote.seen("auth")[-1]["ok"]
+
+
+async def test_a_grpc_interface_outside_the_allow_list_is_never_dialled(a2a: A2AMesh) -> None:
+    base = f"http://127.0.0.1:{a2a.remote.port}"
+    # The card is allowed (the url's origin), the gRPC port it names is not.
+    card_only = RemoteSettings(url=f"{base}/grpc")
+    calls = len(a2a.remote.seen("auth"))
+    error = await _run_in_process(card_only, "never dialled")
+    assert (error.code, error.title) == ("remote_not_allowed", "Remote agent not allowed")
+    assert len(a2a.remote.seen("auth")) == calls
+
+
+async def test_a_wrong_token_over_grpc_is_refused_credentials(
+    a2a: A2AMesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TM_A2A_WRONG", "not-the-token")
+    base = f"http://127.0.0.1:{a2a.remote.port}"
+    wrong = RemoteSettings(
+        url=f"{base}/grpc",
+        allow=[f"{base}/", f"http://127.0.0.1:{a2a.remote.grpc_port}"],
+        bearer_token_env="TM_A2A_WRONG",
+    )
+    error = await _run_in_process(wrong, "with a wrong token over grpc")
+    assert (error.code, error.detail) == (
+        "remote_auth",
+        "the remote A2A agent rejected this agent's credentials",
+    )
+    assert a2a.remote.seen("auth")[-1] == {"event": "auth", "ok": False, "binding": "GRPC"}
+
+
+async def test_a_silent_grpc_stream_times_out_and_cancels_the_remote_task(
+    a2a: A2AMesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gRPC has no read timeout of its own: the agent's idle timeout holds it.
+    monkeypatch.setenv("TM_A2A_TOKEN", TOKEN)
+    base = f"http://127.0.0.1:{a2a.remote.port}"
+    silent = RemoteSettings(
+        url=f"{base}/grpc",
+        allow=[f"{base}/", f"http://127.0.0.1:{a2a.remote.grpc_port}"],
+        bearer_token_env="TM_A2A_TOKEN",
+        timeout_seconds=1,
+    )
+    error = await _run_in_process(silent, "slow, then silent")
+    assert (error.code, error.detail) == (
+        "remote_timeout",
+        "the remote A2A agent did not answer in time",
+    )
+    slow = next(m for m in a2a.remote.seen("message") if m["text"] == "slow, then silent")
+    await until(
+        lambda: slow["task_id"] in [e["task_id"] for e in a2a.remote.seen("cancel")],
+        what="the remote's CancelTask",
+    )

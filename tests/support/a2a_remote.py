@@ -14,10 +14,15 @@ It answers by cue, like the demo agent:
 - "fail": FAILED with a message that must never reach the mesh's client;
 - "reject": REJECTED with a reason meant for the user.
 
-Two cards: ``/.well-known/agent-card.json`` names the JSON-RPC binding,
-``/rest/.well-known/agent-card.json`` the HTTP+JSON one. With ``--token``,
-every call but the cards' needs ``Authorization: Bearer <token>``. What it
-sees goes to the log as JSON lines (``message``, ``cancel``, ``auth``).
+Cards: ``/.well-known/agent-card.json`` names the JSON-RPC binding,
+``/rest/.well-known/agent-card.json`` the HTTP+JSON one and
+``/grpc/.well-known/agent-card.json`` the gRPC one (a grpc.aio server with
+a2a-sdk's ``GrpcHandler``, on a port of its own in the same event loop);
+``/grpc-down/.well-known/agent-card.json`` names a gRPC port nothing
+listens on. With ``--token``, every call but the cards' needs
+``Authorization: Bearer <token>`` (gRPC: the ``authorization`` metadata).
+What it sees goes to the log as JSON lines (``message``, ``cancel``,
+``auth``, with ``binding``).
 """
 
 from __future__ import annotations
@@ -30,13 +35,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import grpc
 import uvicorn
 from a2a.helpers import get_message_text, new_text_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
-from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers import DefaultRequestHandler, GrpcHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
     AgentCard,
@@ -119,7 +126,7 @@ class CueAgent(AgentExecutor):
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
-def card(base: str, binding: str, url: str) -> AgentCard:
+def card(binding: str, url: str) -> AgentCard:
     return AgentCard(
         name="cue",
         description="An echo that asks, waits, fails or refuses on cue.",
@@ -134,20 +141,62 @@ def card(base: str, binding: str, url: str) -> AgentCard:
     )
 
 
-def app(port: int, log: Log, token: str | None) -> Starlette:
-    base = f"http://127.0.0.1:{port}"
-    jsonrpc_card = card(base, "JSONRPC", f"{base}/rpc")
-    rest_card = card(base, "HTTP+JSON", f"{base}/rest/api")
-    handler = DefaultRequestHandler(
-        agent_executor=CueAgent(log), task_store=InMemoryTaskStore(), agent_card=jsonrpc_card
-    )
+def app(
+    base: str,
+    grpc_port: int,
+    down_port: int,
+    handler: DefaultRequestHandler,
+    log: Log,
+    token: str | None,
+) -> Starlette:
     routes = [
-        *create_agent_card_routes(jsonrpc_card),
-        *create_agent_card_routes(rest_card, card_url="/rest/.well-known/agent-card.json"),
+        *create_agent_card_routes(card("JSONRPC", f"{base}/rpc")),
+        *create_agent_card_routes(
+            card("HTTP+JSON", f"{base}/rest/api"), card_url="/rest/.well-known/agent-card.json"
+        ),
+        *create_agent_card_routes(
+            card("GRPC", f"127.0.0.1:{grpc_port}"), card_url="/grpc/.well-known/agent-card.json"
+        ),
+        *create_agent_card_routes(
+            card("GRPC", f"127.0.0.1:{down_port}"),
+            card_url="/grpc-down/.well-known/agent-card.json",
+        ),
         *create_jsonrpc_routes(handler, rpc_url="/rpc"),
         *create_rest_routes(handler, path_prefix="/rest/api"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(Bearer, log=log, token=token)])
+
+
+class GrpcBearer(grpc.aio.ServerInterceptor):
+    """The token on gRPC calls, as ``Bearer`` checks it on HTTP ones."""
+
+    def __init__(self, log: Log, token: str | None) -> None:
+        self.log, self.token = log, token
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        if self.token is None:
+            return await continuation(details)
+        given = dict(details.invocation_metadata or ()).get("authorization", "")
+        ok = given == f"Bearer {self.token}"
+        self.log.write(event="auth", ok=ok, binding="GRPC")
+        if ok:
+            return await continuation(details)
+
+        async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
+
+        handler = await continuation(details)
+        if handler is not None and handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(
+                refuse,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return grpc.unary_unary_rpc_method_handler(
+            refuse,
+            request_deserializer=handler.request_deserializer if handler else None,
+            response_serializer=handler.response_serializer if handler else None,
+        )
 
 
 class Bearer:
@@ -167,23 +216,57 @@ class Bearer:
         await self.app(scope, receive, send)
 
 
+def _listening() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # ready now: calls wait in the backlog until uvicorn takes them
+    return sock
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def serve(args: argparse.Namespace) -> None:
+    log = Log(args.log)
+    sock = _listening()
+    port = sock.getsockname()[1]
+    grpc_server = grpc.aio.server(interceptors=[GrpcBearer(log, args.token)])
+    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
+    base = f"http://127.0.0.1:{port}"
+    # One handler (one task store) behind every binding.
+    handler = DefaultRequestHandler(
+        agent_executor=CueAgent(log),
+        task_store=InMemoryTaskStore(),
+        agent_card=card("JSONRPC", f"{base}/rpc"),
+    )
+    down_port = _free_port()
+    web = app(base, grpc_port, down_port, handler, log, args.token)
+    servicer = GrpcHandler(handler)
+    a2a_pb2_grpc.add_A2AServiceServicer_to_server(servicer, grpc_server)  # type: ignore[no-untyped-call]
+    await grpc_server.start()
+    config = uvicorn.Config(
+        web,
+        log_level="warning",
+        timeout_graceful_shutdown=2,  # a task left waiting must not hold the stop
+    )
+    args.ready_file.write_text(
+        json.dumps({"port": port, "grpc_port": grpc_port, "down_port": down_port})
+    )
+    try:
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        await grpc_server.stop(grace=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ready-file", type=Path, required=True)
     parser.add_argument("--log", type=Path, required=True)
     parser.add_argument("--token")
-    args = parser.parse_args()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)  # ready now: calls wait in the backlog until uvicorn takes them
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app(port, Log(args.log), args.token),
-        log_level="warning",
-        timeout_graceful_shutdown=2,  # a task left waiting must not hold the stop
-    )
-    args.ready_file.write_text(json.dumps({"port": port}))
-    uvicorn.Server(config).run(sockets=[sock])
+    asyncio.run(serve(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from turnmesh.agent import (
     load_agent,
 )
 from turnmesh.agent._config import read_agent_file
-from turnmesh.agent.a2a_link import Link, NotAllowed, remote_error
+from turnmesh.agent.a2a_link import Link, NotAllowed, grpc_target, remote_error
 from turnmesh.agent.a2a_settings import RemoteSettings
 from turnmesh.agent.remote_a2a import (
     MAX_TRANSCRIPT_CHARS,
@@ -268,3 +268,49 @@ async def test_an_answer_without_a_checkpoint_cannot_continue_the_remote_task() 
     with pytest.raises(AgentError) as failed:
         await agent.run(request, emitter=RecordingEmitter())
     assert (failed.value.code, failed.value.status) == ("no_checkpoint", 409)
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed", "expected"),
+    [
+        ("127.0.0.1:5000", ["http://127.0.0.1:5000"], ("127.0.0.1:5000", False)),
+        (
+            "agents.example.com:443",
+            ["https://agents.example.com"],
+            ("agents.example.com:443", True),
+        ),
+        (
+            "grpcs://agents.example.com:8443",
+            ["https://agents.example.com:8443/"],
+            ("agents.example.com:8443", True),
+        ),
+        ("grpc://10.0.0.5:50051/", ["http://10.0.0.5:50051/"], ("10.0.0.5:50051", False)),
+    ],
+)
+def test_a_grpc_interface_is_dialled_as_the_allow_list_says(
+    url: str, allowed: list[str], expected: tuple[str, bool]
+) -> None:
+    assert grpc_target(url, allowed) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        # Another port, another host, a path prefix (an origin is needed).
+        ("127.0.0.1:5001", ["http://127.0.0.1:5000"]),
+        ("127.0.0.1.evil:5000", ["http://127.0.0.1:5000"]),
+        ("agents.example.com:443", ["https://agents.example.com/rpc/"]),
+        # Plaintext never satisfies an https-only allow-list, nor the reverse.
+        ("grpc://agents.example.com:443", ["https://agents.example.com"]),
+        ("grpcs://127.0.0.1:5000", ["http://127.0.0.1:5000"]),
+        # No port, a path, credentials, an unknown scheme, nothing.
+        ("agents.example.com", ["https://agents.example.com"]),
+        ("127.0.0.1:5000/x", ["http://127.0.0.1:5000/"]),
+        ("user@127.0.0.1:5000", ["http://127.0.0.1:5000"]),
+        ("unix:///tmp/sock", ["http://127.0.0.1:5000"]),
+        ("", ["http://127.0.0.1:5000"]),
+    ],
+)
+def test_a_grpc_interface_outside_the_allow_list_is_refused(url: str, allowed: list[str]) -> None:
+    with pytest.raises(NotAllowed):
+        grpc_target(url, allowed)
