@@ -21,6 +21,7 @@ import openai
 import pytest
 from google.protobuf import json_format
 
+from tests.support.a2a_clients import Agents, S, answer, message, sent
 from tests.support.mesh import SUPPORT_DIR, Component, Mesh, until, wait_for
 from turnmesh.agent import AgentError, AgentRequest
 from turnmesh.agent.a2a_settings import RemoteSettings
@@ -388,3 +389,19 @@ async def test_a_silent_grpc_stream_times_out_and_cancels_the_remote_task(
         lambda: slow["task_id"] in [e["task_id"] for e in a2a.remote.seen("cancel")],
         what="the remote's CancelTask",
     )
+
+
+async def test_an_a2a_client_reaches_the_remote_through_the_meshs_own_a2a_surface(
+    a2a: A2AMesh,
+) -> None:
+    # A2A in front of A2A: the mesh's card for "travel", then a task on it.
+    envoy = a2a.mesh.start_envoy([a2a.server], name="a2a-front-envoy")
+    agents = Agents(envoy.listener_address, "HTTP+JSON")
+    try:
+        client = await agents.client("travel", streaming=False)
+        task = await sent(client, message("through two meshes"))
+    finally:
+        await agents.close()
+    assert task.status.state == S.TASK_STATE_COMPLETED
+    # The remote's context is the mesh session's (the task's context).
+    assert answer(task) == f"echo 1 in {context_for(task.context_id)}: through two meshes."
