@@ -96,6 +96,18 @@ async def test_a_client_chosen_context_is_made_on_first_use(agents: Agents) -> N
     assert "message 2 of our conversation" in answer(second)
 
 
+async def test_a_repeated_message_runs_once(agents: Agents) -> None:
+    client = await agents.client("demo", streaming=False)
+    context_id = f"ctx-{uuid.uuid4()}"
+    request = message("only once", context_id)
+    first = await sent(client, request)
+    again = await sent(client, request)  # a retry: the same message_id
+    assert again.id == first.id and answer(again) == answer(first)
+    after = await sent(client, message("and then", context_id))
+    # The retry added nothing: this is the conversation's second message.
+    assert "message 2 of our conversation" in answer(after)
+
+
 async def test_cancel_while_streaming(agents: Agents, shared_mesh: SharedMesh) -> None:
     client = await agents.client("probe")
     gate = str(uuid.uuid4())
