@@ -180,8 +180,8 @@ DIFFERENCES = [
         "The mesh fetches no URL and has no file store.",
     ),
     (
-        "OpenAI chat completions and Responses",
-        "A client's disconnect cancels the turn (as OpenAI's does); "
+        "OpenAI chat completions and Responses, AG-UI",
+        "A client's disconnect (AG-UI: `abortRun()`) cancels the turn (as OpenAI's does); "
         "`X-Turnmesh-On-Disconnect: continue` lets it finish and be saved.",
         "The opt-out is the native API's resume-after-disconnect.",
     ),

@@ -390,9 +390,10 @@ def resume_entry(
 
 
 def on_disconnect(header: str | None) -> spb.DisconnectPolicy.ValueType:
-    """What a client's disconnect does on an OpenAI surface: cancel the turn
-    (OpenAI's own behaviour, the default) or, with ``continue``, let it finish
-    and be saved, to resume with SubscribeTurn as a native caller would."""
+    """What a client's disconnect does on an OpenAI or AG-UI surface: cancel
+    the turn (OpenAI's own behaviour, and an AG-UI ``abortRun()``: the
+    default) or, with ``continue``, let it finish and be saved, to resume
+    with SubscribeTurn as a native caller would."""
     if header is None:
         return spb.DISCONNECT_POLICY_CANCEL
     policy = _ON_DISCONNECT.get(header.strip().lower())

@@ -326,7 +326,11 @@ def _check_seeded(seed: list[message_pb2.Message], given: answers.Answers) -> No
     answers.check_resent(seed[-1].tool_calls, given)
 
 
-async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.HttpBody]:
+async def run(
+    mesh: Mesh, request: RunAgentInput, on_disconnect: spb.DisconnectPolicy.ValueType
+) -> AsyncIterator[httpbody_pb2.HttpBody]:
+    """The run's AG-UI events; a client that leaves (``abortRun()``) cancels
+    it unless ``on_disconnect`` says continue."""
     thread = request.thread_id
     messages = request.messages
     last = len(messages) - 1
@@ -392,6 +396,7 @@ async def run(mesh: Mesh, request: RunAgentInput) -> AsyncIterator[httpbody_pb2.
             thread,
             message,
             policy=policy,
+            on_disconnect=on_disconnect,
             files=files,
             tools=tools,
             tool_results=_tool_results(messages, indices),

@@ -108,9 +108,10 @@ class CompatServicer(CompatServiceServicer):
         self, request: httpbody_pb2.HttpBody, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
         mesh = self._mesh.for_caller(context.invocation_metadata())
+        policy = on_disconnect(_header(context, ON_DISCONNECT_HEADER))
         parsed = await agui.parse(request)
         del request  # its body's bytes (a turn may hold the call for minutes)
-        async for body in agui.run(mesh, parsed):
+        async for body in agui.run(mesh, parsed, policy):
             yield body
 
     async def Chat(self, request: cpb.ChatRequest, context: ServicerContext) -> cpb.ChatResponse:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import SharedMesh
+from tests.support.mesh import eventually, until
 from turnmesh.client import AsyncClient
+from turnmesh.v1 import session_service_pb2 as spb
 
 CLIENT_DIR = Path(__file__).resolve().parents[2] / "clients" / "agui"
 
@@ -90,3 +95,51 @@ async def test_bad_run_input_is_400(rest: httpx.AsyncClient) -> None:
     response = await rest.post("/v1/agui", json={"threadId": "x", "messages": []})
     assert response.status_code == 400
     assert response.json()["violations"][0]["field"] == "messages"
+
+
+@pytest.mark.parametrize("on_disconnect", [None, "continue"])
+async def test_abort_run_cancels_the_run_unless_told_to_continue(
+    shared_mesh: SharedMesh, client: AsyncClient, on_disconnect: str | None
+) -> None:
+    node = shutil.which("node")
+    assert node, "node is installed by `make install` (system-deps)"
+    thread, gate = f"agui-abort-{uuid.uuid4()}", str(uuid.uuid4())
+    # The run holds at its gate after a first delta, where the client aborts.
+    command = [node, "abort.mjs", f"http://{shared_mesh.edge}/v1/agui", thread, f"gate:{gate}"]
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [*command, *([on_disconnect] if on_disconnect else [])],
+        cwd=CLIENT_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert output["aborted"] and "TEXT_MESSAGE_CONTENT" in output["events"]
+    assert "RUN_FINISHED" not in output["events"]
+    probe = shared_mesh.mesh.probe_dir
+    turn_id = next(
+        p.name.removesuffix(".who")
+        for p in probe.glob("*.who")
+        if p.read_text().split()[-1] == thread
+    )
+    if on_disconnect is None:
+        # The abort reached the agent as a cancellation; nothing was saved.
+        await until(lambda: (probe / f"{turn_id}.cancelled").exists(), 120, what="the cancellation")
+        turn = await client.get_turn(thread, turn_id)
+        assert turn.state == spb.TURN_STATE_CANCELLED
+        assert [m.role for m in await client.history(thread)] == []
+    else:
+        # The run goes on without its client and is saved.
+        (probe / f"gate-{gate}").write_text("open")
+
+        async def finished() -> bool:
+            return (await client.get_turn(thread, turn_id)).state == spb.TURN_STATE_FINISHED
+
+        await eventually(finished, 120, what="the run to finish")
+        assert not (probe / f"{turn_id}.cancelled").exists()
+        roles = [m.role for m in await client.history(thread)]
+        assert roles == ["user", "assistant"]
+    (probe / f"gate-{gate}").write_text("open")

@@ -8,6 +8,8 @@ Metadata: ``deltas`` (count), ``delay_ms`` (between deltas),
 ``stall_first_attempt`` (the first worker to run the turn stalls before
 emitting anything: the test kills it there to see a transparent retry),
 ``fail_once`` (a name: the first turn carrying it fails with AgentError).
+A message "gate:NAME" gates the turn as ``gate`` does (for clients that
+send no metadata, such as AG-UI's).
 
 A message "mixed calls" makes one assistant message with a call of the
 caller's first tool beside a call of the agent's own ``lookup``, run at once;
@@ -56,7 +58,7 @@ class ProbeAgent:
                 parts.append(part)
                 await emitter.emit_delta(part)
                 await asyncio.sleep(delay)
-                if i == 0 and (gate := request.metadata.get("gate")):
+                if i == 0 and (gate := request.metadata.get("gate") or _gate_cue(request)):
                     # Running until the test opens the gate (creates the file,
                     # from another process: no Event can carry that).
                     while not (probe / f"gate-{gate}").exists():  # noqa: ASYNC110
@@ -65,6 +67,11 @@ class ProbeAgent:
             (probe / f"{request.turn_id}.cancelled").write_text(str(os.getpid()))
             raise
         return AgentResponse(text="".join(parts))
+
+
+def _gate_cue(request: AgentRequest) -> str | None:
+    cue, sep, name = request.message.partition("gate:")
+    return name.strip() if sep and not cue else None
 
 
 async def _mixed(request: AgentRequest, emitter: EventEmitter) -> AgentResponse:
