@@ -44,6 +44,8 @@ class Answer:
 
     def __init__(self) -> None:
         self._parts: list[str] = []
+        # Where the text after the last tool result starts in ``_parts``.
+        self._answer_from = 0
         self.usage = event_pb2.TokenUsage()
 
     def feed(self, event: event_pb2.Event) -> None:
@@ -51,10 +53,16 @@ class Answer:
         if kind == event_pb2.TEXT_MESSAGE_CONTENT:
             self._parts.append(event.delta)
         elif kind == event_pb2.TOOL_CALL_RESULT:
-            self._parts.clear()
+            self._answer_from = len(self._parts)
         elif kind == event_pb2.RUN_FINISHED:
             self.usage = sum_usage(event.usage)
 
     @property
     def text(self) -> str:
+        return "".join(self._parts[self._answer_from :])
+
+    @property
+    def streamed(self) -> str:
+        """All the text the turn streamed, before its tool calls too (what a
+        streamed chat completion's deltas add up to)."""
         return "".join(self._parts)

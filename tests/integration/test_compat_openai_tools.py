@@ -529,3 +529,32 @@ async def test_simple_chat_answers_an_approval_with_resume(rest: httpx.AsyncClie
     assert [(c["id"], c["name"], c["status"], c["arguments"]) for c in body["tool_calls"]] == [
         (call["id"], "calculator", "success", {"expression": "6*7"})
     ]
+
+
+@pytest.mark.parametrize(
+    ("message", "content"),
+    [
+        ("narrated", "calling tools. between tools. done."),
+        ("narrated client", "calling tools. "),
+    ],
+)
+async def test_the_whole_answer_is_what_the_stream_adds_up_to(
+    sdk: openai.AsyncOpenAI, message: str, content: str
+) -> None:
+    """Text before, between and after tool calls is in both forms alike."""
+    request: Any = {
+        "model": "probe",
+        "messages": [{"role": "user", "content": message}],
+        "tools": [WEATHER],
+    }
+    whole = await sdk.chat.completions.create(**request)
+    streamed = "".join(
+        [
+            chunk.choices[0].delta.content or ""
+            async for chunk in await sdk.chat.completions.create(**request, stream=True)
+            if chunk.choices
+        ]
+    )
+    assert whole.choices[0].message.content == streamed == content
+    calls = whole.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == (["get_weather"] if "client" in message else [])

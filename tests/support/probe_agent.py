@@ -8,8 +8,10 @@ Metadata: ``deltas`` (count), ``delay_ms`` (between deltas),
 ``stall_first_attempt`` (the first worker to run the turn stalls before
 emitting anything: the test kills it there to see a transparent retry),
 ``fail_once`` (a name: the first turn carrying it fails with AgentError).
-A message "gate:NAME" gates the turn as ``gate`` does (for clients that
-send no metadata, such as AG-UI's).
+"narrated" writes text before, between and after two calls of its own
+``lookup``; "narrated client" writes text, then calls the caller's first
+tool (the turn waits for it). A message "gate:NAME" gates the turn as
+``gate`` does (for clients that send no metadata, such as AG-UI's).
 
 A message "mixed calls" makes one assistant message with a call of the
 caller's first tool beside a call of the agent's own ``lookup``, run at once;
@@ -35,6 +37,8 @@ class ProbeAgent:
             return await _answered(request, emitter)
         if request.message in ("mixed calls", "mixed approval"):
             return await _mixed(request, emitter)
+        if request.message in ("narrated", "narrated client"):
+            return await _narrated(request, emitter)
         probe = Path(os.environ["TURNMESH_PROBE_DIR"])
         started = probe / f"{request.turn_id}.started"
         first_attempt = not started.exists()
@@ -67,6 +71,18 @@ class ProbeAgent:
             (probe / f"{request.turn_id}.cancelled").write_text(str(os.getpid()))
             raise
         return AgentResponse(text="".join(parts))
+
+
+async def _narrated(request: AgentRequest, emitter: EventEmitter) -> AgentResponse:
+    await emitter.emit_delta("calling tools. ")
+    if request.message == "narrated client":
+        await emitter.emit_tool_call(request.tools[0].name, {"q": 1})
+        return AgentResponse()
+    for text in ("between tools. ", "done."):
+        lookup = await emitter.emit_tool_call("lookup", {"q": text})
+        await emitter.emit_tool_result(lookup, "found")
+        await emitter.emit_delta(text)
+    return AgentResponse()
 
 
 def _gate_cue(request: AgentRequest) -> str | None:

@@ -94,8 +94,9 @@ class Turn:
         }
 
     def message(self) -> tuple[dict[str, Any], str]:
-        """The answer's assistant message and its finish reason."""
-        text = self.answer.text
+        """The answer's assistant message and its finish reason. Its content
+        is all the text the turn wrote, as the streamed deltas add up to."""
+        text = self.answer.streamed
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         calls = self.calls.pending(self.outcome)
         if calls:
