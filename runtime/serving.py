@@ -198,16 +198,22 @@ async def wait_for_signal(
             loop.remove_signal_handler(sig)
 
 
-def check_bind_host(host: str, secured: bool, allow_open: bool) -> None:
-    """Unsecured (no mesh key, no mutual TLS), bind loopback only unless
-    explicitly overridden."""
+MESH_SECURITY = "a mesh key or mutual TLS"
+
+
+def check_bind_host(
+    host: str, secured: bool, allow_open: bool, missing: str = MESH_SECURITY
+) -> None:
+    """Unsecured (``missing`` says what is not configured: by default the
+    mesh key and mutual TLS), bind loopback only unless explicitly
+    overridden."""
     if secured:
         return
     if not is_loopback(host):
         if not allow_open:
             raise SystemExit(
-                f"refusing to bind {host} without a mesh key or mutual TLS: set "
-                "TURNMESH_MESH_KEY (or --tls-*), or pass --allow-open to expose an "
-                "unauthenticated mesh"
+                f"refusing to bind {host} without {missing}: configure it (TURNMESH_MESH_KEY "
+                "or --tls-* for the mesh, --api-keys or --api-keys-file for callers), or pass "
+                "--allow-open to expose an unauthenticated mesh"
             )
-    log.warning("no mesh key or TLS configured: the mesh is open to anyone who can reach %s", host)
+    log.warning("%s not configured: the mesh is open to anyone who can reach %s", missing, host)

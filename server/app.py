@@ -27,6 +27,7 @@ from turnmesh.runtime.metrics import (
 from turnmesh.runtime.principals import ANONYMOUS
 from turnmesh.runtime.receipts import ReceiptSlots
 from turnmesh.runtime.serving import (
+    MESH_SECURITY,
     GrpcProcess,
     check_bind_host,
     wait_for_signal,
@@ -117,8 +118,9 @@ class SessionServer:
         self.api_keys = ApiKeys(c.api_keys, c.api_keys_file)
         # Open to anyone who can reach it unless both the public API and the
         # mesh have keys.
-        secured = bool(c.mesh_key or c.tls) and self.api_keys.configured
-        check_bind_host(c.host, secured, c.allow_open)
+        meshed, keyed = bool(c.mesh_key or c.tls), self.api_keys.configured
+        missing = [part for part, ok in ((MESH_SECURITY, meshed), ("API keys", keyed)) if not ok]
+        check_bind_host(c.host, meshed and keyed, c.allow_open, " and ".join(missing))
         if self.api_keys.configured and not (c.mesh_key or c.tls):
             # Servers forward callers' calls to each other; without a mesh key
             # (or mTLS) they could only do so by handing a caller's key to
