@@ -259,6 +259,13 @@ DIFFERENCES = [
     ),
     (
         "Seed simple chat (HoloDeck)",
+        "A file's base64 `content` is also accepted unpadded and URL-safe; `tokens_used` is "
+        "absent (not `null`) when the agent reported no usage.",
+        "The edge decodes `bytes` fields before the server sees the text (Envoy's "
+        "transcoder is lenient); it prints no `null` for an unset object.",
+    ),
+    (
+        "Seed simple chat (HoloDeck)",
         "Health in HoloDeck's shape is `GET /v1/chat/health`; `/health` stays the native one.",
         "The native `status` is a lifecycle state, not healthy|unhealthy.",
     ),

@@ -65,6 +65,9 @@ async def stream(mesh: Mesh, request: cpb.ChatRequest) -> AsyncIterator[event_pb
     async with mesh.turn(
         session_id,
         request.message,
+        # Each request its own turn and answer, as the seed's server gives
+        # (COLLECT would answer two requests on a busy session with one).
+        policy=spb.TURN_POLICY_ENQUEUE,
         files=request.files,
         tools=request.tools,
         tool_results=request.tool_results,
@@ -157,7 +160,6 @@ class _Calls:
 async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
     started = time.monotonic()
     response = cpb.ChatResponse()
-    response.tokens_used.SetInParent()  # present, zero or not
     calls = _Calls(response)
     answer = Answer()
     outcome = event_pb2.RunOutcome()
@@ -190,8 +192,11 @@ async def chat(mesh: Mesh, request: cpb.ChatRequest) -> cpb.ChatResponse:
     # A turn that waits on an approval or a question says what it asks,
     # even when its agent said nothing (the call it gates is `pending`).
     response.content = answer.text or "\n".join(i.message for i in outcome.interrupts if i.message)
-    response.tokens_used.prompt_tokens = answer.usage.input_tokens
-    response.tokens_used.completion_tokens = answer.usage.output_tokens
-    response.tokens_used.total_tokens = answer.usage.total_tokens
+    if answer.usage.ByteSize():
+        # Absent (the seed's null) when the agent reported no usage: the
+        # transcoder prints no null, and zeros would claim a count.
+        response.tokens_used.prompt_tokens = answer.usage.input_tokens
+        response.tokens_used.completion_tokens = answer.usage.output_tokens
+        response.tokens_used.total_tokens = answer.usage.total_tokens
     response.execution_time_ms = round((time.monotonic() - started) * 1000)
     return response

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import uuid
 
 import httpx
 from httpx_sse import aconnect_sse
+
+from tests.conftest import SharedMesh
+from tests.support.mesh import eventually, until
+from turnmesh.client import AsyncClient
 
 
 async def test_chat_starts_a_session_and_continues_it(rest: httpx.AsyncClient) -> None:
@@ -115,28 +121,39 @@ async def test_zero_and_empty_fields_are_present(rest: httpx.AsyncClient) -> Non
     body = (await rest.post("/v1/chat", json={"message": "hi", "agent_name": "echo"})).json()
     assert body["tool_calls"] == []
     assert set(body["tokens_used"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+    # An agent that reports no usage has none (the seed's null), not zeros.
+    quiet = await rest.post("/v1/chat", json={"message": "hi", "agent_name": "probe"})
+    assert quiet.status_code == 200 and "tokens_used" not in quiet.json()
 
 
-async def test_a_failed_tool_is_an_error_status(rest: httpx.AsyncClient) -> None:
-    body = (await rest.post("/v1/chat", json={"message": "What is 1/0?"})).json()
-    (call,) = body["tool_calls"]
-    assert call["name"] == "calculator"
-    assert call["status"] == "error", body
+async def test_requests_on_a_busy_session_each_get_their_own_answer(
+    rest: httpx.AsyncClient, client: AsyncClient, shared_mesh: SharedMesh
+) -> None:
+    sid = (await client.create_session(agent="probe")).session_id
+    gate = str(uuid.uuid4())
+    body = {"session_id": sid, "agent_name": "probe"}
+    first = asyncio.create_task(rest.post("/v1/chat", json={**body, "message": f"gate:{gate}"}))
 
+    async def held() -> bool:
+        return (await client.get_session(sid)).turn_running
 
-async def test_holodecks_health_shape_on_its_own_path(rest: httpx.AsyncClient) -> None:
-    health = (await rest.get("/v1/chat/health")).json()
-    assert set(health) == {
-        "status",
-        "agent_name",
-        "agent_ready",
-        "active_sessions",
-        "uptime_seconds",
-    }
-    assert health["status"] == "healthy"
-    assert health["agent_ready"] is True
-    assert health["agent_name"] == "demo"
-    assert health["uptime_seconds"] > 0
-    # The native /health keeps its own shape (`status` a LifecycleState).
-    native = (await rest.get("/health")).json()
-    assert native["status"] in ("LIFECYCLE_STATE_READY", "LIFECYCLE_STATE_RUNNING")
+    await eventually(held, 120, what="the first turn to start")
+    # Two more while it runs: each queues a turn of its own.
+    queued = [
+        asyncio.create_task(rest.post("/v1/chat", json={**body, "message": text}))
+        for text in ("second", "third")
+    ]
+
+    def sent_on() -> bool:
+        # All three are with the servers (Envoy has passed them on).
+        stat = shared_mesh.envoy.admin("/stats?filter=^cluster.session_servers.upstream_rq_active$")
+        return int(stat.rsplit(":", 1)[-1]) >= 3
+
+    await until(sent_on, 120, what="the queued requests")
+    (shared_mesh.mesh.probe_dir / f"gate-{gate}").write_text("open")
+    answers = [r.json() for r in await asyncio.gather(first, *queued)]
+    assert len({a["message_id"] for a in answers}) == 3
+    history = await client.history(sid)
+    users = [m.content for m in history if m.role == "user"]
+    assert users[0] == f"gate:{gate}" and sorted(users[1:]) == ["second", "third"]
+    assert [m.role for m in history].count("assistant") == 3
