@@ -29,11 +29,13 @@ from turnmesh.envoy.replies import REQUEST_ID, local_reply_config
 from turnmesh.envoy.sockets import address, listener_tls
 from turnmesh.envoy.timeouts import manager_timeouts
 from turnmesh.runtime import errors
-from turnmesh.v1 import compat_service_pb2, session_service_pb2
+from turnmesh.v1 import chat_upload_pb2, compat_service_pb2, session_service_pb2
 
 HERE = Path(__file__).resolve().parent
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
+# Simple chat's multipart forms: their own transcoder on their own routes.
+UPLOAD_SERVICE = chat_upload_pb2.DESCRIPTOR.services_by_name["ChatUploadService"].full_name
 # A2A's own service, transcoded by its own google.api.http rules.
 A2A_SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
 
@@ -388,6 +390,7 @@ def _routes(
             "typed_per_filter_config": ext_authz.bodiless(),
         },
         *_openai_unserved_routes(),
+        *_upload_routes(route, transcoder),
         *_streamed_routes(route, transcoder),
         {"match": {"prefix": "/"}, "route": route},
     ]
@@ -454,6 +457,38 @@ def _streamed_routes(route: dict[str, Any], transcoder: dict[str, Any]) -> list[
             "match": {"safe_regex": {"regex": STREAMED_PATHS}},
             "route": route,
             "typed_per_filter_config": {"envoy.filters.http.grpc_json_transcoder": streamed},
+        }
+    ]
+
+
+# Simple chat's paths (HoloDeck's), which a multipart/form-data body sends
+# to ChatUploadService instead of Chat and ChatStream.
+CHAT_PATHS = r"^/v1/chat(:stream)?/?$|^/agent/[^/]+/chat(/stream)?/?$"
+MULTIPART_CONTENT_TYPE = r"(?i)^\s*multipart/form-data\b.*"
+
+
+def _upload_routes(route: dict[str, Any], transcoder: dict[str, Any]) -> list[dict[str, Any]]:
+    """The transcoder picks an RPC by path and verb, never by content type:
+    a multipart chat request gets a transcoder of its own (only
+    ChatUploadService, whose RPCs bind the same paths; JSON ones keep Chat)."""
+    upload = {
+        **transcoder,
+        "services": [UPLOAD_SERVICE],
+        "print_options": {**transcoder["print_options"], "always_print_primitive_fields": False},
+    }
+    return [
+        {
+            "match": {
+                "safe_regex": {"regex": CHAT_PATHS},
+                "headers": [
+                    {
+                        "name": "content-type",
+                        "string_match": {"safe_regex": {"regex": MULTIPART_CONTENT_TYPE}},
+                    }
+                ],
+            },
+            "route": route,
+            "typed_per_filter_config": {"envoy.filters.http.grpc_json_transcoder": upload},
         }
     ]
 

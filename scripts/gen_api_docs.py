@@ -259,6 +259,13 @@ DIFFERENCES = [
     ),
     (
         "Seed simple chat (HoloDeck)",
+        "Multipart forms: fields other than `message`, `session_id`, `agent_name` and `files` "
+        "are ignored; a `files` part without a `Content-Type` is `application/octet-stream` "
+        "(refused by the MIME list); `application/x-www-form-urlencoded` is not a form here.",
+        "HoloDeck's spec names multipart for uploads; a request without files is sent as JSON.",
+    ),
+    (
+        "Seed simple chat (HoloDeck)",
         "A file's base64 `content` is also accepted unpadded and URL-safe; `tokens_used` is "
         "absent (not `null`) when the agent reported no usage.",
         "The edge decodes `bytes` fields before the server sees the text (Envoy's "

@@ -35,7 +35,7 @@ from turnmesh.runtime.serving import (
 )
 from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
-from turnmesh.server.compat import CompatServicer, Mesh, Models
+from turnmesh.server.compat import ChatUploadServicer, CompatServicer, Mesh, Models
 from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
 from turnmesh.server.compat.a2a import A2AServicer, AgentCards
 from turnmesh.server.config import ServerConfig
@@ -51,8 +51,9 @@ from turnmesh.server.webhooks.sender import WebhookSender
 from turnmesh.server.webhooks.settings import settings_from
 from turnmesh.server.workers.pool import WorkerPool
 from turnmesh.server.workers.readiness import AGENT_HEALTH_SERVICE
+from turnmesh.v1 import chat_upload_pb2 as upb
+from turnmesh.v1 import chat_upload_pb2_grpc, compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import compat_service_pb2 as cpb
-from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = spb.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE_NAME = cpb.DESCRIPTOR.services_by_name["CompatService"].full_name
+UPLOAD_SERVICE_NAME = upb.DESCRIPTOR.services_by_name["ChatUploadService"].full_name
 
 
 class SessionServer:
@@ -257,6 +259,9 @@ class SessionServer:
                 cast("session_service_pb2_grpc.SessionServiceServicer", servicer), server
             )
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
+            chat_upload_pb2_grpc.add_ChatUploadServiceServicer_to_server(
+                ChatUploadServicer(self._compat_mesh), server
+            )
             # a2a-sdk's generated stubs carry no types for this one function.
             a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
                 A2AServicer(self._compat_mesh), server
@@ -277,10 +282,16 @@ class SessionServer:
         self._process = GrpcProcess(
             host=c.host,
             port=c.port,
-            service_names=[SERVICE_NAME, COMPAT_SERVICE_NAME, A2A_SERVICE_NAME],
+            service_names=[
+                SERVICE_NAME,
+                COMPAT_SERVICE_NAME,
+                UPLOAD_SERVICE_NAME,
+                A2A_SERVICE_NAME,
+            ],
             trace_roots=(
                 f"/{SERVICE_NAME}/",
                 f"/{COMPAT_SERVICE_NAME}/",
+                f"/{UPLOAD_SERVICE_NAME}/",
                 f"/{A2A_SERVICE_NAME}/",
             ),
             register=register,
@@ -299,7 +310,8 @@ class SessionServer:
                     decoded_later=frozenset(
                         f"/{COMPAT_SERVICE_NAME}/{name}"
                         for name in ("CreateChatCompletion", "CreateResponse", "RunAgent")
-                    ),
+                    )
+                    | {f"/{UPLOAD_SERVICE_NAME}/{n}" for n in ("UploadChat", "UploadChatStream")},
                 ),
             ],
             transport=transport,

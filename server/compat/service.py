@@ -8,14 +8,15 @@ from collections.abc import AsyncIterator, Awaitable
 from google.api import httpbody_pb2
 
 from turnmesh.runtime.handlers import ServicerContext
-from turnmesh.server.compat import agui, openai_chat, openai_responses, simple_chat
+from turnmesh.server.compat import agui, chat_upload, openai_chat, openai_responses, simple_chat
 from turnmesh.server.compat._common import ON_DISCONNECT_HEADER, Mesh, on_disconnect
 from turnmesh.server.compat.a2a import AgentCards
 from turnmesh.server.compat.openai_models import Models
 from turnmesh.server.sessions import validation
+from turnmesh.v1 import chat_upload_pb2, event_pb2
 from turnmesh.v1 import compat_service_pb2 as cpb
-from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
+from turnmesh.v1.chat_upload_pb2_grpc import ChatUploadServiceServicer
 from turnmesh.v1.compat_service_pb2_grpc import CompatServiceServicer
 
 SESSION_HEADER = "x-session-id"
@@ -136,6 +137,33 @@ class CompatServicer(CompatServiceServicer):
         self, request: cpb.GetAgentCardRequest, context: ServicerContext
     ) -> httpbody_pb2.HttpBody:
         return self._cards.card(request.agent, context.invocation_metadata())
+
+
+class ChatUploadServicer(ChatUploadServiceServicer):
+    """Simple chat's multipart forms: read into a ChatRequest, then answered
+    as Chat and ChatStream answer it."""
+
+    def __init__(self, mesh: Mesh) -> None:
+        self._mesh = mesh
+
+    async def UploadChat(
+        self, request: chat_upload_pb2.UploadChatRequest, context: ServicerContext
+    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
+        chat = await chat_upload.read(request)
+        del request  # its body's bytes: the files are in `chat` now
+        await _validate_chat(chat)
+        yield chat_upload.response_body(await simple_chat.chat(mesh, chat))
+
+    async def UploadChatStream(
+        self, request: chat_upload_pb2.UploadChatRequest, context: ServicerContext
+    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        mesh = self._mesh.for_caller(context.invocation_metadata())
+        chat = await chat_upload.read(request)
+        del request
+        await _validate_chat(chat)
+        async for event in simple_chat.stream(mesh, chat):
+            yield chat_upload.event_body(event)
 
 
 async def _one(body: Awaitable[httpbody_pb2.HttpBody]) -> AsyncIterator[httpbody_pb2.HttpBody]:

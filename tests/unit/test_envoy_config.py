@@ -77,9 +77,9 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
     # The reads by their gRPC path, native gRPC, /health, /ready and
     # /v1/chat/health (no key check), A2A's agent cards (no key check
-    # either), the streamed REST routes (which print only set fields), and
-    # the rest.
-    assert len(forwarded) == 7 + len(READ_PATHS)
+    # either), simple chat's multipart forms (a transcoder of their own), the
+    # streamed REST routes (which print only set fields), and the rest.
+    assert len(forwarded) == 8 + len(READ_PATHS)
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
@@ -88,12 +88,18 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     assert transcoder["print_options"]["stream_sse_style_delimited"] is True
     # Unary answers print zero fields; streamed events only what they set.
     assert transcoder["print_options"]["always_print_primitive_fields"] is True
-    (streamed,) = [
+    upload, streamed = [
         r
         for r in forwarded
         if "safe_regex" in r["match"]
         and "envoy.filters.http.grpc_json_transcoder" in r.get("typed_per_filter_config", {})
     ]
+    # Multipart chat requests (by content type) reach ChatUploadService only.
+    (content_type,) = upload["match"]["headers"]
+    assert "multipart/form-data" in content_type["string_match"]["safe_regex"]["regex"]
+    upload_options = upload["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
+    assert upload_options["services"] == ["turnmesh.v1.ChatUploadService"]
+    assert "turnmesh.v1.ChatUploadService" not in transcoder["services"]
     options = streamed["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
     assert options["print_options"]["always_print_primitive_fields"] is False
     assert options["print_options"]["stream_sse_style_delimited"] is True

@@ -1,5 +1,7 @@
 """Generated from proto/turnmesh/v1 by scripts/gen_protos.py. DO NOT EDIT."""
 
+from turnmesh.v1 import chat_upload_pb2
+from turnmesh.v1 import chat_upload_pb2_grpc
 from turnmesh.v1 import compat_service_pb2
 from turnmesh.v1 import compat_service_pb2_grpc
 from turnmesh.v1 import event_pb2
@@ -13,6 +15,11 @@ from turnmesh.v1 import session_service_pb2_grpc
 from turnmesh.v1 import worker_service_pb2
 from turnmesh.v1 import worker_service_pb2_grpc
 
+from turnmesh.v1.chat_upload_pb2 import UploadChatRequest as UploadChatRequest
+from turnmesh.v1.chat_upload_pb2_grpc import ChatUploadServiceStub as ChatUploadServiceStub
+from turnmesh.v1.chat_upload_pb2_grpc import ChatUploadServiceServicer as ChatUploadServiceServicer
+from turnmesh.v1.chat_upload_pb2_grpc import add_ChatUploadServiceServicer_to_server as add_ChatUploadServiceServicer_to_server
+from turnmesh.v1.chat_upload_pb2_grpc import ChatUploadService as ChatUploadService
 from turnmesh.v1.compat_service_pb2 import GetAgentCardRequest as GetAgentCardRequest
 from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
 from turnmesh.v1.compat_service_pb2 import CancelResponseRequest as CancelResponseRequest
@@ -120,6 +127,9 @@ __all__ = [
     "ChatResponse",
     "ChatTokensUsed",
     "ChatToolCall",
+    "ChatUploadService",
+    "ChatUploadServiceServicer",
+    "ChatUploadServiceStub",
     "CompatService",
     "CompatServiceServicer",
     "CompatServiceStub",
@@ -200,13 +210,17 @@ __all__ = [
     "TurnState",
     "UnregisterRequest",
     "UnregisterResponse",
+    "UploadChatRequest",
     "WorkerService",
     "WorkerServiceServicer",
     "WorkerServiceStub",
+    "add_ChatUploadServiceServicer_to_server",
     "add_CompatServiceServicer_to_server",
     "add_RouterServiceServicer_to_server",
     "add_SessionServiceServicer_to_server",
     "add_WorkerServiceServicer_to_server",
+    "chat_upload_pb2",
+    "chat_upload_pb2_grpc",
     "compat_service_pb2",
     "compat_service_pb2_grpc",
     "event_pb2",
