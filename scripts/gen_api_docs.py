@@ -51,11 +51,9 @@ def _http_rule(rule: http_pb2.HttpRule) -> str:
 
 
 def _http(method: descriptor_pb2.MethodDescriptorProto) -> str:
+    """The method's HTTP bindings, its additional ones too."""
     rule: http_pb2.HttpRule = method.options.Extensions[annotations_pb2.http]
-    kind = rule.WhichOneof("pattern")
-    if not kind:
-        return ""
-    return f"`{kind.upper()} {getattr(rule, kind)}`"
+    return " ".join(filter(None, (_http_rule(r) for r in (rule, *rule.additional_bindings))))
 
 
 PROTO_MODULE = [

@@ -157,3 +157,14 @@ async def test_requests_on_a_busy_session_each_get_their_own_answer(
     users = [m.content for m in history if m.role == "user"]
     assert users[0] == f"gate:{gate}" and sorted(users[1:]) == ["second", "third"]
     assert [m.role for m in history].count("assistant") == 3
+
+
+async def test_holodecks_delete_path_deletes_the_session_idempotently(
+    rest: httpx.AsyncClient,
+) -> None:
+    session_id = (await rest.post("/v1/chat", json={"message": "hi"})).json()["session_id"]
+    first = await rest.delete(f"/sessions/{session_id}")
+    assert (first.status_code, first.json()["deleted"]) == (200, True)
+    again = await rest.delete(f"/sessions/{session_id}")
+    assert (again.status_code, again.json()["deleted"]) == (200, False)
+    assert (await rest.get(f"/v1/sessions/{session_id}")).status_code == 404
