@@ -663,7 +663,7 @@ class _Key(CredentialService):
         return self._key if security_scheme_name == "bearer" else None
 
 
-@pytest.mark.parametrize("binding", ["HTTP+JSON", "GRPC"])
+@pytest.mark.parametrize("binding", ["HTTP+JSON", "GRPC", "JSONRPC"])
 async def test_a2a_tasks_are_their_principals_own(
     tenants: Tenants, rest: httpx.AsyncClient, binding: str
 ) -> None:

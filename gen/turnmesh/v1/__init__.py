@@ -13,6 +13,7 @@ from turnmesh.v1 import session_service_pb2_grpc
 from turnmesh.v1 import worker_service_pb2
 from turnmesh.v1 import worker_service_pb2_grpc
 
+from turnmesh.v1.compat_service_pb2 import A2AJsonRpcRequest as A2AJsonRpcRequest
 from turnmesh.v1.compat_service_pb2 import GetAgentCardRequest as GetAgentCardRequest
 from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
 from turnmesh.v1.compat_service_pb2 import CancelResponseRequest as CancelResponseRequest
@@ -111,6 +112,7 @@ from turnmesh.v1.worker_service_pb2_grpc import add_WorkerServiceServicer_to_ser
 from turnmesh.v1.worker_service_pb2_grpc import WorkerService as WorkerService
 
 __all__ = [
+    "A2AJsonRpcRequest",
     "CancelResponseRequest",
     "CancelTurnRequest",
     "CancelTurnResponse",
