@@ -565,6 +565,7 @@ class Unauthenticated(TurnmeshError):
 _BY_CODE[grpc.StatusCode.INTERNAL] = TurnmeshError
 
 # JSON-RPC 2.0's own codes for the rows they fit; the rest count down from here.
+JSONRPC_INVALID_REQUEST = -32600
 JSONRPC_INVALID_PARAMS = -32602
 JSONRPC_INTERNAL_ERROR = -32603
 JSONRPC_SERVER_BASE = -32050
@@ -631,6 +632,18 @@ _EDGE_ONLY: dict[int, tuple[str, str, str]] = {
 }
 # Any other status Envoy answers with.
 EDGE_FALLBACK = ("error", "Error")
+
+
+def edge_jsonrpc_error(status: int) -> tuple[int, str]:
+    """The JSON-RPC code and ErrorInfo reason of Envoy's own reply with this
+    HTTP status: its row's, or for a status only the edge answers (413 …)
+    JSON-RPC's invalid request (a 4xx) or internal error (a 5xx)."""
+    kind = _EDGE_KINDS.get(status)
+    if kind is not None:
+        return kind.jsonrpc_code(), kind.reason_name()
+    slug = _EDGE_ONLY.get(status, EDGE_FALLBACK)[0]
+    code = JSONRPC_INTERNAL_ERROR if status >= 500 else JSONRPC_INVALID_REQUEST
+    return code, slug.upper().replace("-", "_")
 
 
 def edge_problems() -> dict[int, tuple[str, str, str]]:

@@ -7,6 +7,7 @@ or Python's words, and never a session made."""
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,8 @@ import httpx
 import pytest
 
 from tests.conftest import SharedMesh
+from turnmesh.envoy.config import MAX_REQUEST_BODY_BYTES
+from turnmesh.envoy.guards import MAX_HEADER_BYTES
 
 pytestmark = pytest.mark.integration
 
@@ -210,3 +213,51 @@ async def test_v03_method_names_point_to_v10(http: httpx.AsyncClient) -> None:
         error = _error(await http.post("/demo/jsonrpc", json=_call(name, {"id": "x"}, 3)), 3)
         assert error["code"] == -32601
         assert "v0.3" in error["message"] and "SendMessage" in error["message"]
+
+
+def _head_only(address: str, head: bytes) -> tuple[int, bytes]:
+    """Send a request head (no body); the final status and body."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(head)
+        data = b""
+        while True:
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                assert chunk, data
+                data += chunk
+            block, _, data = data.partition(b"\r\n\r\n")
+            lines = block.decode().split("\r\n")
+            if int(lines[0].split()[1]) >= 200:  # past "100 Continue"
+                break
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        while len(data) < int(headers.get("content-length", "0")):
+            data += conn.recv(65536)
+    return int(lines[0].split()[1]), data
+
+
+async def test_the_edges_own_refusals_are_json_rpc_errors(
+    http: httpx.AsyncClient, shared_mesh: SharedMesh
+) -> None:
+    """Envoy's local replies on a JSON-RPC endpoint (a body over the limit,
+    headers over it) keep their status, in JSON-RPC's shape with id null."""
+    size = MAX_REQUEST_BODY_BYTES + 1
+    status, body = _head_only(
+        shared_mesh.edge,
+        f"POST /demo/jsonrpc HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {size}\r\nExpect: 100-continue\r\n\r\n".encode(),
+    )
+    assert status == 413
+    refused = json.loads(body)
+    assert (refused["jsonrpc"], refused["id"], refused["error"]["code"]) == ("2.0", None, -32600)
+    assert isinstance(refused["error"]["code"], int)  # as JSON-RPC clients check it
+    assert str(size) in refused["error"]["message"]
+    assert refused["error"]["data"][0]["reason"] == "PAYLOAD_TOO_LARGE"
+    big = await http.post(
+        "/demo/jsonrpc",
+        json=_call("GetTask", {"id": "x"}),
+        headers={"x-big": "a" * MAX_HEADER_BYTES},
+    )
+    assert big.status_code == 431
+    assert big.json()["error"]["code"] == -32600 and big.json()["id"] is None
+    assert isinstance(big.json()["error"]["code"], int)
