@@ -140,9 +140,9 @@ class CompatServicer(CompatServiceServicer):
     async def A2AJsonRpc(
         self, request: cpb.A2AJsonRpcRequest, context: ServicerContext
     ) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        agent, body = request.agent, request.body
-        del request  # its body's bytes (a task may hold the call for minutes)
-        async for response in jsonrpc.answer(self._a2a, agent, body, context):
+        bodies = jsonrpc.answer(self._a2a, request.agent, request.body, context)
+        del request  # its body's bytes (a task may hold the call for minutes): answer drops them
+        async for response in bodies:
             yield response
 
 

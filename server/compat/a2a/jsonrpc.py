@@ -17,8 +17,10 @@ method names are refused (docs/api.md says why).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, cast, get_args
 
@@ -55,6 +57,8 @@ V03_METHODS = frozenset(
     str(request.model_fields["method"].default)
     for request in get_args(v03.A2ARequest.model_fields["root"].annotation)
 )
+# A batch: a JSON array, however deep (refused before its depth is).
+_BATCH = re.compile(rb"\s*\[")
 # Longer texts (an echoed parse failure) are cut: an error never carries a body back.
 MAX_MESSAGE = 300
 
@@ -90,19 +94,24 @@ async def answer(
     request_id: Id = None
     try:
         request, request_id = await _envelope(body)
+        # Neither the body's bytes nor their JSON are kept while the call runs.
+        del body
         call = _call(request, request_id, agent)
+        del request
         handler = cast(Handler, getattr(servicer, call.method.name))
         if not call.method.server_streaming:
             result = await handler(call.params, context)
             yield json_body(_result(request_id, result))
             return
-        stream = cast(AsyncIterator[message.Message], handler(call.params, context))
+        stream = cast(AsyncGenerator[message.Message, None], handler(call.params, context))
+        # The first response, or the error that refuses the call, decides
+        # between SSE and a plain JSON answer (as a2a-sdk's server does).
         first = await anext(stream, None)
     except _Refused as refused:
         yield json_body(build_error_response(refused.request_id, refused.error))
         return
     except Exception as exc:  # every failure is answered in JSON-RPC's words
-        error = _error(exc, context)
+        error = _error(exc)
         if error.retry_after is not None:
             await context.send_initial_metadata(
                 (
@@ -112,38 +121,29 @@ async def answer(
             )
         yield json_body(_error_response(request_id, error))
         return
-    async for frame in _frames(request_id, first, stream, context):
-        yield frame
-
-
-async def _frames(
-    request_id: Id,
-    first: message.Message | None,
-    stream: AsyncIterator[message.Message],
-    context: ServicerContext,
-) -> AsyncIterator[httpbody_pb2.HttpBody]:
-    """A stream's responses as SSE frames; an error ends it as an ``error`` event."""
-    if first is None:
-        return
-    yield sse_body(_result(request_id, first))
-    try:
-        async for response in stream:
-            yield sse_body(_result(request_id, response))
-    except Exception as exc:  # answered in-band: the status line is sent
-        yield sse_body(_error_response(request_id, _error(exc, context)), event="error")
+    async with contextlib.aclosing(stream):
+        if first is None:
+            return
+        yield sse_body(_result(request_id, first))
+        try:
+            async for response in stream:
+                yield sse_body(_result(request_id, response))
+        except Exception as exc:  # answered in-band: the status line is sent
+            yield sse_body(_error_response(request_id, _error(exc)), event="error")
 
 
 async def _envelope(body: httpbody_pb2.HttpBody) -> tuple[dict[str, Any], Id]:
     """The request object and its id."""
-    if body.data.lstrip()[:1] == b"[":
-        raise _Refused(
-            jsonrpc_models.InvalidRequestError(
-                message="batch requests are not served: send one JSON-RPC request per POST"
-            )
-        )
     try:
         request = await parse_json_body(body)
     except InvalidArgument as exc:
+        # Read again only when refused (a large body is not copied twice).
+        if _BATCH.match(body.data):
+            raise _Refused(
+                jsonrpc_models.InvalidRequestError(
+                    message="batch requests are not served: send one JSON-RPC request per POST"
+                )
+            ) from None
         why = exc.violations[0].description
         if why == "must be a JSON object":  # valid JSON, but no request object
             raise _Refused(
@@ -230,7 +230,7 @@ def _result(request_id: Id, result: message.Message) -> dict[str, Any]:
     return {"jsonrpc": VERSION, "result": value, "id": request_id}
 
 
-def _error(exc: Exception, context: ServicerContext) -> TurnmeshError:
+def _error(exc: Exception) -> TurnmeshError:
     """A handler's failure as a row of the error table, worded for callers."""
     if isinstance(exc, grpc.RpcError):
         exc = from_rpc_error(exc)
