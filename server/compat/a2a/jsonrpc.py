@@ -57,7 +57,7 @@ V03_METHODS = frozenset(
     str(request.model_fields["method"].default)
     for request in get_args(v03.A2ARequest.model_fields["root"].annotation)
 )
-# A batch: a JSON array, however deep (refused before its depth is).
+# A batch: a JSON array (named a batch however deep it is).
 _BATCH = re.compile(rb"\s*\[")
 # Longer texts (an echoed parse failure) are cut: an error never carries a body back.
 MAX_MESSAGE = 300
