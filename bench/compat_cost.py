@@ -3,7 +3,8 @@ turn (a 5-word message) through Envoy as native REST (a turn on an existing
 session, SSE; and "native-rest-new": a new session, then its turn), OpenAI
 chat completions and Responses (streamed, one user message, as a stateless
 client sends it: each makes a session), AG-UI (a run on a new thread) and
-A2A (a streamed message, HTTP+JSON, in a new context: a background turn),
+A2A (a streamed message in a new context, a background turn: over HTTP+JSON,
+and as "a2a-jsonrpc" over JSON-RPC, SendStreamingMessage),
 interleaved in rounds so drift on a shared machine hits all alike. Reported:
 CPU per turn of the server, the worker and Envoy, from /proc, and each
 surface's server CPU as a ratio to native REST's, next to the bare baseline's
@@ -26,7 +27,15 @@ import aiohttp
 
 from bench.suite import MESSAGE, Bench, cpu_seconds
 
-SURFACES = ("native-rest", "native-rest-new", "chat-completions", "responses", "agui", "a2a")
+SURFACES = (
+    "native-rest",
+    "native-rest-new",
+    "chat-completions",
+    "responses",
+    "agui",
+    "a2a",
+    "a2a-jsonrpc",
+)
 
 
 def _request(surface: str, session_id: str) -> tuple[str, dict[str, Any]]:
@@ -37,8 +46,11 @@ def _request(surface: str, session_id: str) -> tuple[str, dict[str, Any]]:
         return "/v1/chat/completions", {"model": "echo", "messages": user, "stream": True}
     if surface == "responses":
         return "/v1/responses", {"model": "echo", "input": MESSAGE, "stream": True}
-    if surface == "a2a":
+    if surface.startswith("a2a"):
         message = {"messageId": uuid.uuid4().hex, "role": "ROLE_USER", "parts": [{"text": MESSAGE}]}
+        if surface == "a2a-jsonrpc":
+            call = {"method": "SendStreamingMessage", "params": {"message": message}}
+            return "/echo/jsonrpc", {"jsonrpc": "2.0", "id": 1, **call}
         return "/echo/message:stream", {"message": message}
     thread = f"bench-{uuid.uuid4().hex}"
     return "/v1/agui", {

@@ -234,7 +234,7 @@ def lua_error_table() -> str:
     rows of their own that some reasons have."""
 
     def row(r: errors.Row) -> str:
-        return f'"{r.slug}", "{r.title}", "{r.openai_type}", {r.code.value[0]}'
+        return f'"{r.slug}", "{r.title}", "{r.openai_type}", {r.code.value[0]}, {r.jsonrpc_code}'
 
     return "\n".join(
         [

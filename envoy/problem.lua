@@ -4,8 +4,8 @@
 -- just enough JSON to copy values through verbatim (they are already escaped).
 
 -- The error table (turnmesh.runtime.errors), rendered by envoy/config.py:
--- BASE, BY_CODE[grpc code] = {slug, title, OpenAI type} and
--- BY_REASON[ErrorInfo.reason] = {slug, title, OpenAI type, grpc code}, and
+-- BASE, BY_CODE[grpc code] = {slug, title, OpenAI type, grpc code, JSON-RPC code} and
+-- BY_REASON[ErrorInfo.reason] = {slug, title, OpenAI type, grpc code, JSON-RPC code}, and
 -- CODE_NAMES[grpc code] = its name (NOT_FOUND).
 __ERROR_TABLE__
 
@@ -125,6 +125,10 @@ function envoy_on_request(handle)
     handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "openai")
   end
   local bare = path:match("^[^?]*")
+  -- A2A's JSON-RPC endpoints (an agent's, and the default agent's).
+  if bare == "/jsonrpc" or bare:find("^/[^/]+/jsonrpc$") then
+    handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "jsonrpc")
+  end
   if a2a_path(bare) then
     handle:streamInfo():dynamicMetadata():set("turnmesh", "error_shape", "a2a")
     -- a2a-sdk's REST client POSTs :subscribe (bodiless), which A2A's own rule binds to GET.
@@ -161,6 +165,14 @@ local function a2a_error(text, status, code)
     .. ',"details":' .. (member(text, "details") or "[]") .. "}}"
 end
 
+-- A2A's JSON-RPC clients read a JSON-RPC error response; the request's id is
+-- the server's to echo, so a status that never reached it answers id null.
+local function jsonrpc_error(text, row)
+  return '{"jsonrpc":"2.0","id":null,"error":{"code":' .. (row[5] or -32603)
+    .. ',"message":' .. (member(text, "message") or '""')
+    .. ',"data":' .. (member(text, "details") or "[]") .. "}}"
+end
+
 -- What a value of each proto type must look like in JSON.
 local EXPECTED = {
   TYPE_BYTES = "base64", TYPE_BOOL = "a boolean", TYPE_ENUM = "one of the enum's names",
@@ -187,6 +199,13 @@ local function typed_value_problem(handle, text)
 end
 
 function envoy_on_response(handle)
+  -- A JSON-RPC error that keeps its HTTP status (a2a/jsonrpc.py) says which.
+  local kept = handle:headers():get("x-turnmesh-jsonrpc-status")
+  if kept ~= nil then
+    handle:headers():remove("x-turnmesh-jsonrpc-status")
+    if kept:find("^[45]%d%d$") then handle:headers():replace(":status", kept) end
+    return
+  end
   local status = tonumber(handle:headers():get(":status")) or 200
   local content_type = handle:headers():get("content-type") or ""
   if status == 400 and content_type == "application/problem+json" then
@@ -208,6 +227,10 @@ function envoy_on_response(handle)
   local shape = handle:streamInfo():dynamicMetadata():get("turnmesh")
   if shape ~= nil and shape["error_shape"] == "openai" then
     handle:body():setBytes(openai_error(text, row, reason))
+    return
+  end
+  if shape ~= nil and shape["error_shape"] == "jsonrpc" then
+    handle:body():setBytes(jsonrpc_error(text, row))
     return
   end
   if shape ~= nil and shape["error_shape"] == "a2a" then

@@ -18,9 +18,71 @@ REQUEST_ID = "%REQ(X-REQUEST-ID)%"
 
 
 def local_reply_config(openai_paths: dict[str, Any]) -> dict[str, Any]:
-    """The connection manager's local reply mappers, first match wins: the key
-    check's own denials, then everyone else's by status."""
-    return {"mappers": [*ext_authz.reply_mappers(openai_paths), *_problem_mappers(openai_paths)]}
+    """The connection manager's local reply mappers, first match wins: A2A's
+    JSON-RPC endpoints', the key check's own denials, then everyone else's by
+    status."""
+    return {
+        "mappers": [
+            *_jsonrpc_mappers(),
+            *ext_authz.reply_mappers(openai_paths),
+            *_problem_mappers(openai_paths),
+        ]
+    }
+
+
+# A2A's JSON-RPC endpoints (server/compat/a2a/jsonrpc.py), before or after
+# the transcoder rewrote :path.
+JSONRPC_PATH = r"^(/[^/]+)?/jsonrpc([?].*)?$"
+
+
+def _jsonrpc_mappers() -> list[dict[str, Any]]:
+    """Envoy's own replies on A2A's JSON-RPC endpoints (a refused key, a body
+    over the limit, overload) as JSON-RPC error responses, their HTTP status
+    kept; ``id`` is null: the request was never read."""
+    paths = {
+        "or_filter": {
+            "filters": [
+                {
+                    "header_filter": {
+                        "header": {
+                            "name": name,
+                            "string_match": {"safe_regex": {"regex": JSONRPC_PATH}},
+                        }
+                    }
+                }
+                for name in (":path", "x-envoy-original-path")
+            ]
+        }
+    }
+
+    def mapper(code: int) -> dict[str, Any]:
+        value = {"default_value": code, "runtime_key": f"turnmesh.jsonrpc_{code}"}
+        found = {"status_code_filter": {"comparison": {"op": "EQ", "value": value}}}
+        rpc_code, reason = errors.edge_jsonrpc_error(code)
+        info = {"@type": ERROR_INFO_TYPE, "reason": reason, "domain": errors.ERROR_DOMAIN}
+        body = {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": rpc_code, "message": "%LOCAL_REPLY_BODY%", "data": [info]},
+        }
+        return guards.shed(
+            _never_retried(
+                {
+                    "filter": {"and_filter": {"filters": [paths, guards.or_shed(found, code)]}},
+                    "body_format_override": {
+                        "json_format": body,
+                        "content_type": "application/json",
+                    },
+                },
+                code,
+            ),
+            code,
+        )
+
+    return [mapper(code) for code in errors.edge_problems()]
+
+
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
 
 
 # Requests too large to ever be served: OpenAI's SDKs would retry some of

@@ -51,6 +51,14 @@ the typed client's exceptions and the compatibility surfaces.
 The rows marked A2A are the agent-to-agent protocol's own errors: their
 ErrorInfo's domain is A2A's (``a2a-protocol.org``), as A2A clients read it.
 
+Each row also has a JSON-RPC 2.0 error code (A2A's JSON-RPC binding): an A2A
+row takes A2A's own (-32001 TaskNotFound … as the pinned a2a-sdk's table
+says, -32602 InvalidParams), INVALID_ARGUMENT and OUT_OF_RANGE are -32602
+(invalid params), INTERNAL, UNKNOWN and DATA_LOSS -32603 (internal error), and
+every other row -32050 minus its gRPC code (-32058 RESOURCE_EXHAUSTED, -32060
+ABORTED …: the server range, clear of A2A's -32001…-32009), its reason in the
+error's data.
+
 A row is found by its ``ErrorInfo.reason`` first (so ``RateLimited`` and
 ``ResourceExhausted`` stay distinct), then by the status code. Handlers raise
 these; ``turnmesh.runtime.interceptors.ErrorMappingInterceptor`` turns them
@@ -69,6 +77,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, cast
 
 import grpc
+from a2a.utils.errors import A2A_REASON_TO_ERROR, JSON_RPC_ERROR_CODE_MAP
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -101,6 +110,7 @@ class Row:
     title: str
     openai_type: str
     name: str
+    jsonrpc_code: int
 
     @property
     def problem_type(self) -> str:
@@ -168,7 +178,15 @@ class TurnmeshError(Exception):
             cls.title,
             cls.openai_type,
             cls.__name__,
+            cls.jsonrpc_code(),
         )
+
+    @classmethod
+    def jsonrpc_code(cls) -> int:
+        """This row's JSON-RPC 2.0 error code (the module's docstring says which)."""
+        if cls.domain == A2A_DOMAIN:
+            return JSON_RPC_ERROR_CODE_MAP[A2A_REASON_TO_ERROR[cls.reason_name()]]
+        return _JSONRPC_BY_CODE.get(cls.code, JSONRPC_SERVER_BASE - _rpc_code(cls.code))
 
     def details(self) -> list[any_pb2.Any]:
         """google.rpc detail messages for this error."""
@@ -546,6 +564,19 @@ class Unauthenticated(TurnmeshError):
 
 _BY_CODE[grpc.StatusCode.INTERNAL] = TurnmeshError
 
+# JSON-RPC 2.0's own codes for the rows they fit; the rest count down from here.
+JSONRPC_INVALID_REQUEST = -32600
+JSONRPC_INVALID_PARAMS = -32602
+JSONRPC_INTERNAL_ERROR = -32603
+JSONRPC_SERVER_BASE = -32050
+_JSONRPC_BY_CODE = {
+    grpc.StatusCode.INVALID_ARGUMENT: JSONRPC_INVALID_PARAMS,
+    grpc.StatusCode.OUT_OF_RANGE: JSONRPC_INVALID_PARAMS,
+    grpc.StatusCode.INTERNAL: JSONRPC_INTERNAL_ERROR,
+    grpc.StatusCode.UNKNOWN: JSONRPC_INTERNAL_ERROR,
+    grpc.StatusCode.DATA_LOSS: JSONRPC_INTERNAL_ERROR,
+}
+
 
 def kind_for(code: grpc.StatusCode, reason: str | None = None) -> type[TurnmeshError]:
     """The row for a status: by its ErrorInfo reason, else by its code."""
@@ -601,6 +632,18 @@ _EDGE_ONLY: dict[int, tuple[str, str, str]] = {
 }
 # Any other status Envoy answers with.
 EDGE_FALLBACK = ("error", "Error")
+
+
+def edge_jsonrpc_error(status: int) -> tuple[int, str]:
+    """The JSON-RPC code and ErrorInfo reason of Envoy's own reply with this
+    HTTP status: its row's, or for a status only the edge answers (413 …)
+    JSON-RPC's invalid request (a 4xx) or internal error (a 5xx)."""
+    kind = _EDGE_KINDS.get(status)
+    if kind is not None:
+        return kind.jsonrpc_code(), kind.reason_name()
+    slug = _EDGE_ONLY.get(status, EDGE_FALLBACK)[0]
+    code = JSONRPC_INTERNAL_ERROR if status >= 500 else JSONRPC_INVALID_REQUEST
+    return code, slug.upper().replace("-", "_")
 
 
 def edge_problems() -> dict[int, tuple[str, str, str]]:

@@ -222,7 +222,7 @@ async def _abort(context: ServicerContext, exc: Exception, method: str) -> NoRet
     # drops its locals now.
     _clear_chain(exc)
     if isinstance(exc, TurnmeshError):
-        status = _worded_for_callers(exc, method).to_status()
+        status = worded_for_callers(exc, method).to_status()
     elif _is_abort(exc):
         raise exc  # context.abort() already set the status
     else:
@@ -231,7 +231,7 @@ async def _abort(context: ServicerContext, exc: Exception, method: str) -> NoRet
     await context.abort(status.code, status.details, status.trailing_metadata)
 
 
-def _worded_for_callers(error: TurnmeshError, method: str) -> TurnmeshError:
+def worded_for_callers(error: TurnmeshError, method: str) -> TurnmeshError:
     """The error, or, if its text reads like Python's exception text, the
     same row in the table's words (runtime.sanitize); the original is logged."""
     violations = error.violations if isinstance(error, InvalidArgument) else []

@@ -243,7 +243,11 @@ class SessionServer:
         cards = AgentCards(
             self.workers.agents, c.default_agent, lambda: self.api_keys.configured, __version__
         )
-        return servicer, CompatServicer(self._compat_mesh, Models(self.workers.agents), cards)
+        # One A2A servicer for both its gRPC service and its JSON-RPC binding.
+        self._a2a = A2AServicer(self._compat_mesh)
+        return servicer, CompatServicer(
+            self._compat_mesh, Models(self.workers.agents), cards, self._a2a
+        )
 
     async def _serve(
         self, servicer: SessionServicer, compat: CompatServicer, transport: Transport
@@ -264,7 +268,7 @@ class SessionServer:
             )
             # a2a-sdk's generated stubs carry no types for this one function.
             a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
-                A2AServicer(self._compat_mesh), server
+                self._a2a, server
             )
             # Envoy's key check on each REST request: the key is in the request.
             server.add_generic_rpc_handlers((authorization_handler(self.api_keys),))

@@ -10,7 +10,7 @@ from google.api import httpbody_pb2
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server.compat import agui, chat_upload, openai_chat, openai_responses, simple_chat
 from turnmesh.server.compat._common import ON_DISCONNECT_HEADER, Mesh, on_disconnect
-from turnmesh.server.compat.a2a import AgentCards
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards, jsonrpc
 from turnmesh.server.compat.openai_models import Models
 from turnmesh.server.sessions import validation
 from turnmesh.v1 import chat_upload_pb2, event_pb2
@@ -45,10 +45,11 @@ async def _then_headers(
 
 
 class CompatServicer(CompatServiceServicer):
-    def __init__(self, mesh: Mesh, models: Models, cards: AgentCards) -> None:
+    def __init__(self, mesh: Mesh, models: Models, cards: AgentCards, a2a: A2AServicer) -> None:
         self._mesh = mesh
         self._models = models
         self._cards = cards
+        self._a2a = a2a
 
     async def CreateChatCompletion(
         self, request: httpbody_pb2.HttpBody, context: ServicerContext
@@ -137,6 +138,14 @@ class CompatServicer(CompatServiceServicer):
         self, request: cpb.GetAgentCardRequest, context: ServicerContext
     ) -> httpbody_pb2.HttpBody:
         return self._cards.card(request.agent, context.invocation_metadata())
+
+    async def A2AJsonRpc(
+        self, request: cpb.A2AJsonRpcRequest, context: ServicerContext
+    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        bodies = jsonrpc.answer(self._a2a, request.agent, request.body, context)
+        del request  # its body's bytes (a task may hold the call for minutes): answer drops them
+        async for response in bodies:
+            yield response
 
 
 class ChatUploadServicer(ChatUploadServiceServicer):

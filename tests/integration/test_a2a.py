@@ -210,6 +210,7 @@ async def test_agent_cards(shared_mesh: SharedMesh) -> None:
                 (i["protocolBinding"], i["url"], i["tenant"]) for i in card["supportedInterfaces"]
             } == {
                 ("HTTP+JSON", f"http://{shared_mesh.edge}", agent),
+                ("JSONRPC", f"http://{shared_mesh.edge}/{agent}/jsonrpc", agent),
                 ("GRPC", shared_mesh.edge, agent),
             }
             assert card["capabilities"] == {

@@ -114,15 +114,19 @@ async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
     # define answer UNIMPLEMENTED, as they should here.
     sessions = RaisingSessions()  # type: ignore[abstract]
     mesh = Mesh()
+    a2a = A2AServicer(mesh)
     compat = CompatServicer(
-        mesh, Models(lambda: ["demo"]), AgentCards(lambda: ["demo"], "demo", lambda: False, "0")
+        mesh,
+        Models(lambda: ["demo"]),
+        AgentCards(lambda: ["demo"], "demo", lambda: False, "0"),
+        a2a,
     )
 
     def register(server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(sessions, server)
         compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            A2AServicer(mesh), server
+            a2a, server
         )
 
     process = GrpcProcess(

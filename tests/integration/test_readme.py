@@ -131,7 +131,11 @@ def test_readme_a2a_curl(shared_mesh: SharedMesh) -> None:
         outputs.append(result.stdout)
     card = json.loads(outputs[0])
     assert card["name"] == "demo"
-    assert {i["protocolBinding"] for i in card["supportedInterfaces"]} == {"HTTP+JSON", "GRPC"}
+    assert {i["protocolBinding"] for i in card["supportedInterfaces"]} == {
+        "HTTP+JSON",
+        "JSONRPC",
+        "GRPC",
+    }
     task = json.loads(outputs[1])["task"]
     assert task["status"]["state"] == "TASK_STATE_COMPLETED"
     assert "42" in task["artifacts"][0]["parts"][0]["text"]
@@ -144,6 +148,32 @@ def test_readme_a2a_curl(shared_mesh: SharedMesh) -> None:
         for p in f["artifactUpdate"]["artifact"]["parts"]
     )
     assert "What is 6*7?" in text
+
+
+def test_readme_a2a_jsonrpc(shared_mesh: SharedMesh) -> None:
+    context = f"a2a-rpc-{uuid.uuid4()}"
+    outputs = []
+    for line in _block("a2a-jsonrpc").strip().splitlines():
+        args = shlex.split(line.replace(README_ADDRESS, shared_mesh.edge))
+        assert args[0] == "curl"
+        args = [a.replace("a2a-rpc", context) for a in args]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    sent = json.loads(outputs[0])
+    assert sent["id"] == 1
+    assert "42" in sent["result"]["task"]["artifacts"][0]["parts"][0]["text"]
+    frames = [json.loads(f[len("data: ") :]) for f in outputs[1].split("\n\n") if f.strip()]
+    assert {f["id"] for f in frames} == {2}
+    assert frames[-1]["result"]["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    text = "".join(
+        p["text"]
+        for f in frames
+        if "artifactUpdate" in f["result"]
+        for p in f["result"]["artifactUpdate"]["artifact"]["parts"]
+    )
+    assert "What is 6*7?" in text
+    assert json.loads(outputs[2])["error"]["code"] == -32001
 
 
 def test_readme_a2a_python(shared_mesh: SharedMesh) -> None:

@@ -439,6 +439,17 @@ async def test_quotas_are_per_principal(mesh_factory: Mesh, tmp_path: Path) -> N
         assert full.status_code == 429
         assert full.json()["reason"] == "SESSION_QUOTA_EXCEEDED"
         assert int(full.headers["retry-after"]) > 0
+        # A2A over JSON-RPC: the same 429 and Retry-After, with a JSON-RPC error.
+        message = {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]}
+        call = {"jsonrpc": "2.0", "id": 7, "method": "SendMessage", "params": {"message": message}}
+        rpc = await rest.post("/probe/jsonrpc", json=call, headers=_auth("acme"))
+        assert rpc.status_code == 429, rpc.text
+        assert int(rpc.headers["retry-after"]) > 0
+        assert (rpc.json()["id"], rpc.json()["error"]["code"]) == (7, -32058)
+        assert rpc.json()["error"]["data"][0]["reason"] == "SESSION_QUOTA_EXCEEDED"
+        keyless = await rest.post("/probe/jsonrpc", json=call)
+        assert keyless.status_code == 401
+        assert keyless.json()["error"]["code"] == -32066
         assert (await rest.post("/v1/sessions", json={}, headers=_auth("beta"))).status_code == 200
         assert (await rest.delete("/v1/sessions/q2", headers=_auth("acme"))).status_code == 200
         again = await rest.post("/v1/sessions", json={"sessionId": "q3"}, headers=_auth("acme"))
@@ -663,7 +674,7 @@ class _Key(CredentialService):
         return self._key if security_scheme_name == "bearer" else None
 
 
-@pytest.mark.parametrize("binding", ["HTTP+JSON", "GRPC"])
+@pytest.mark.parametrize("binding", ["HTTP+JSON", "GRPC", "JSONRPC"])
 async def test_a2a_tasks_are_their_principals_own(
     tenants: Tenants, rest: httpx.AsyncClient, binding: str
 ) -> None:

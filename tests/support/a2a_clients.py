@@ -19,7 +19,7 @@ S = a2a_pb2.TaskState
 POLL_SECONDS = 0.05
 POLL_LIMIT = 1200
 
-BINDINGS = ["GRPC", "HTTP+JSON"]
+BINDINGS = ["GRPC", "HTTP+JSON", "JSONRPC"]
 
 
 class Agents:

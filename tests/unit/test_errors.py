@@ -136,9 +136,11 @@ def test_the_edge_renders_the_table_and_writes_no_slug_of_its_own() -> None:
         assert f'"{row.slug}"' not in lua
     rendered = lua_error_table()
     for row in errors.rows():
-        assert f'{{"{row.slug}", "{row.title}", "{row.openai_type}", {row.code.value[0]}}}' in (
-            rendered
+        shown = (
+            f'"{row.slug}", "{row.title}", "{row.openai_type}", {row.code.value[0]}, '
+            f"{row.jsonrpc_code}"
         )
+        assert f"{{{shown}}}" in rendered
     config = json.dumps(render(EdgeConfig(upstreams=["127.0.0.1:1"])))
     assert "__ERROR_TABLE__" not in config
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from turnmesh.runtime import errors, sanitize
-from turnmesh.runtime.interceptors import _worded_for_callers
+from turnmesh.runtime.interceptors import worded_for_callers
 
 
 def _texts_python_writes() -> list[str]:
@@ -55,7 +55,7 @@ def test_turnmeshs_own_words_pass(text: str) -> None:
 
 def test_an_error_in_pythons_words_goes_out_in_the_tables() -> None:
     leaked = errors.NotFound("'NoneType' object has no attribute 'x'", metadata={"param": "p"})
-    clean = _worded_for_callers(leaked, "/m")
+    clean = worded_for_callers(leaked, "/m")
     assert type(clean) is errors.NotFound
     assert clean.detail == errors.NotFound.title
     assert clean.metadata == {"param": "p"}
@@ -65,11 +65,11 @@ def test_an_error_in_pythons_words_goes_out_in_the_tables() -> None:
             errors.FieldViolation("model", "must not be blank"),
         ]
     )
-    cleaned = _worded_for_callers(invalid, "/m")
+    cleaned = worded_for_callers(invalid, "/m")
     assert isinstance(cleaned, errors.InvalidArgument)
     assert [(v.field, v.description) for v in cleaned.violations] == [
         ("body", "is not valid"),
         ("model", "must not be blank"),
     ]
     fine = errors.NotFound("session 's' not found")
-    assert _worded_for_callers(fine, "/m") is fine
+    assert worded_for_callers(fine, "/m") is fine

@@ -20,6 +20,7 @@ from turnmesh.v1.chat_upload_pb2_grpc import ChatUploadServiceStub as ChatUpload
 from turnmesh.v1.chat_upload_pb2_grpc import ChatUploadServiceServicer as ChatUploadServiceServicer
 from turnmesh.v1.chat_upload_pb2_grpc import add_ChatUploadServiceServicer_to_server as add_ChatUploadServiceServicer_to_server
 from turnmesh.v1.chat_upload_pb2_grpc import ChatUploadService as ChatUploadService
+from turnmesh.v1.compat_service_pb2 import A2AJsonRpcRequest as A2AJsonRpcRequest
 from turnmesh.v1.compat_service_pb2 import GetAgentCardRequest as GetAgentCardRequest
 from turnmesh.v1.compat_service_pb2 import GetResponseRequest as GetResponseRequest
 from turnmesh.v1.compat_service_pb2 import CancelResponseRequest as CancelResponseRequest
@@ -118,6 +119,7 @@ from turnmesh.v1.worker_service_pb2_grpc import add_WorkerServiceServicer_to_ser
 from turnmesh.v1.worker_service_pb2_grpc import WorkerService as WorkerService
 
 __all__ = [
+    "A2AJsonRpcRequest",
     "CancelResponseRequest",
     "CancelTurnRequest",
     "CancelTurnResponse",

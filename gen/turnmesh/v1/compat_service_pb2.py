@@ -30,7 +30,7 @@ from turnmesh.v1 import event_pb2 as turnmesh_dot_v1_dot_event__pb2
 from turnmesh.v1 import message_pb2 as turnmesh_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/compat_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x19google/api/httpbody.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"$\n\x13GetAgentCardRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"6\n\x12GetResponseRequest\x12 \n\x0bresponse_id\x18\x01 \x01(\tR\x0bresponse_id\"9\n\x15\x43\x61ncelResponseRequest\x12 \n\x0bresponse_id\x18\x01 \x01(\tR\x0bresponse_id\"\x13\n\x11ListModelsRequest\" \n\x0fGetModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x16\n\x14GetChatHealthRequest\"\xb0\x01\n\nChatHealth\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x1e\n\nagent_name\x18\x02 \x01(\tR\nagent_name\x12 \n\x0b\x61gent_ready\x18\x03 \x01(\x08R\x0b\x61gent_ready\x12(\n\x0f\x61\x63tive_sessions\x18\x04 \x01(\x05R\x0f\x61\x63tive_sessions\x12&\n\x0euptime_seconds\x18\x05 \x01(\x01R\x0euptime_seconds\"\x93\x02\n\x0b\x43hatRequest\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x1e\n\nsession_id\x18\x02 \x01(\tR\nsession_id\x12 \n\x05\x66iles\x18\x03 \x03(\x0b\x32\x11.turnmesh.v1.File\x12\x1e\n\nagent_name\x18\x04 \x01(\tR\nagent_name\x12*\n\x05tools\x18\x05 \x03(\x0b\x32\x1b.turnmesh.v1.ToolDefinition\x12;\n\x0ctool_results\x18\x06 \x03(\x0b\x32\x17.turnmesh.v1.ToolResultR\x0ctool_results\x12(\n\x06resume\x18\x07 \x03(\x0b\x32\x18.turnmesh.v1.ResumeEntry\"\x8c\x01\n\x0c\x43hatToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x0e\x61rguments_json\x18\x02 \x01(\tR\x0e\x61rguments_json\x12\x0e\n\x06status\x18\x03 \x01(\t\x12*\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\n\n\x02id\x18\x05 \x01(\t\"\xdf\x01\n\rChatInterrupt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\"\n\x0ctool_call_id\x18\x04 \x01(\tR\x0ctool_call_id\x12\x41\n\x0fresponse_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x0fresponse_schema\x12:\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nexpires_at\"\x88\x01\n\x0e\x43hatTokensUsed\x12$\n\rprompt_tokens\x18\x01 \x01(\x05R\rprompt_tokens\x12,\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05R\x11\x63ompletion_tokens\x12\"\n\x0ctotal_tokens\x18\x03 \x01(\x05R\x0ctotal_tokens\"\xb7\x02\n\x0c\x43hatResponse\x12\x1e\n\nmessage_id\x18\x01 \x01(\tR\nmessage_id\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x1e\n\nsession_id\x18\x03 \x01(\tR\nsession_id\x12\x39\n\ntool_calls\x18\x04 \x03(\x0b\x32\x19.turnmesh.v1.ChatToolCallR\ntool_calls\x12=\n\x0btokens_used\x18\x05 \x01(\x0b\x32\x1b.turnmesh.v1.ChatTokensUsedR\x0btokens_used\x12,\n\x11\x65xecution_time_ms\x18\x06 \x01(\x05R\x11\x65xecution_time_ms\x12.\n\ninterrupts\x18\x07 \x03(\x0b\x32\x1a.turnmesh.v1.ChatInterrupt2\xdf\x08\n\rCompatService\x12\x65\n\x14\x43reateChatCompletion\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x14/v1/chat/completions:\x01*0\x01\x12X\n\x0e\x43reateResponse\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x18\x82\xd3\xe4\x93\x02\x12\"\r/v1/responses:\x01*0\x01\x12i\n\x0bGetResponse\x12\x1f.turnmesh.v1.GetResponseRequest\x1a\x14.google.api.HttpBody\"#\x82\xd3\xe4\x93\x02\x1d\x12\x1b/v1/responses/{response_id}\x12v\n\x0e\x43\x61ncelResponse\x12\".turnmesh.v1.CancelResponseRequest\x1a\x14.google.api.HttpBody\"*\x82\xd3\xe4\x93\x02$\"\"/v1/responses/{response_id}/cancel\x12V\n\nListModels\x12\x1e.turnmesh.v1.ListModelsRequest\x1a\x14.google.api.HttpBody\"\x12\x82\xd3\xe4\x93\x02\x0c\x12\n/v1/models\x12Z\n\x08GetModel\x12\x1c.turnmesh.v1.GetModelRequest\x1a\x14.google.api.HttpBody\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/models/{model}\x12M\n\x08RunAgent\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/agui:\x01*0\x01\x12P\n\x04\x43hat\x12\x18.turnmesh.v1.ChatRequest\x1a\x19.turnmesh.v1.ChatResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/chat:\x01*\x12\x64\n\rGetChatHealth\x12!.turnmesh.v1.GetChatHealthRequest\x1a\x17.turnmesh.v1.ChatHealth\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/chat/health\x12X\n\nChatStream\x12\x18.turnmesh.v1.ChatRequest\x1a\x12.turnmesh.v1.Event\"\x1a\x82\xd3\xe4\x93\x02\x14\"\x0f/v1/chat:stream:\x01*0\x01\x12\x94\x01\n\x0cGetAgentCard\x12 .turnmesh.v1.GetAgentCardRequest\x1a\x14.google.api.HttpBody\"L\x82\xd3\xe4\x93\x02\x46\x12\x1c/.well-known/agent-card.jsonZ&\x12$/{agent}/.well-known/agent-card.jsonb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n turnmesh/v1/compat_service.proto\x12\x0bturnmesh.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x19google/api/httpbody.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17turnmesh/v1/event.proto\x1a\x19turnmesh/v1/message.proto\"F\n\x11\x41\x32\x41JsonRpcRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\"\n\x04\x62ody\x18\x02 \x01(\x0b\x32\x14.google.api.HttpBody\"$\n\x13GetAgentCardRequest\x12\r\n\x05\x61gent\x18\x01 \x01(\t\"6\n\x12GetResponseRequest\x12 \n\x0bresponse_id\x18\x01 \x01(\tR\x0bresponse_id\"9\n\x15\x43\x61ncelResponseRequest\x12 \n\x0bresponse_id\x18\x01 \x01(\tR\x0bresponse_id\"\x13\n\x11ListModelsRequest\" \n\x0fGetModelRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x16\n\x14GetChatHealthRequest\"\xb0\x01\n\nChatHealth\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x1e\n\nagent_name\x18\x02 \x01(\tR\nagent_name\x12 \n\x0b\x61gent_ready\x18\x03 \x01(\x08R\x0b\x61gent_ready\x12(\n\x0f\x61\x63tive_sessions\x18\x04 \x01(\x05R\x0f\x61\x63tive_sessions\x12&\n\x0euptime_seconds\x18\x05 \x01(\x01R\x0euptime_seconds\"\x93\x02\n\x0b\x43hatRequest\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x1e\n\nsession_id\x18\x02 \x01(\tR\nsession_id\x12 \n\x05\x66iles\x18\x03 \x03(\x0b\x32\x11.turnmesh.v1.File\x12\x1e\n\nagent_name\x18\x04 \x01(\tR\nagent_name\x12*\n\x05tools\x18\x05 \x03(\x0b\x32\x1b.turnmesh.v1.ToolDefinition\x12;\n\x0ctool_results\x18\x06 \x03(\x0b\x32\x17.turnmesh.v1.ToolResultR\x0ctool_results\x12(\n\x06resume\x18\x07 \x03(\x0b\x32\x18.turnmesh.v1.ResumeEntry\"\x8c\x01\n\x0c\x43hatToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x0e\x61rguments_json\x18\x02 \x01(\tR\x0e\x61rguments_json\x12\x0e\n\x06status\x18\x03 \x01(\t\x12*\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\n\n\x02id\x18\x05 \x01(\t\"\xdf\x01\n\rChatInterrupt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\"\n\x0ctool_call_id\x18\x04 \x01(\tR\x0ctool_call_id\x12\x41\n\x0fresponse_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.StructR\x0fresponse_schema\x12:\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nexpires_at\"\x88\x01\n\x0e\x43hatTokensUsed\x12$\n\rprompt_tokens\x18\x01 \x01(\x05R\rprompt_tokens\x12,\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05R\x11\x63ompletion_tokens\x12\"\n\x0ctotal_tokens\x18\x03 \x01(\x05R\x0ctotal_tokens\"\xb7\x02\n\x0c\x43hatResponse\x12\x1e\n\nmessage_id\x18\x01 \x01(\tR\nmessage_id\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x1e\n\nsession_id\x18\x03 \x01(\tR\nsession_id\x12\x39\n\ntool_calls\x18\x04 \x03(\x0b\x32\x19.turnmesh.v1.ChatToolCallR\ntool_calls\x12=\n\x0btokens_used\x18\x05 \x01(\x0b\x32\x1b.turnmesh.v1.ChatTokensUsedR\x0btokens_used\x12,\n\x11\x65xecution_time_ms\x18\x06 \x01(\x05R\x11\x65xecution_time_ms\x12.\n\ninterrupts\x18\x07 \x03(\x0b\x32\x1a.turnmesh.v1.ChatInterrupt2\xd7\t\n\rCompatService\x12\x65\n\x14\x43reateChatCompletion\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x14/v1/chat/completions:\x01*0\x01\x12X\n\x0e\x43reateResponse\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x18\x82\xd3\xe4\x93\x02\x12\"\r/v1/responses:\x01*0\x01\x12i\n\x0bGetResponse\x12\x1f.turnmesh.v1.GetResponseRequest\x1a\x14.google.api.HttpBody\"#\x82\xd3\xe4\x93\x02\x1d\x12\x1b/v1/responses/{response_id}\x12v\n\x0e\x43\x61ncelResponse\x12\".turnmesh.v1.CancelResponseRequest\x1a\x14.google.api.HttpBody\"*\x82\xd3\xe4\x93\x02$\"\"/v1/responses/{response_id}/cancel\x12V\n\nListModels\x12\x1e.turnmesh.v1.ListModelsRequest\x1a\x14.google.api.HttpBody\"\x12\x82\xd3\xe4\x93\x02\x0c\x12\n/v1/models\x12Z\n\x08GetModel\x12\x1c.turnmesh.v1.GetModelRequest\x1a\x14.google.api.HttpBody\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/models/{model}\x12M\n\x08RunAgent\x12\x14.google.api.HttpBody\x1a\x14.google.api.HttpBody\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/agui:\x01*0\x01\x12P\n\x04\x43hat\x12\x18.turnmesh.v1.ChatRequest\x1a\x19.turnmesh.v1.ChatResponse\"\x13\x82\xd3\xe4\x93\x02\r\"\x08/v1/chat:\x01*\x12\x64\n\rGetChatHealth\x12!.turnmesh.v1.GetChatHealthRequest\x1a\x17.turnmesh.v1.ChatHealth\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/chat/health\x12X\n\nChatStream\x12\x18.turnmesh.v1.ChatRequest\x1a\x12.turnmesh.v1.Event\"\x1a\x82\xd3\xe4\x93\x02\x14\"\x0f/v1/chat:stream:\x01*0\x01\x12\x94\x01\n\x0cGetAgentCard\x12 .turnmesh.v1.GetAgentCardRequest\x1a\x14.google.api.HttpBody\"L\x82\xd3\xe4\x93\x02\x46\x12\x1c/.well-known/agent-card.jsonZ&\x12$/{agent}/.well-known/agent-card.json\x12v\n\nA2AJsonRpc\x12\x1e.turnmesh.v1.A2AJsonRpcRequest\x1a\x14.google.api.HttpBody\"0\x82\xd3\xe4\x93\x02*\"\x10/{agent}/jsonrpc:\x04\x62odyZ\x10\"\x08/jsonrpc:\x04\x62ody0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,30 +59,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPATSERVICE'].methods_by_name['ChatStream']._serialized_options = b'\202\323\344\223\002\024\"\017/v1/chat:stream:\001*'
   _globals['_COMPATSERVICE'].methods_by_name['GetAgentCard']._loaded_options = None
   _globals['_COMPATSERVICE'].methods_by_name['GetAgentCard']._serialized_options = b'\202\323\344\223\002F\022\034/.well-known/agent-card.jsonZ&\022$/{agent}/.well-known/agent-card.json'
-  _globals['_GETAGENTCARDREQUEST']._serialized_start=221
-  _globals['_GETAGENTCARDREQUEST']._serialized_end=257
-  _globals['_GETRESPONSEREQUEST']._serialized_start=259
-  _globals['_GETRESPONSEREQUEST']._serialized_end=313
-  _globals['_CANCELRESPONSEREQUEST']._serialized_start=315
-  _globals['_CANCELRESPONSEREQUEST']._serialized_end=372
-  _globals['_LISTMODELSREQUEST']._serialized_start=374
-  _globals['_LISTMODELSREQUEST']._serialized_end=393
-  _globals['_GETMODELREQUEST']._serialized_start=395
-  _globals['_GETMODELREQUEST']._serialized_end=427
-  _globals['_GETCHATHEALTHREQUEST']._serialized_start=429
-  _globals['_GETCHATHEALTHREQUEST']._serialized_end=451
-  _globals['_CHATHEALTH']._serialized_start=454
-  _globals['_CHATHEALTH']._serialized_end=630
-  _globals['_CHATREQUEST']._serialized_start=633
-  _globals['_CHATREQUEST']._serialized_end=908
-  _globals['_CHATTOOLCALL']._serialized_start=911
-  _globals['_CHATTOOLCALL']._serialized_end=1051
-  _globals['_CHATINTERRUPT']._serialized_start=1054
-  _globals['_CHATINTERRUPT']._serialized_end=1277
-  _globals['_CHATTOKENSUSED']._serialized_start=1280
-  _globals['_CHATTOKENSUSED']._serialized_end=1416
-  _globals['_CHATRESPONSE']._serialized_start=1419
-  _globals['_CHATRESPONSE']._serialized_end=1730
-  _globals['_COMPATSERVICE']._serialized_start=1733
-  _globals['_COMPATSERVICE']._serialized_end=2852
+  _globals['_COMPATSERVICE'].methods_by_name['A2AJsonRpc']._loaded_options = None
+  _globals['_COMPATSERVICE'].methods_by_name['A2AJsonRpc']._serialized_options = b'\202\323\344\223\002*\"\020/{agent}/jsonrpc:\004bodyZ\020\"\010/jsonrpc:\004body'
+  _globals['_A2AJSONRPCREQUEST']._serialized_start=221
+  _globals['_A2AJSONRPCREQUEST']._serialized_end=291
+  _globals['_GETAGENTCARDREQUEST']._serialized_start=293
+  _globals['_GETAGENTCARDREQUEST']._serialized_end=329
+  _globals['_GETRESPONSEREQUEST']._serialized_start=331
+  _globals['_GETRESPONSEREQUEST']._serialized_end=385
+  _globals['_CANCELRESPONSEREQUEST']._serialized_start=387
+  _globals['_CANCELRESPONSEREQUEST']._serialized_end=444
+  _globals['_LISTMODELSREQUEST']._serialized_start=446
+  _globals['_LISTMODELSREQUEST']._serialized_end=465
+  _globals['_GETMODELREQUEST']._serialized_start=467
+  _globals['_GETMODELREQUEST']._serialized_end=499
+  _globals['_GETCHATHEALTHREQUEST']._serialized_start=501
+  _globals['_GETCHATHEALTHREQUEST']._serialized_end=523
+  _globals['_CHATHEALTH']._serialized_start=526
+  _globals['_CHATHEALTH']._serialized_end=702
+  _globals['_CHATREQUEST']._serialized_start=705
+  _globals['_CHATREQUEST']._serialized_end=980
+  _globals['_CHATTOOLCALL']._serialized_start=983
+  _globals['_CHATTOOLCALL']._serialized_end=1123
+  _globals['_CHATINTERRUPT']._serialized_start=1126
+  _globals['_CHATINTERRUPT']._serialized_end=1349
+  _globals['_CHATTOKENSUSED']._serialized_start=1352
+  _globals['_CHATTOKENSUSED']._serialized_end=1488
+  _globals['_CHATRESPONSE']._serialized_start=1491
+  _globals['_CHATRESPONSE']._serialized_end=1802
+  _globals['_COMPATSERVICE']._serialized_start=1805
+  _globals['_COMPATSERVICE']._serialized_end=3044
 # @@protoc_insertion_point(module_scope)

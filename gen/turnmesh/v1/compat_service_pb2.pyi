@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from collections import abc as _abc
+from google.api import httpbody_pb2 as _httpbody_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
@@ -20,6 +21,32 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class A2AJsonRpcRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    agent: _builtins.str
+    """The agent; empty: the mesh's default."""
+    @_builtins.property
+    def body(self) -> _httpbody_pb2.HttpBody:
+        """The JSON-RPC request, as sent."""
+
+    def __init__(
+        self,
+        *,
+        agent: _builtins.str = ...,
+        body: _httpbody_pb2.HttpBody | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "body", b"body"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___A2AJsonRpcRequest: _TypeAlias = A2AJsonRpcRequest  # noqa: Y015
 
 @_typing.final
 class GetAgentCardRequest(_message.Message):

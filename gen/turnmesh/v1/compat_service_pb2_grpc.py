@@ -99,6 +99,11 @@ class CompatServiceStub:
                 request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.GetAgentCardRequest.SerializeToString,
                 response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
                 _registered_method=True)
+        self.A2AJsonRpc = channel.unary_stream(
+                '/turnmesh.v1.CompatService/A2AJsonRpc',
+                request_serializer=turnmesh_dot_v1_dot_compat__service__pb2.A2AJsonRpcRequest.SerializeToString,
+                response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+                _registered_method=True)
 
 
 class CompatServiceServicer:
@@ -211,6 +216,20 @@ class CompatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def A2AJsonRpc(self, request, context):
+        """A2A's JSON-RPC 2.0 binding: one POST endpoint per agent,
+        `/{agent}/jsonrpc` (the mesh's default agent's also at `/jsonrpc`), taking
+        A2A v1.0's methods (`SendMessage`, `GetTask`, … as A2AService names them)
+        and answering each as that A2AService RPC does: a JSON-RPC response, or
+        for `SendStreamingMessage` and `SubscribeToTask` SSE frames of them.
+        Errors are JSON-RPC error objects with A2A's codes (HTTP 200; an error
+        that asks the caller to come back later keeps its HTTP status and
+        Retry-After). One request per call: batches are refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CompatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +286,11 @@ def add_CompatServiceServicer_to_server(servicer, server):
             'GetAgentCard': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAgentCard,
                     request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.GetAgentCardRequest.FromString,
+                    response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
+            ),
+            'A2AJsonRpc': grpc.unary_stream_rpc_method_handler(
+                    servicer.A2AJsonRpc,
+                    request_deserializer=turnmesh_dot_v1_dot_compat__service__pb2.A2AJsonRpcRequest.FromString,
                     response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
             ),
     }
@@ -574,6 +598,33 @@ class CompatService:
             target,
             '/turnmesh.v1.CompatService/GetAgentCard',
             turnmesh_dot_v1_dot_compat__service__pb2.GetAgentCardRequest.SerializeToString,
+            google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def A2AJsonRpc(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/turnmesh.v1.CompatService/A2AJsonRpc',
+            turnmesh_dot_v1_dot_compat__service__pb2.A2AJsonRpcRequest.SerializeToString,
             google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
             options,
             channel_credentials,

@@ -97,6 +97,16 @@ class CompatServiceStub:
     built from the request's scheme and Host; an agent no live worker
     serves is 404.
     """
+    A2AJsonRpc: _grpc.UnaryStreamMultiCallable[_compat_service_pb2.A2AJsonRpcRequest, _httpbody_pb2.HttpBody]
+    """A2A's JSON-RPC 2.0 binding: one POST endpoint per agent,
+    `/{agent}/jsonrpc` (the mesh's default agent's also at `/jsonrpc`), taking
+    A2A v1.0's methods (`SendMessage`, `GetTask`, … as A2AService names them)
+    and answering each as that A2AService RPC does: a JSON-RPC response, or
+    for `SendStreamingMessage` and `SubscribeToTask` SSE frames of them.
+    Errors are JSON-RPC error objects with A2A's codes (HTTP 200; an error
+    that asks the caller to come back later keeps its HTTP status and
+    Retry-After). One request per call: batches are refused.
+    """
 
 @_typing.type_check_only
 class CompatServiceAsyncStub(CompatServiceStub):
@@ -164,6 +174,16 @@ class CompatServiceAsyncStub(CompatServiceStub):
     (HTTP+JSON and gRPC, with the agent as their tenant) are absolute URLs
     built from the request's scheme and Host; an agent no live worker
     serves is 404.
+    """
+    A2AJsonRpc: _aio.UnaryStreamMultiCallable[_compat_service_pb2.A2AJsonRpcRequest, _httpbody_pb2.HttpBody]  # type: ignore[assignment]
+    """A2A's JSON-RPC 2.0 binding: one POST endpoint per agent,
+    `/{agent}/jsonrpc` (the mesh's default agent's also at `/jsonrpc`), taking
+    A2A v1.0's methods (`SendMessage`, `GetTask`, … as A2AService names them)
+    and answering each as that A2AService RPC does: a JSON-RPC response, or
+    for `SendStreamingMessage` and `SubscribeToTask` SSE frames of them.
+    Errors are JSON-RPC error objects with A2A's codes (HTTP 200; an error
+    that asks the caller to come back later keeps its HTTP status and
+    Retry-After). One request per call: batches are refused.
     """
 
 class CompatServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -295,6 +315,22 @@ class CompatServiceServicer(metaclass=_abc_1.ABCMeta):
         (HTTP+JSON and gRPC, with the agent as their tenant) are absolute URLs
         built from the request's scheme and Host; an agent no live worker
         serves is 404.
+        """
+
+    @_abc_1.abstractmethod
+    def A2AJsonRpc(
+        self,
+        request: _compat_service_pb2.A2AJsonRpcRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_httpbody_pb2.HttpBody], _abc.AsyncIterator[_httpbody_pb2.HttpBody]]:
+        """A2A's JSON-RPC 2.0 binding: one POST endpoint per agent,
+        `/{agent}/jsonrpc` (the mesh's default agent's also at `/jsonrpc`), taking
+        A2A v1.0's methods (`SendMessage`, `GetTask`, … as A2AService names them)
+        and answering each as that A2AService RPC does: a JSON-RPC response, or
+        for `SendStreamingMessage` and `SubscribeToTask` SSE frames of them.
+        Errors are JSON-RPC error objects with A2A's codes (HTTP 200; an error
+        that asks the caller to come back later keeps its HTTP status and
+        Retry-After). One request per call: batches are refused.
         """
 
 def add_CompatServiceServicer_to_server(servicer: CompatServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,7 +5,8 @@ By concept: ``ids`` (task ids that name their session and turn),
 ``messages`` (A2A messages in and out), ``task`` (a task's state and
 updates from its turn), ``send`` (a message starts a task: blocking,
 returned at once, or streamed), ``stored`` (a task read, cancelled or
-followed again by its id), ``service`` (the RPCs), ``card`` (agent cards).
+followed again by its id), ``service`` (the RPCs), ``jsonrpc`` (the
+JSON-RPC 2.0 binding, over the same RPCs), ``card`` (agent cards).
 
 The mapping (docs/api.md has it whole): the A2A tenant is the agent; a
 context is a session of the caller's (a message without one starts one, a

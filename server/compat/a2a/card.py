@@ -2,7 +2,8 @@
 clients resolve (``/{agent}/.well-known/agent-card.json``; the default
 agent's also at the root), open to anyone. Their interfaces are absolute,
 built from the request's scheme and Host (Envoy passes them on), and name
-the agent as their tenant, so a client sends it with every call."""
+the agent as their tenant, so a client sends it with every call: HTTP+JSON
+and gRPC at the edge, JSON-RPC at the agent's own ``/{agent}/jsonrpc``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ DEFAULT_PORTS = {"http": "80", "https": "443"}
 _HOST = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])$")
 _PORT = re.compile(r"^\d{1,5}$")
 BEARER = "bearer"
+# An agent's JSON-RPC endpoint, under its name (compat_service.proto).
+JSONRPC_PATH = "jsonrpc"
 
 
 class AgentCards:
@@ -72,7 +75,12 @@ class AgentCards:
         )
         card.provider.organization = "turnmesh"
         card.provider.url = f"{scheme}://{host}"
-        for binding, url in (("HTTP+JSON", f"{scheme}://{host}"), ("GRPC", host)):
+        for binding, url in (
+            ("HTTP+JSON", f"{scheme}://{host}"),
+            # The agent's JSON-RPC endpoint (its tenant is in its path too).
+            ("JSONRPC", f"{scheme}://{host}/{agent}/{JSONRPC_PATH}"),
+            ("GRPC", host),
+        ):
             card.supported_interfaces.add(
                 url=url, protocol_binding=binding, protocol_version=PROTOCOL_VERSION, tenant=agent
             )
