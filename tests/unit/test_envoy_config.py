@@ -200,11 +200,13 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
             limit = route["typed_per_filter_config"]["envoy.filters.http.buffer"]
             assert limit["buffer"]["max_request_bytes"] == BODILESS_BYTES
     assert host["routes"][-1] == {"match": {"prefix": "/"}, "route": host["routes"][-1]["route"]}
-    # Its denials read as the servers' own 401s (the first mappers).
-    flags = [
-        m["filter"]["and_filter"]["filters"][0]
-        for m in manager["local_reply_config"]["mappers"][:4]
-    ]
+    # Its denials read as the servers' own 401s (the first mappers after those
+    # of A2A's JSON-RPC endpoints, which answer every reply there as JSON-RPC).
+    mappers = manager["local_reply_config"]["mappers"]
+    jsonrpc = ["jsonrpc" in m["body_format_override"]["json_format"] for m in mappers]
+    rest = mappers[jsonrpc.index(False) :]
+    assert not any(jsonrpc[jsonrpc.index(False) :])
+    flags = [m["filter"]["and_filter"]["filters"][0] for m in rest[:4]]
     assert flags == [{"response_flag_filter": {"flags": ["UAEX"]}}] * 4
     assert "principal=%DYNAMIC_METADATA(envoy.filters.http.ext_authz:principal)%" in str(manager)
 
