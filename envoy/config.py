@@ -442,7 +442,9 @@ def _openai_unserved_routes() -> list[dict[str, Any]]:
 # The REST paths whose answer is a stream of Events (Turn, SubscribeTurn,
 # ChatStream). With every zero field printed an event would carry `role: ""`
 # and the like, which the real AG-UI client rejects (AGUI-NOTES.md).
-STREAMED_PATHS = r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?/?$|^/v1/chat:stream/?$"
+STREAMED_PATHS = (
+    r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?/?$|^/v1/chat:stream/?$|^/agent/[^/]+/chat/stream/?$"
+)
 
 
 def _streamed_routes(route: dict[str, Any], transcoder: dict[str, Any]) -> list[dict[str, Any]]:

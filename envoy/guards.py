@@ -68,7 +68,7 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 # transcoder turns GET /health into the RPC's path and routes again.
 _SESSIONS = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 _COMPAT = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
-REST_HEALTH_PATHS = ("/health", "/ready", "/v1/chat/health")
+REST_HEALTH_PATHS = ("/health", "/ready", "/v1/chat/health", "/health/agent")
 HEALTH_PATHS = (
     *REST_HEALTH_PATHS,
     f"/{_SESSIONS}/GetHealth",

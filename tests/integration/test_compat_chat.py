@@ -168,3 +168,24 @@ async def test_holodecks_delete_path_deletes_the_session_idempotently(
     again = await rest.delete(f"/sessions/{session_id}")
     assert (again.status_code, again.json()["deleted"]) == (200, False)
     assert (await rest.get(f"/v1/sessions/{session_id}")).status_code == 404
+
+
+async def test_holodecks_paths_serve_json_too(rest: httpx.AsyncClient) -> None:
+    answer = await rest.post("/agent/echo/chat", json={"message": "by the agent's path"})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["content"] == "by the agent's path"  # echo's answer
+    session = (await rest.get(f"/v1/sessions/{body['session_id']}")).json()["session"]
+    assert session["agentName"] == "echo"
+    async with aconnect_sse(
+        rest, "POST", "/agent/echo/chat/stream", json={"message": "streamed"}
+    ) as source:
+        events = [json.loads(e.data) async for e in source.aiter_sse()]
+    # Set fields only, as /v1/chat:stream prints them.
+    assert events[0]["type"] == "RUN_STARTED" and "delta" not in events[0]
+    assert events[-1]["type"] == "RUN_FINISHED"
+    health = await rest.get("/health/agent")
+    assert health.status_code == 200
+    same = (await rest.get("/v1/chat/health")).json()
+    assert set(health.json()) == set(same)  # HoloDeck's shape, from any server
+    assert (health.json()["status"], health.json()["agent_name"]) == ("healthy", same["agent_name"])

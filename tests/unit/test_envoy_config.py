@@ -76,10 +76,10 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     assert "direct_response" in routes[0]  # the playground page
     forwarded = [r for r in routes if "route" in r]  # the rest answer at the edge
     # The reads by their gRPC path, native gRPC, /health, /ready and
-    # /v1/chat/health (no key check), A2A's agent cards (no key check
+    # /v1/chat/health and /health/agent (no key check), A2A's agent cards (no key check
     # either), simple chat's multipart forms (a transcoder of their own), the
     # streamed REST routes (which print only set fields), and the rest.
-    assert len(forwarded) == 8 + len(READ_PATHS)
+    assert len(forwarded) == 9 + len(READ_PATHS)
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
@@ -186,6 +186,7 @@ def test_the_key_is_checked_on_headers_before_any_body_is_buffered() -> None:
         {"path": "/health", "headers": get},
         {"path": "/ready", "headers": get},
         {"path": "/v1/chat/health", "headers": get},
+        {"path": "/health/agent", "headers": get},
         {"safe_regex": {"regex": AGENT_CARD_REST}, "headers": get},
     ]
     # Envoy's gRPC is application/grpc or application/grpc+NAME: grpc-web
