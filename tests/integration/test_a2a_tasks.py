@@ -285,3 +285,21 @@ async def test_list_tasks_pages_filters_and_keeps_principals_apart(
     ):
         with pytest.raises(InvalidParamsError):
             await acme.list_tasks(bad)
+
+
+async def test_clients_cannot_call_the_servers_internal_task_record_methods(
+    shared_mesh: SharedMesh,
+) -> None:
+    """A client writes no task record: through the edge (which strips the
+    mesh's own headers) nor straight to a server without claiming to be a
+    forwarding mesh member (on a mesh with a mesh key, only a member can)."""
+    calls = [
+        (shared_mesh.edge, (("x-turnmesh-forwarded", "me"),)),
+        (shared_mesh.servers[0].address, ()),
+    ]
+    for target, metadata in calls:
+        async with grpc.aio.insecure_channel(target) as channel:
+            put = channel.unary_unary("/turnmesh.internal.A2ATaskRecords/Put")
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await put(b'["s", "t", "{}", 0]', metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED, target
