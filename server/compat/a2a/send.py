@@ -28,7 +28,8 @@ from turnmesh.v1 import session_service_pb2 as spb
 
 async def _made(mesh: Mesh, context_id: str | None, agent: str) -> tuple[str, bool, str]:
     session_id = await mesh.create_session(context_id, agent, param="tenant")
-    return session_id, True, (await mesh.get_session(session_id)).agent_name
+    # The tenant is its agent; without one, the mesh's default is.
+    return session_id, True, agent or (await mesh.get_session(session_id)).agent_name
 
 
 async def _context(mesh: Mesh, context_id: str, agent: str) -> tuple[str, bool, str]:
@@ -137,7 +138,8 @@ async def open_task(
             await mesh.drop_session(session_id, exc, seeded=0)
         raise
     view = TaskView(session_id, turn.turn_id)
-    if await records.get(mesh, session_id, view.id) is None:  # not a repeated message
+    # A message sent again (its turn's record made already) keeps its record.
+    if made or await records.get(mesh, session_id, view.id) is None:
         made_record = records.new(view.id, agent_name, session_id, turn.turn_id)
         await records.put(mesh, session_id, made_record)
     if turn.state == spb.TURN_STATE_RUNNING:
