@@ -303,3 +303,28 @@ async def test_clients_cannot_call_the_servers_internal_task_record_methods(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await put(b'["s", "t", "{}", 0]', metadata=metadata)
             assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED, target
+
+
+async def test_a_task_whose_pause_expired_reads_failed_for_good(mesh_factory: Mesh) -> None:
+    """Nobody answered in time: the task is FAILED (saying why), takes no
+    answer, and stays FAILED after its context moves on."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("demo", "demo")
+    # A millisecond: the pause has expired by the time the task is read.
+    server = mesh.spawn_server("server", "--pause-timeout", "0.001")
+    mesh.wait_ready(worker, server)
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)  # type: ignore[no-untyped-call]
+        question = message("please ask me something")
+        asked = (await stub.SendMessage(question)).task
+        read = await stub.GetTask(a2a_pb2.GetTaskRequest(id=asked.id))
+        assert read.status.state == S.TASK_STATE_FAILED
+        assert "pause ended" in "".join(p.text for p in read.status.message.parts)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.SendMessage(on_task(asked, data={"color": "green"}))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        later = (await stub.SendMessage(message("hello", context_id=asked.context_id))).task
+        assert later.status.state == S.TASK_STATE_COMPLETED
+        again = await stub.GetTask(a2a_pb2.GetTaskRequest(id=asked.id))
+        assert again.status == read.status

@@ -24,6 +24,7 @@ from turnmesh.runtime.errors import (
     InvalidArgument,
     NotFound,
     TaskNotCancelable,
+    TurnmeshError,
     UnsupportedOperation,
 )
 from turnmesh.server.compat._common import Mesh
@@ -117,7 +118,9 @@ async def _keep_end(mesh: Mesh, found: Read) -> None:
     found.record.final = {"state": ended.state, "time": ended.timestamp.ToJsonString()}
     if text:
         found.record.final["text"] = text
-    with contextlib.suppress(NotFound):  # its session went meanwhile
+    # Only kept for later: a read never fails for it (its session may have
+    # gone meanwhile, or its owner be away; the next read keeps it).
+    with contextlib.suppress(TurnmeshError):
         await records.put(mesh, found.record.context, found.record)
 
 
