@@ -299,7 +299,9 @@ async def test_clients_cannot_call_the_servers_internal_task_record_methods(
     ]
     for target, metadata in calls:
         async with grpc.aio.insecure_channel(target) as channel:
-            put = channel.unary_unary("/turnmesh.internal.A2ATaskRecords/Put")
+            put: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+                "/turnmesh.internal.A2ATaskRecords/Put"
+            )
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await put(b'["s", "t", "{}", 0]', metadata=metadata)
             assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED, target
