@@ -39,6 +39,7 @@ from turnmesh.server.compat import ChatUploadServicer, CompatServicer, Mesh, Mod
 from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
 from turnmesh.server.compat.a2a import A2AServicer, AgentCards
 from turnmesh.server.config import ServerConfig
+from turnmesh.server.mesh import task_calls
 from turnmesh.server.mesh.forwarding import Forwarder
 from turnmesh.server.mesh.leases import Leases, LeaseStore
 from turnmesh.server.mesh.limits import request_rates, turn_leases
@@ -272,6 +273,19 @@ class SessionServer:
             )
             # Envoy's key check on each REST request: the key is in the request.
             server.add_generic_rpc_handlers((authorization_handler(self.api_keys),))
+            # A2A task records between servers (forwarded calls only).
+            server.add_generic_rpc_handlers(
+                (
+                    task_calls.handler(
+                        servicer.forwarded,
+                        {
+                            "Get": servicer.get_task_record,
+                            "Put": servicer.put_task_record,
+                            "List": servicer.list_task_records,
+                        },
+                    ),
+                )
+            )
 
         open_methods = frozenset(
             f"/{SERVICE_NAME}/{name}" for name in ("GetHealth", "GetReadiness")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -25,6 +26,7 @@ from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
 from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_METADATA, PRINCIPAL_PATTERN
 from turnmesh.runtime.requests import REQUEST_ID_METADATA
+from turnmesh.server.mesh import task_calls
 from turnmesh.server.mesh.forwarding import (
     FORWARDED_METADATA,
     TOOK_CALL_METADATA,
@@ -231,6 +233,100 @@ class SessionServicer:
                     yield event
             except OwnerFailed as failed:
                 await _pass_through(context, failed.error)
+
+    # A2A task records (server/mesh/task_calls.py), on their session's owner --
+
+    def forwarded(self, context: Context) -> bool:
+        """Whether another mesh member forwarded the call here."""
+        return self._forwarded(context)
+
+    async def _on_owner(
+        self, session_id: str, context: Context, method: str, payload: list[Any], local: Any
+    ) -> Any:
+        validation.validate_session_id(session_id)
+        sid = principals.scoped(principals.current().name, session_id)
+
+        async def here() -> bytes:
+            return json.dumps(await local(sid)).encode()
+
+        answer: bytes = await self._unary(
+            sid,
+            context,
+            lambda stub, md: task_calls.call(stub, method, payload, md, LIST_CALL_SECONDS),
+            here,
+        )
+        return task_calls.decoded(answer)
+
+    async def get_task_record(self, session_id: str, task_id: str, context: Context) -> str:
+        """A task record of the caller's session ("" if none), from its owner."""
+
+        async def local(sid: str) -> str:
+            found = await self._core.store.get_task(sid, task_id)
+            return found.decode() if found else ""
+
+        found: str = await self._on_owner(
+            session_id, context, task_calls.GET, [session_id, task_id], local
+        )
+        return found
+
+    async def put_task_record(
+        self, session_id: str, task_id: str, record: str, created_at: float, context: Context
+    ) -> bool:
+        """Write a task record of the caller's session on its owner; False
+        if the session is gone."""
+
+        async def local(sid: str) -> bool:
+            return await self._core.store.put_task(sid, task_id, record.encode(), created_at)
+
+        written: bool = await self._on_owner(
+            session_id, context, task_calls.PUT, [session_id, task_id, record, created_at], local
+        )
+        return written
+
+    async def list_task_records(
+        self, before: list[Any] | None, limit: int, context: Context
+    ) -> dict[str, Any]:
+        """A keyset page of the caller's task records, newest first, from
+        every server that holds sessions (one, with a shared store):
+        ``{"items": [[nanos, task, session, record]], "frontier": [nanos, task] | None}``."""
+        principal = principals.current().name
+        at = (int(before[0]), str(before[1])) if before else None
+        local = await self._core.store.list_tasks(principal, at, limit)
+        pages = [
+            listing.Page(
+                [
+                    (pos, (principals.public_id(sid), record.decode()))
+                    for pos, (sid, record) in local.items
+                ],
+                local.frontier,
+            )
+        ]
+        if not (self._core.store.shared or self._forwarded(context)):
+            metadata = self._forward_metadata(context)
+            servers = await self._other_servers() if self._other_servers else []
+            for stub in servers:
+                try:
+                    answer = await task_calls.call(
+                        stub, task_calls.LIST, [before, limit], metadata, LIST_CALL_SECONDS
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("a server did not list its A2A tasks: %s", exc.code().name)
+                    raise Unavailable(
+                        "a server holding sessions did not answer the listing; retry"
+                    ) from exc
+                page = task_calls.decoded(answer)
+                frontier = page["frontier"]
+                pages.append(
+                    listing.Page(
+                        [((n, t), (s, r)) for n, t, s, r in page["items"]],
+                        (frontier[0], frontier[1]) if frontier else None,
+                    )
+                )
+        merged = listing.merge(pages, limit)
+        return {
+            "items": [[n, t, s, r] for (n, t), (s, r) in merged.items],
+            "frontier": list(merged.frontier) if merged.frontier else None,
+        }
 
     # RPCs -------------------------------------------------------------------
 

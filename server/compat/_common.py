@@ -117,6 +117,16 @@ class SessionCalls(Protocol):
         self, request: spb.CancelTurnRequest, context: Context
     ) -> spb.CancelTurnResponse: ...
 
+    async def get_task_record(self, session_id: str, task_id: str, context: Context) -> str: ...
+
+    async def put_task_record(
+        self, session_id: str, task_id: str, record: str, created_at: float, context: Context
+    ) -> bool: ...
+
+    async def list_task_records(
+        self, before: list[Any] | None, limit: int, context: Context
+    ) -> dict[str, Any]: ...
+
     def SubscribeTurn(
         self, request: spb.SubscribeTurnRequest, context: Context
     ) -> AsyncGenerator[event_pb2.Event, None]: ...
@@ -271,6 +281,29 @@ class Mesh:
             yield events
         finally:
             await events.aclose()
+
+    async def task_record(self, session_id: str, task_id: str) -> str:
+        """An A2A task's record (JSON; "" if none), from its session's owner."""
+        return await self._unary(self._svc.get_task_record(session_id, task_id, self._call))
+
+    async def put_task_record(
+        self, session_id: str, task_id: str, record: str, created_at: float
+    ) -> bool:
+        return await self._unary(
+            self._svc.put_task_record(session_id, task_id, record, created_at, self._call)
+        )
+
+    async def task_records(
+        self, before: tuple[int, str] | None, limit: int
+    ) -> tuple[list[tuple[tuple[int, str], str, str]], tuple[int, str] | None]:
+        """A keyset page of the caller's A2A task records, newest first, from
+        every server: ((nanos, task), session, record) each, and the frontier."""
+        page = await self._unary(
+            self._svc.list_task_records(list(before) if before else None, limit, self._call)
+        )
+        items = [((int(n), str(t)), str(s), str(r)) for n, t, s, r in page["items"]]
+        frontier = page["frontier"]
+        return items, (int(frontier[0]), str(frontier[1])) if frontier else None
 
     async def cancel_turn(self, session_id: str, turn_id: str) -> spb.TurnState.ValueType:
         """The turn's state after the call: CANCELLED, or how it had ended."""

@@ -13,8 +13,8 @@ from turnmesh.runtime.errors import OwnerAway, Unavailable, from_rpc_error
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.server.mesh.ownership import Owner
+from turnmesh.server.mesh.task_calls import OwnerStub
 from turnmesh.v1 import router_service_pb2 as rpb
-from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 
 if TYPE_CHECKING:
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub
@@ -94,7 +94,7 @@ class RouterClient:
         if channel is None:
             channel = mesh_channel(owner.address, self._membership.transport)
             self._channels[owner.address] = channel
-        return SessionServiceStub(channel)
+        return OwnerStub(channel)
 
     async def close(self) -> None:
         for channel in self._channels.values():

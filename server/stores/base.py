@@ -23,6 +23,13 @@ written when it is accepted and when it ends, kept longer than its events
 (their own TTL), at most ``TURN_RECORDS_PER_SESSION`` per session, deleted
 with the session. The first record that says a turn ended is final, so the
 write that ends a turn happens once: where a later outbox (webhooks) hangs.
+
+Every backend keeps A2A task records (``put_task``; ``stores.tasks``): an
+A2A task's record, opaque bytes to the store, under its session and its
+principal, listed newest first in keyset pages (by creation time and task
+id), at most ``TASK_RECORDS_PER_SESSION`` a session and
+``TASK_RECORDS_PER_PRINCIPAL`` a principal (the oldest go), kept as long
+as their session and deleted with it.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ TURN_RECORDS_PER_SESSION = 1_000
 # index of a session's turns with stored events (Redis), which a delete reads.
 IDEMPOTENCY_KEYS_PER_SESSION = 1_000
 TURNS_INDEXED_PER_SESSION = 1_000
+# A2A task records a session and a principal keep at most; the oldest go.
+TASK_RECORDS_PER_SESSION = 1_000
+TASK_RECORDS_PER_PRINCIPAL = 10_000
 
 
 @dataclass(slots=True)
@@ -188,6 +198,24 @@ class SessionStore(Protocol):
         page's position (None: this was the last). A position, not a
         bookmark: records that end meanwhile may shift a later page, never
         hide an open one for good (the next pass starts again at 0)."""
+
+    async def put_task(
+        self, session_id: str, task_id: str, record: bytes, created_at: float
+    ) -> bool:
+        """Write an A2A task's record (a new one, or over its last), unless
+        the session is gone (False). A new one is listed at ``created_at``;
+        past the bounds the session's or principal's oldest records go.
+        A task id holds no ``|``."""
+
+    async def get_task(self, session_id: str, task_id: str) -> bytes | None:
+        """An A2A task's record; None if there is none."""
+
+    async def list_tasks(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[tuple[str, bytes]]:
+        """The principal's task records positioned below ``before`` (all if
+        None), newest first (position: creation nanoseconds, task id), at
+        most ``limit``: each as (session, record)."""
 
     def outbox(self) -> Outbox:
         """Where webhook notices wait to be delivered (as durable as the sessions)."""

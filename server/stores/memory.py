@@ -20,6 +20,7 @@ from turnmesh.server.stores.base import (
     session_quota_exceeded,
 )
 from turnmesh.server.stores.listing import Page, Position, position
+from turnmesh.server.stores.tasks import MemoryTasks
 from turnmesh.server.webhooks.outbox import MemoryOutbox
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -61,6 +62,7 @@ class MemoryStore:
         self._max_turn_record_bytes = max_turn_record_bytes
         self._turn_record_bytes = 0
         self._outbox = MemoryOutbox()  # lost with the process, as the sessions are
+        self._tasks = MemoryTasks()
 
     @property
     def shared(self) -> bool:
@@ -101,6 +103,7 @@ class MemoryStore:
             if (gone := self._turn_records.pop((session_id, turn_id), None)) is not None:
                 self._turn_record_bytes -= len(gone.record)
         self._checkpoints.pop(session_id, None)
+        self._tasks.delete(session_id)
         record = self._records.pop(session_id, None)
         if record is None:
             return False
@@ -213,6 +216,22 @@ class MemoryStore:
             order.pop(key[1], None)
             if not order:
                 del self._turns_of[key[0]]
+
+    async def put_task(
+        self, session_id: str, task_id: str, record: bytes, created_at: float
+    ) -> bool:
+        if session_id not in self._records:
+            return False
+        self._tasks.put(session_id, task_id, record, created_at)
+        return True
+
+    async def get_task(self, session_id: str, task_id: str) -> bytes | None:
+        return self._tasks.get(session_id, task_id)
+
+    async def list_tasks(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[tuple[str, bytes]]:
+        return self._tasks.list(principal, before, limit)
 
     def outbox(self) -> MemoryOutbox:
         return self._outbox

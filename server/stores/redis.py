@@ -57,6 +57,7 @@ from turnmesh.server.stores.redis_scripts import (
     SWAP_OWNER,
     TOUCH,
 )
+from turnmesh.server.stores.redis_tasks import RedisTasks
 from turnmesh.v1 import event_pb2, message_pb2
 
 # A create writes its listing entry just before its session: an entry without
@@ -81,6 +82,7 @@ class RedisStore(TurnCommits):
         self._touch_script = self._redis.register_script(TOUCH)
         self._put_turn_script = self._redis.register_script(PUT_TURN)
         self._set_key_script = self._redis.register_script(SET_KEY)
+        self._tasks = RedisTasks(self._redis)
 
     @property
     def shared(self) -> bool:
@@ -177,6 +179,7 @@ class RedisStore(TurnCommits):
         )
         for start in range(0, len(turn_keys), DELETE_BATCH):
             await self._redis.delete(*turn_keys[start : start + DELETE_BATCH])
+        await self._tasks.delete(session_id)
         if created_at is not None:
             # Unlisted once gone: a crash in between leaves an entry that
             # listings skip. A session made again under this id has another
@@ -433,6 +436,19 @@ class RedisStore(TurnCommits):
         # (where this one did, if all were stale).
         more = len(members) == limit
         return found, cursor + len(found) if more else None
+
+    async def put_task(
+        self, session_id: str, task_id: str, record: bytes, created_at: float
+    ) -> bool:
+        return await self._tasks.put(session_id, task_id, record, created_at)
+
+    async def get_task(self, session_id: str, task_id: str) -> bytes | None:
+        return await self._tasks.get(session_id, task_id)
+
+    async def list_tasks(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[tuple[str, bytes]]:
+        return await self._tasks.listed(principal, before, limit)
 
     def outbox(self) -> RedisOutbox:
         return RedisOutbox(self._redis)

@@ -41,6 +41,7 @@ from turnmesh.runtime.principals import (
     public_id,
     scoped,
 )
+from turnmesh.server.stores import sqlite_tasks
 from turnmesh.server.stores.base import (
     IDEMPOTENCY_KEYS_PER_SESSION,
     TURN_RECORDS_PER_SESSION,
@@ -106,6 +107,7 @@ class SqliteStore(TurnCommits):
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             bring_up_to_date(db, self._path, self._legacy_principal)
+            sqlite_tasks.create(db)
         except BaseException:
             db.close()
             raise
@@ -184,6 +186,7 @@ class SqliteStore(TurnCommits):
                     "turn_records",
                 ):
                     db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+                sqlite_tasks.delete(db, session_id)
             return deleted > 0
 
         return await self._run(delete)
@@ -438,6 +441,21 @@ class SqliteStore(TurnCommits):
             ).fetchone()
         )
         return bytes(row[0]) if row else None
+
+    async def put_task(
+        self, session_id: str, task_id: str, record: bytes, created_at: float
+    ) -> bool:
+        return await self._run(
+            lambda db: sqlite_tasks.put(db, session_id, task_id, record, created_at)
+        )
+
+    async def get_task(self, session_id: str, task_id: str) -> bytes | None:
+        return await self._run(lambda db: sqlite_tasks.get(db, session_id, task_id))
+
+    async def list_tasks(
+        self, principal: str, before: Position | None, limit: int
+    ) -> Page[tuple[str, bytes]]:
+        return await self._run(lambda db: sqlite_tasks.listed(db, principal, before, limit))
 
     def outbox(self) -> SqliteOutbox:
         return SqliteOutbox(self._run)

@@ -79,6 +79,15 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
     async def GetHealth(self, *args: object) -> spb.GetHealthResponse:
         return self._raise()  # type: ignore[no-any-return]
 
+    async def get_task_record(self, *args: object) -> str:
+        return self._raise()  # type: ignore[no-any-return]
+
+    async def put_task_record(self, *args: object) -> bool:
+        return self._raise()  # type: ignore[no-any-return]
+
+    async def list_task_records(self, *args: object) -> dict[str, Any]:
+        return self._raise()  # type: ignore[no-any-return]
+
     async def StartTurn(self, *args: object) -> spb.StartTurnResponse:
         return self._raise()  # type: ignore[no-any-return]
 

@@ -25,7 +25,10 @@ from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceede
 from turnmesh.server.stores import memory as store_memory
 from turnmesh.server.stores import open_store, redis_keys, sqlite_schema
 from turnmesh.server.stores import redis as store_redis
+from turnmesh.server.stores import redis_tasks as store_redis_tasks
 from turnmesh.server.stores import sqlite as store_sqlite
+from turnmesh.server.stores import sqlite_tasks as store_sqlite_tasks
+from turnmesh.server.stores import tasks as store_tasks
 from turnmesh.server.stores.base import SessionRecord, SessionStore, StoreInUse, TurnAbandoned
 from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.server.stores.redis import RedisStore
@@ -1071,3 +1074,77 @@ async def _open_of(store: SessionStore, sid: str, limit: int = 1000) -> list[str
         if cursor is None:
             return found
         page, cursor = await store.open_turns(limit, cursor)
+
+
+# A2A task records ---------------------------------------------------------------
+
+
+async def test_task_records_are_kept_per_session_listed_per_principal_and_deleted_with_it(
+    store: SessionStore,
+) -> None:
+    """Each principal lists only its own task records, newest first, in keyset
+    pages; a rewrite keeps its place; a session's records go with it."""
+    tenant, other = f"t{uuid.uuid4().hex[:12]}", f"o{uuid.uuid4().hex[:12]}"
+    first, second = f"{tenant}/{_sid()}", f"{tenant}/{_sid()}"
+    theirs = f"{other}/{_sid()}"
+    for sid in (first, second, theirs):
+        await store.create(_record(sid))
+    assert not await store.put_task(f"{tenant}/{_sid()}", "gone", b"x", 1000.0)
+    for n in range(5):
+        sid = first if n % 2 == 0 else second
+        assert await store.put_task(sid, f"task{n}", b"r%d" % n, 1000.0 + n)
+    assert await store.put_task(theirs, "task9", b"other", 1009.0)
+    assert await store.put_task(first, "task0", b"r0 again", 1000.0)  # a rewrite
+    assert await store.get_task(first, "task0") == b"r0 again"
+    assert await store.get_task(second, "task0") is None
+    assert await store.get_task(theirs, "task0") is None
+
+    page = await store.list_tasks(tenant, None, 2)
+    assert [(at[1], item) for at, item in page.items] == [
+        ("task4", (first, b"r4")),
+        ("task3", (second, b"r3")),
+    ]
+    assert page.frontier == page.items[-1][0]
+    await store.put_task(second, "late", b"late", 2000.0)  # sorts before page one
+    page = await store.list_tasks(tenant, page.frontier, 2)
+    assert [at[1] for at, _ in page.items] == ["task2", "task1"]
+    page = await store.list_tasks(tenant, page.frontier, 2)
+    assert [item for _, item in page.items] == [(first, b"r0 again")]
+    assert page.frontier is None
+    listed = await store.list_tasks(other, None, 10)
+    assert [item for _, item in listed.items] == [(theirs, b"other")]
+
+    assert await store.delete(second)
+    assert await store.get_task(second, "task1") is None
+    left = await store.list_tasks(tenant, None, 10)
+    assert [at[1] for at, _ in left.items] == ["task4", "task2", "task0"]
+    assert not await store.put_task(second, "task1", b"again", 1001.0)
+
+
+async def test_task_records_are_bounded_per_session_and_per_principal(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in (store_tasks, store_sqlite_tasks, store_redis_tasks):
+        monkeypatch.setattr(module, "TASK_RECORDS_PER_SESSION", 3)
+        monkeypatch.setattr(module, "TASK_RECORDS_PER_PRINCIPAL", 5)
+    tenant = f"t{uuid.uuid4().hex[:12]}"
+    sid, other = f"{tenant}/{_sid()}", f"{tenant}/{_sid()}"
+    await store.create(_record(sid))
+    await store.create(_record(other))
+    for n in range(5):
+        assert await store.put_task(sid, f"a{n}", b"a%d" % n, 1000.0 + n)
+    # The session's oldest go past its bound.
+    assert [await store.get_task(sid, f"a{n}") for n in range(5)] == [
+        None,
+        None,
+        b"a2",
+        b"a3",
+        b"a4",
+    ]
+    for n in range(3):
+        assert await store.put_task(other, f"b{n}", b"b%d" % n, 1010.0 + n)
+    # Six past the principal's five: its oldest (a2) goes, wherever it is.
+    assert await store.get_task(sid, "a2") is None
+    listed = await store.list_tasks(tenant, None, 10)
+    assert [at[1] for at, _ in listed.items] == ["b2", "b1", "b0", "a4", "a3"]
+    assert listed.frontier is None

@@ -22,6 +22,7 @@ from a2a.types import a2a_pb2
 from google.protobuf import json_format, struct_pb2
 
 from turnmesh.runtime.errors import ContentTypeNotSupported, FieldViolation, InvalidParams
+from turnmesh.server.compat._common import tool_definition
 from turnmesh.server.sessions.validation import MAX_IDEMPOTENCY_KEY_CHARS
 from turnmesh.v1 import message_pb2
 
@@ -30,6 +31,8 @@ MESSAGE_ID_KEY = "a2a_message_id"
 DATA_KEY = "a2a_data"
 # A message's parts, at most (files have limits of their own).
 MAX_PARTS = 64
+TOOLS_KEY = "tools"
+MAX_TOOLS = 64
 
 
 def invalid_params(field_name: str, description: str) -> InvalidParams:
@@ -46,6 +49,12 @@ class Incoming:
     text: str
     files: list[message_pb2.File] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The data parts' values, in order (answers to a task's input: ``answering``).
+    data: list[Any] = field(default_factory=list)
+    # The client's own tools, from a data part ``{"tools": [{"name",
+    # "description", "parameters"}]}``: a call of one ends the task
+    # INPUT_REQUIRED until the client sends its result.
+    tools: list[message_pb2.ToolDefinition] = field(default_factory=list)
 
 
 def incoming(message: a2a_pb2.Message, request_metadata: struct_pb2.Struct) -> Incoming:
@@ -90,6 +99,12 @@ def incoming(message: a2a_pb2.Message, request_metadata: struct_pb2.Struct) -> I
     }
     if data:
         metadata[DATA_KEY] = data
+    tools = [
+        tool
+        for index, value in enumerate(data)
+        if isinstance(value, dict) and TOOLS_KEY in value
+        for tool in _tools(value[TOOLS_KEY], f"message.parts[{index}].data.{TOOLS_KEY}")
+    ]
     return Incoming(
         message_id=message.message_id,
         context_id=message.context_id,
@@ -97,7 +112,26 @@ def incoming(message: a2a_pb2.Message, request_metadata: struct_pb2.Struct) -> I
         text="\n\n".join(texts),
         files=files,
         metadata=metadata,
+        data=data,
+        tools=tools,
     )
+
+
+def _tools(value: Any, where: str) -> list[message_pb2.ToolDefinition]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise invalid_params(where, "must be a list of objects")
+    if len(value) > MAX_TOOLS:
+        raise invalid_params(where, f"at most {MAX_TOOLS}")
+    out = []
+    for n, tool in enumerate(value):
+        name, description = tool.get("name"), tool.get("description")
+        parameters = tool.get("parameters")
+        if not isinstance(name, str) or not isinstance(description, str | None):
+            raise invalid_params(f"{where}[{n}]", "needs a name (and a description) as strings")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise invalid_params(f"{where}[{n}].parameters", "must be a JSON schema object")
+        out.append(tool_definition(name, description, parameters, f"{where}[{n}].parameters"))
+    return out
 
 
 def user_message(incoming: Incoming, context_id: str, task_id: str) -> a2a_pb2.Message:

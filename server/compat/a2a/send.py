@@ -5,71 +5,130 @@ call and the stream follow its events (SubscribeTurn), from any server."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from a2a.types import a2a_pb2
 
-from turnmesh.runtime.errors import AlreadyExists, NotFound, TurnmeshError, UnsupportedOperation
+from turnmesh.runtime.errors import (
+    AlreadyExists,
+    NotFound,
+    NotWaiting,
+    TurnmeshError,
+    UnsupportedOperation,
+)
 from turnmesh.server.compat._common import Mesh
-from turnmesh.server.compat.a2a import stored
+from turnmesh.server.compat.a2a import answering, messages, records, stored
 from turnmesh.server.compat.a2a.ids import parse_task_id
 from turnmesh.server.compat.a2a.messages import Incoming, incoming, invalid_params, user_message
-from turnmesh.server.compat.a2a.task import TaskView
+from turnmesh.server.compat.a2a.task import TERMINAL, TaskView
 from turnmesh.v1 import session_service_pb2 as spb
 
 
-async def _context(mesh: Mesh, context_id: str, agent: str) -> tuple[str, bool]:
-    """The session a message goes to, and whether this call made it: its
-    context's (a client-chosen id is made on first use), or a new one."""
+async def _made(mesh: Mesh, context_id: str | None, agent: str) -> tuple[str, bool, str]:
+    session_id = await mesh.create_session(context_id, agent, param="tenant")
+    # The tenant is its agent; without one, the mesh's default is.
+    return session_id, True, agent or (await mesh.get_session(session_id)).agent_name
+
+
+async def _context(mesh: Mesh, context_id: str, agent: str) -> tuple[str, bool, str]:
+    """The session a message goes to, whether this call made it, and its
+    agent: its context's (a client-chosen id is made on first use), or a new one."""
     if context_id:
         try:
             session = await mesh.get_session(context_id)
         except NotFound:
             try:
-                return await mesh.create_session(context_id, agent, param="tenant"), True
+                return await _made(mesh, context_id, agent)
             except AlreadyExists:  # made meanwhile by another message
                 session = await mesh.get_session(context_id)
         if agent and session.agent_name != agent:
             raise invalid_params("message.context_id", "is a context of another agent")
-        return session.session_id, False
-    return await mesh.create_session(None, agent, param="tenant"), True
+        return session.session_id, False, session.agent_name
+    return await _made(mesh, None, agent)
 
 
-async def _refuse_task_message(mesh: Mesh, message: Incoming, agent: str) -> None:
-    """A message naming a task: this mesh runs every message as a new task
-    of its context, so one naming a task is refused as A2A says, by the
-    task's state."""
-    session_id, turn_id = parse_task_id(message.task_id)
-    task = await stored.task(mesh, session_id, turn_id, agent, history_length=0)
-    if message.context_id and message.context_id != task.context_id:
+async def _answer(mesh: Mesh, message: Incoming, agent: str) -> tuple[TaskView, spb.Turn]:
+    """A message naming a task: the answer to its input if it waits for one
+    (``answering``), its turn the task's next; refused otherwise, as A2A
+    says (UnsupportedOperation: a task that ended or runs takes no message)."""
+    session_id, first_turn = parse_task_id(message.task_id)
+    found = await stored.read(mesh, session_id, first_turn, agent)
+    record = found.record
+    if message.context_id and message.context_id != record.context:
         raise invalid_params("message.context_id", "is not the task's context")
-    state = a2a_pb2.TaskState.Name(task.status.state)
-    if task.status.state == a2a_pb2.TASK_STATE_INPUT_REQUIRED:
+    state = a2a_pb2.TaskState.Name(found.state)
+    if found.state in TERMINAL:
         raise UnsupportedOperation(
-            f"task {message.task_id!r} waits for input ({state}), which this mesh does not "
-            "take as an A2A message yet: answer it on the session's native or Responses API"
+            f"task {message.task_id!r} is {state}: send the message without task_id to start "
+            "a new task in its context"
         )
-    raise UnsupportedOperation(
-        f"task {message.task_id!r} is {state}: send the message without task_id to start "
-        "a new task in its context"
-    )
+    if found.state != a2a_pb2.TASK_STATE_INPUT_REQUIRED or found.turn is None:
+        raise UnsupportedOperation(
+            f"task {message.task_id!r} is {state}: it waits for no input (it was given already)"
+        )
+    if len(record.turns) >= records.MAX_TURNS:
+        raise UnsupportedOperation(
+            f"task {message.task_id!r} has its maximum of {records.MAX_TURNS} turns:"
+            " send the message without task_id to start a new task in its context"
+        )
+    given = answering.answers(message, found.turn.outcome)
+    record.answering = time.time()
+    if not record.created:  # a task of before records gets one now
+        record.created = record.answering
+    await records.put(mesh, session_id, record)
+    try:
+        turn = await mesh.start_turn(
+            session_id,
+            given.text,
+            files=message.files,
+            metadata=message.metadata,
+            tools=message.tools,
+            tool_results=given.tool_results,
+            resume=given.resume,
+            policy=spb.TURN_POLICY_ENQUEUE,
+            idempotency_key=message.message_id,
+        )
+    except TurnmeshError as exc:
+        record.answering = 0.0
+        with contextlib.suppress(TurnmeshError):  # it lapses on its own
+            await records.put(mesh, session_id, record)
+        if isinstance(exc, NotWaiting):  # another answer came first
+            raise UnsupportedOperation(
+                f"task {message.task_id!r} waits for no input (it was given already)"
+            ) from exc
+        raise
+    record.answering = 0.0
+    if turn.turn_id not in record.turns:
+        record.turns.append(turn.turn_id)
+    await records.put(mesh, session_id, record)
+    view = TaskView(session_id, turn.turn_id, record.id)
+    if turn.state == spb.TURN_STATE_RUNNING:
+        view.state = a2a_pb2.TASK_STATE_WORKING
+    view.history.extend(messages.history(found.history, session_id, record.id, first_turn))
+    view.history.append(user_message(message, session_id, view.id))
+    return view, turn
 
 
 async def open_task(
     mesh: Mesh, request: a2a_pb2.SendMessageRequest, agent: str
 ) -> tuple[TaskView, spb.Turn]:
-    """The message's task, started: its view (with the message in its
-    history) and its turn as accepted."""
+    """The message's task, started (or, naming a task that waits for input,
+    continued): its view (with the message in its history) and its turn as
+    accepted. A new task's record is written before it is returned, so any
+    server finds it by its id."""
     message = incoming(request.message, request.metadata)
     if message.task_id:
-        await _refuse_task_message(mesh, message, agent)
-    session_id, made = await _context(mesh, message.context_id, agent)
+        return await _answer(mesh, message, agent)
+    session_id, made, agent_name = await _context(mesh, message.context_id, agent)
     try:
         turn = await mesh.start_turn(
             session_id,
             message.text,
             files=message.files,
             metadata=message.metadata,
+            tools=message.tools,
             # One task per message: never coalesced with another's turn.
             policy=spb.TURN_POLICY_ENQUEUE,
             idempotency_key=message.message_id,
@@ -79,6 +138,10 @@ async def open_task(
             await mesh.drop_session(session_id, exc, seeded=0)
         raise
     view = TaskView(session_id, turn.turn_id)
+    # A message sent again (its turn's record made already) keeps its record.
+    if made or await records.get(mesh, session_id, view.id) is None:
+        made_record = records.new(view.id, agent_name, session_id, turn.turn_id)
+        await records.put(mesh, session_id, made_record)
     if turn.state == spb.TURN_STATE_RUNNING:
         view.state = a2a_pb2.TASK_STATE_WORKING
     view.history.append(user_message(message, session_id, view.id))
@@ -99,7 +162,8 @@ async def send(
     history_length = (
         configuration.history_length if configuration.HasField("history_length") else None
     )
-    task = await stored.task(mesh, view.context_id, turn.turn_id, agent, history_length)
+    session_id, first_turn = parse_task_id(view.id)
+    task = await stored.task(mesh, session_id, first_turn, agent, history_length)
     if view.ended:
         # The turn's last event says how it ended; the session's pause may
         # land a moment after it, so a read now could still say COMPLETED.

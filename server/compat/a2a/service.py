@@ -19,7 +19,7 @@ from turnmesh.runtime.errors import (
 )
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server.compat._common import Mesh
-from turnmesh.server.compat.a2a import send, stored
+from turnmesh.server.compat.a2a import send, stored, tasklist
 
 SERVICE_NAME = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
 NO_PUSH = "push notifications are not served by this agent (its card says so)"
@@ -81,7 +81,8 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     async def ListTasks(
         self, request: a2a_pb2.ListTasksRequest, context: ServicerContext
     ) -> a2a_pb2.ListTasksResponse:
-        raise UnsupportedOperation("listing tasks is not served yet: GetTask reads a task by id")
+        with _a2a_errors():
+            return await tasklist.list_tasks(self._for(context), request, request.tenant)
 
     async def GetExtendedAgentCard(
         self, request: a2a_pb2.GetExtendedAgentCardRequest, context: ServicerContext

@@ -43,7 +43,7 @@ def answer_artifact_id(turn_id: str) -> str:
     return f"{turn_id}-answer"
 
 
-def _waits(outcome: event_pb2.RunOutcome) -> bool:
+def waits(outcome: event_pb2.RunOutcome) -> bool:
     return bool(outcome.interrupts or outcome.pending_tool_call_ids)
 
 
@@ -119,10 +119,11 @@ class TaskView:
     """A task followed through its turn's events: each event as the A2A
     stream responses it makes, and the task as it stands."""
 
-    def __init__(self, session_id: str, turn_id: str) -> None:
+    def __init__(self, session_id: str, turn_id: str, task: str = "") -> None:
         self.context_id = session_id
         self.turn_id = turn_id
-        self.id = task_id(session_id, turn_id)
+        # A task's later turns (answers to its input) keep its first's id.
+        self.id = task or task_id(session_id, turn_id)
         self.state: a2a_pb2.TaskState = S.TASK_STATE_SUBMITTED
         self.message: a2a_pb2.Message | None = None
         self.history: list[a2a_pb2.Message] = []
@@ -205,7 +206,7 @@ class TaskView:
             return [self._status_update()]  # the same state again: the stream lives
         elif kind == event_pb2.RUN_FINISHED:
             out = self._flush()
-            if _waits(event.outcome):
+            if waits(event.outcome):
                 self.state = S.TASK_STATE_INPUT_REQUIRED
                 self.message = waiting_message(self.context_id, self.id, event.outcome)
             else:
