@@ -36,7 +36,7 @@ from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import CompatServicer, Mesh, Models
 from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
-from turnmesh.server.compat.a2a import A2AServicer, AgentCards
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards, PushNotifications
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.mesh.forwarding import Forwarder
 from turnmesh.server.mesh.leases import Leases, LeaseStore
@@ -236,8 +236,17 @@ class SessionServer:
         self._compat_mesh = Mesh()
         self._compat_mesh.connect(servicer)
         self._opened.push_async_callback(self._compat_mesh.close)
+        # A2A pushes: configs in the store, sent at a turn's end by the outbox.
+        self._push = PushNotifications(
+            self.store, self.ownership.owns, self.webhooks, c.turn_record_ttl_seconds
+        )
+        self.core.records.on_end = self._push.turn_ended
         cards = AgentCards(
-            self.workers.agents, c.default_agent, lambda: self.api_keys.configured, __version__
+            self.workers.agents,
+            c.default_agent,
+            lambda: self.api_keys.configured,
+            __version__,
+            lambda: self._push.enabled,
         )
         return servicer, CompatServicer(self._compat_mesh, Models(self.workers.agents), cards)
 
@@ -257,7 +266,7 @@ class SessionServer:
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
             # a2a-sdk's generated stubs carry no types for this one function.
             a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
-                A2AServicer(self._compat_mesh), server
+                A2AServicer(self._compat_mesh, self._push), server
             )
             # Envoy's key check on each REST request: the key is in the request.
             server.add_generic_rpc_handlers((authorization_handler(self.api_keys),))

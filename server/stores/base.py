@@ -23,6 +23,9 @@ written when it is accepted and when it ends, kept longer than its events
 (their own TTL), at most ``TURN_RECORDS_PER_SESSION`` per session, deleted
 with the session. The first record that says a turn ended is final, so the
 write that ends a turn happens once: where a later outbox (webhooks) hangs.
+
+Every backend keeps A2A tasks' push notification configs too
+(``push_configs``: bounded per task and per session, deleted with the session).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any, Protocol
 
 from turnmesh.runtime.errors import SessionQuotaExceeded
 from turnmesh.server.stores.listing import Page, Position
+from turnmesh.server.stores.push_configs import PushConfigs
 from turnmesh.server.webhooks.outbox import Outbox
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -191,6 +195,10 @@ class SessionStore(Protocol):
 
     def outbox(self) -> Outbox:
         """Where webhook notices wait to be delivered (as durable as the sessions)."""
+
+    def push_configs(self) -> PushConfigs:
+        """A2A tasks' push notification configs (``push_configs``), deleted
+        with their session."""
 
     async def close(self) -> None: ...
 

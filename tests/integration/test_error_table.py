@@ -30,7 +30,8 @@ from turnmesh.envoy.process import start as start_envoy
 from turnmesh.runtime import errors
 from turnmesh.runtime.serving import GrpcProcess
 from turnmesh.server.compat import CompatServicer, Mesh, Models
-from turnmesh.server.compat.a2a import A2AServicer, AgentCards
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards, PushNotifications
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -122,7 +123,8 @@ async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(sessions, server)
         compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
         a2a_pb2_grpc.add_A2AServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            A2AServicer(mesh), server
+            A2AServicer(mesh, PushNotifications(MemoryStore(), lambda _: True, None, 60.0)),
+            server,
         )
 
     process = GrpcProcess(

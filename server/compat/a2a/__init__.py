@@ -5,7 +5,9 @@ By concept: ``ids`` (task ids that name their session and turn),
 ``messages`` (A2A messages in and out), ``task`` (a task's state and
 updates from its turn), ``send`` (a message starts a task: blocking,
 returned at once, or streamed), ``stored`` (a task read, cancelled or
-followed again by its id), ``service`` (the RPCs), ``card`` (agent cards).
+followed again by its id), ``push_configs`` and ``push`` (push notification
+configs, and their pushes on the webhook outbox), ``service`` (the RPCs),
+``card`` (agent cards).
 
 The mapping (docs/api.md has it whole): the A2A tenant is the agent; a
 context is a session of the caller's (a message without one starts one, a
@@ -15,6 +17,7 @@ caller; the answer is the task's one text artifact.
 """
 
 from turnmesh.server.compat.a2a.card import AgentCards
+from turnmesh.server.compat.a2a.push import PushNotifications
 from turnmesh.server.compat.a2a.service import SERVICE_NAME, A2AServicer
 
-__all__ = ["SERVICE_NAME", "A2AServicer", "AgentCards"]
+__all__ = ["SERVICE_NAME", "A2AServicer", "AgentCards", "PushNotifications"]
