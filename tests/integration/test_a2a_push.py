@@ -10,7 +10,9 @@ found; the bounds; and the secrets in no log line."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
@@ -20,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as redis
 from a2a.client import AuthInterceptor, Client
 from a2a.client.auth import CredentialService
 from a2a.types import a2a_pb2
@@ -30,6 +33,12 @@ from standardwebhooks import Webhook
 from tests.support.a2a_clients import BINDINGS, Agents, S, answer, message, open_gate, sent
 from tests.support.mesh import Mesh, RedisServer
 from tests.support.webhooks import SECRET, Receiver, receiving
+from turnmesh.runtime.errors import NotFound
+from turnmesh.server.compat.a2a.push_configs import TOKEN_HEADER
+from turnmesh.server.stores import open_store
+from turnmesh.server.stores.base import SessionRecord, SessionStore
+from turnmesh.server.stores.push_configs import PUSH_TASKS_PER_SESSION
+from turnmesh.server.webhooks.outbox import Delivery
 
 pytestmark = pytest.mark.integration
 
@@ -352,3 +361,82 @@ async def test_the_card_says_so_and_no_log_holds_a_secret(
     for path in logs:
         text = path.read_text(errors="replace")
         assert TOKEN not in text and CREDENTIALS not in text, path
+
+
+# The store contract: every backend keeps configs alike ---------------------
+
+STORE_DB = 6  # a database of its own on the shared Redis, emptied per test
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_server: RedisServer
+) -> AsyncIterator[SessionStore]:
+    if request.param == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster").url
+    elif request.param == "redis":
+        url = redis_server.url.rpartition("/")[0] + f"/{STORE_DB}"
+        raw = redis.Redis.from_url(url)
+        await raw.flushdb()
+        await raw.aclose()
+    else:
+        url = {"memory": "memory", "sqlite": f"sqlite:{tmp_path / 'sessions.db'}"}[request.param]
+    opened = open_store(url, event_ttl_seconds=600)
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+async def _session(store: SessionStore) -> str:
+    sid = f"acme/s-{uuid.uuid4().hex}"
+    await store.create(SessionRecord(sid, "demo", 1000.0, 1000.0))
+    return sid
+
+
+async def test_every_store_keeps_configs_bounded_and_drops_them_with_the_session(
+    store: SessionStore,
+) -> None:
+    configs = store.push_configs()
+    sid = await _session(store)
+    put = functools.partial(configs.put, limit=2, ttl_seconds=600)
+    assert await put(sid, "task-1", "b", b"config-b")
+    assert await put(sid, "task-1", "a", b"config-a")
+    assert not await put(sid, "task-1", "c", b"config-c")  # at its limit: nothing kept
+    assert await put(sid, "task-1", "b", b"config-b2")  # replacing one is not
+    assert await configs.of_task(sid, "task-1") == [b"config-a", b"config-b2"]  # id order
+    assert await configs.of_task(sid, "task-2") == []
+    assert await configs.delete(sid, "task-1", "a")
+    assert not await configs.delete(sid, "task-1", "a")
+    assert await configs.of_task(sid, "task-1") == [b"config-b2"]
+    # A session's most recently configured tasks stay; the oldest go first.
+    for n in range(PUSH_TASKS_PER_SESSION):
+        assert await put(sid, f"more-{n}", "x", b"x")
+    assert await configs.of_task(sid, "task-1") == []
+    assert await configs.of_task(sid, f"more-{PUSH_TASKS_PER_SESSION - 1}") == [b"x"]
+    # Deleted with the session; a session made again under its id has none.
+    await store.delete(sid)
+    with pytest.raises(NotFound):
+        await put(sid, "task-3", "a", b"a")
+    await store.create(SessionRecord(sid, "demo", 2000.0, 2000.0))
+    assert await configs.of_task(sid, "more-0") == []
+    # Kept ttl_seconds: one of no time at all is gone (polled: Redis expires
+    # it on its own clock).
+    await configs.put(sid, "task-4", "a", b"a", limit=2, ttl_seconds=0.001)
+    for _ in range(POLL_LIMIT):
+        if await configs.of_task(sid, "task-4") == []:
+            break
+        await asyncio.sleep(POLL_SECONDS)
+    assert await configs.of_task(sid, "task-4") == []
+
+
+async def test_every_outbox_keeps_a_notices_own_headers(store: SessionStore) -> None:
+    outbox = store.outbox()
+    sent = {TOKEN_HEADER: TOKEN, "Authorization": f"Bearer {CREDENTIALS}"}
+    notice = f"a2a_{uuid.uuid4().hex}"
+    assert await outbox.add(Delivery(notice, "http://127.0.0.1:1/hook", b"{}", headers=sent), 100)
+    plain = f"msg_{uuid.uuid4().hex}"
+    assert await outbox.add(Delivery(plain, "http://127.0.0.1:1/hook", b"{}"), 100)
+    claimed = {d.id: d for d in await outbox.claim(time.time() + 1, 30, 10)}
+    assert claimed[notice].headers == sent
+    assert claimed[plain].headers == {}
+    assert CREDENTIALS not in repr(claimed[notice])
