@@ -440,3 +440,52 @@ async def test_every_outbox_keeps_a_notices_own_headers(store: SessionStore) -> 
     assert claimed[notice].headers == sent
     assert claimed[plain].headers == {}
     assert CREDENTIALS not in repr(claimed[notice])
+
+
+@pytest.fixture(scope="module")
+def memory_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushing]:
+    """One keyless server on the default (memory) store, webhooks on."""
+    workdir = tmp_path_factory.mktemp("a2a-push-memory")
+    secret = workdir / "webhook.secret"
+    secret.write_text(SECRET + "\n")
+    receiver = ThreadReceiver()
+    mesh = Mesh(workdir / "mesh")
+    try:
+        mesh.start_router()
+        worker = mesh.spawn_worker("worker-demo", "demo")
+        server = mesh.spawn_server(
+            "server",
+            "--webhook-allow",
+            receiver.receiver.url,
+            "--webhook-secret-file",
+            str(secret),
+        )
+        mesh.wait_ready(worker, server)
+        envoy = mesh.start_envoy([server])
+        yield Pushing(mesh, envoy.listener_address, receiver.receiver, workdir)
+    finally:
+        mesh.stop()
+        receiver.close()
+
+
+async def test_the_memory_store_serves_and_pushes_configs(memory_mesh: Pushing) -> None:
+    """The default store on one server: a config is kept, and a task's end
+    pushed from it (the anonymous principal's)."""
+    agents = Agents(memory_mesh.edge, BINDINGS[0])
+    try:
+        client = await agents.client("demo", streaming=False)
+        request = message("hello memory")
+        request.configuration.task_push_notification_config.url = memory_mesh.hooks.url
+        request.configuration.task_push_notification_config.token = TOKEN
+        task = await sent(client, request)
+        ((headers, body),) = await _pushes(memory_mesh.hooks, task.id, "TASK_STATE_COMPLETED")
+        assert headers["x-a2a-notification-token"] == TOKEN
+        assert "hello memory" in answer(body.task)
+        (kept,) = (
+            await client.list_task_push_notification_configs(
+                a2a_pb2.ListTaskPushNotificationConfigsRequest(task_id=task.id)
+            )
+        ).configs
+        assert kept.url == memory_mesh.hooks.url and kept.token == ""
+    finally:
+        await agents.close()
