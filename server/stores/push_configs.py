@@ -22,10 +22,12 @@ from turnmesh.runtime.errors import NotFound
 from turnmesh.runtime.principals import public_id
 
 # Tasks whose configs a session keeps, at most.
-PUSH_TASKS_PER_SESSION = 200
-# Tasks with configs the memory store keeps in all (each at most a few
-# configs of a few KiB: ``compat.a2a.push`` bounds them).
+PUSH_TASKS_PER_SESSION = 100
+# Tasks with configs the memory store keeps in all, and their configs'
+# bytes (each at most a few configs of a few KiB: ``compat.a2a.push_configs``
+# bounds them); past either the least recently written go first.
 MAX_MEMORY_PUSH_TASKS = 10_000
+MAX_MEMORY_PUSH_BYTES = 32 * 2**20
 
 
 class PushConfigs(Protocol):
@@ -59,15 +61,23 @@ class _Task:
     expires: float
     configs: dict[str, tuple[float, bytes]] = field(default_factory=dict)
 
+    def size(self) -> int:
+        return sum(len(data) for _, data in self.configs.values())
+
 
 class MemoryPushConfigs:
     """Configs in this process's memory, lost with it as the sessions are."""
 
     def __init__(
-        self, exists: Callable[[str], bool], max_tasks: int = MAX_MEMORY_PUSH_TASKS
+        self,
+        exists: Callable[[str], bool],
+        max_tasks: int = MAX_MEMORY_PUSH_TASKS,
+        max_bytes: int = MAX_MEMORY_PUSH_BYTES,
     ) -> None:
         self._exists = exists
         self._max_tasks = max_tasks
+        self._max_bytes = max_bytes
+        self._bytes = 0
         # Least recently written first (so the first to expire).
         self._tasks: OrderedDict[tuple[str, str], _Task] = OrderedDict()
         self._of: dict[str, dict[str, None]] = {}
@@ -87,11 +97,14 @@ class MemoryPushConfigs:
         at = time.monotonic()
         key = (session_id, task_id)
         task = self._live(key, at) or _Task(at + ttl_seconds)
+        self._bytes -= task.size()
         task.configs = {k: v for k, v in task.configs.items() if v[0] > at}
         if config_id not in task.configs and len(task.configs) >= limit:
+            self._bytes += task.size()
             return False
         task.configs[config_id] = (at + ttl_seconds, config)
         task.expires = at + ttl_seconds
+        self._bytes += task.size()
         self._tasks[key] = task
         self._tasks.move_to_end(key)
         order = self._of.setdefault(session_id, {})
@@ -101,7 +114,11 @@ class MemoryPushConfigs:
             self._drop((session_id, next(iter(order))))
         while self._tasks:
             oldest, first = next(iter(self._tasks.items()))
-            if first.expires > at and len(self._tasks) <= self._max_tasks:
+            if (
+                first.expires > at
+                and len(self._tasks) <= self._max_tasks
+                and self._bytes <= self._max_bytes
+            ):
                 break
             self._drop(oldest)
         return True
@@ -115,7 +132,10 @@ class MemoryPushConfigs:
 
     async def delete(self, session_id: str, task_id: str, config_id: str) -> bool:
         task = self._live((session_id, task_id), time.monotonic())
-        return task is not None and task.configs.pop(config_id, None) is not None
+        if task is None or (gone := task.configs.pop(config_id, None)) is None:
+            return False
+        self._bytes -= len(gone[1])
+        return True
 
     def drop_session(self, session_id: str) -> None:
         for task_id in list(self._of.get(session_id, {})):
@@ -129,7 +149,8 @@ class MemoryPushConfigs:
         return task
 
     def _drop(self, key: tuple[str, str]) -> None:
-        self._tasks.pop(key, None)
+        if (gone := self._tasks.pop(key, None)) is not None:
+            self._bytes -= gone.size()
         order = self._of.get(key[0])
         if order is not None:
             order.pop(key[1], None)

@@ -37,7 +37,7 @@ from turnmesh.runtime.errors import NotFound
 from turnmesh.server.compat.a2a.push_configs import TOKEN_HEADER
 from turnmesh.server.stores import open_store
 from turnmesh.server.stores.base import SessionRecord, SessionStore
-from turnmesh.server.stores.push_configs import PUSH_TASKS_PER_SESSION
+from turnmesh.server.stores.push_configs import PUSH_TASKS_PER_SESSION, MemoryPushConfigs
 from turnmesh.server.webhooks.outbox import Delivery
 
 pytestmark = pytest.mark.integration
@@ -489,3 +489,15 @@ async def test_the_memory_store_serves_and_pushes_configs(memory_mesh: Pushing) 
         assert kept.url == memory_mesh.hooks.url and kept.token == ""
     finally:
         await agents.close()
+
+
+async def test_the_memory_store_bounds_its_configs_bytes() -> None:
+    """Past its bytes the memory store drops the least recently written tasks' configs."""
+    configs = MemoryPushConfigs(lambda _: True, max_bytes=100)
+    for n in range(3):
+        assert await configs.put("s", f"task-{n}", "a", b"x" * 40, limit=5, ttl_seconds=600)
+    assert await configs.of_task("s", "task-0") == []
+    assert await configs.of_task("s", "task-2") == [b"x" * 40]
+    assert await configs.delete("s", "task-2", "a")
+    assert await configs.put("s", "task-3", "a", b"y" * 60, limit=5, ttl_seconds=600)
+    assert await configs.of_task("s", "task-1") == [b"x" * 40]  # 100 bytes: room for both

@@ -30,6 +30,7 @@ from turnmesh.runtime.errors import (
     NotFound,
     PushNotificationNotSupported,
     TaskNotFound,
+    Unavailable,
     UnsupportedOperation,
 )
 from turnmesh.server.compat._common import Mesh
@@ -44,7 +45,7 @@ from turnmesh.server.compat.a2a.task import (
 )
 from turnmesh.server.sessions import turn_records
 from turnmesh.server.stores.base import SessionStore
-from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES, Delivery
+from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES, Delivery, OutboxUnavailable
 from turnmesh.server.webhooks.sender import WebhookSender
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -130,7 +131,11 @@ class PushNotifications:
         # (and its configs, this one with them) still to record.
         turn = await mesh.get_turn(session_id, turn_id)
         if turn_records.ended(turn):
-            await self._push(scoped, turn, [kept])
+            try:
+                await self._push(scoped, turn, [kept])
+            except OutboxUnavailable:
+                # Kept, but its push not queued: the caller sets it again.
+                raise Unavailable("the push could not be queued; set the config again") from None
         return push_configs.shown(kept)
 
     def check(self, config: a2a_pb2.TaskPushNotificationConfig, where: str = "") -> None:
