@@ -94,6 +94,7 @@ bench: install
 	$(PY) -m bench.compat_cost
 	$(PY) -m bench.retention
 	$(PY) -m bench.webhooks
+	$(PY) -m bench.a2a_push
 	$(PY) -m bench.edge_uploads
 
 # 64 conversations for 90 s while workers, a server and the router are killed

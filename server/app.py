@@ -37,7 +37,7 @@ from turnmesh.runtime.tls import Transport
 from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import ChatUploadServicer, CompatServicer, Mesh, Models
 from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
-from turnmesh.server.compat.a2a import A2AServicer, AgentCards
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards, PushNotifications
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.mesh import task_calls
 from turnmesh.server.mesh.forwarding import Forwarder
@@ -241,11 +241,20 @@ class SessionServer:
         self._compat_mesh = Mesh()
         self._compat_mesh.connect(servicer)
         self._opened.push_async_callback(self._compat_mesh.close)
+        # A2A pushes: configs in the store, sent at a turn's end by the outbox.
+        self._push = PushNotifications(
+            self.store, self.ownership.owns, self.webhooks, c.turn_record_ttl_seconds
+        )
+        self.core.records.on_end = self._push.turn_ended
         cards = AgentCards(
-            self.workers.agents, c.default_agent, lambda: self.api_keys.configured, __version__
+            self.workers.agents,
+            c.default_agent,
+            lambda: self.api_keys.configured,
+            __version__,
+            lambda: self._push.enabled,
         )
         # One A2A servicer for both its gRPC service and its JSON-RPC binding.
-        self._a2a = A2AServicer(self._compat_mesh)
+        self._a2a = A2AServicer(self._compat_mesh, self._push)
         return servicer, CompatServicer(
             self._compat_mesh, Models(self.workers.agents), cards, self._a2a
         )

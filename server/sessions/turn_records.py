@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from google.protobuf import json_format, message, timestamp_pb2
@@ -203,6 +204,10 @@ class TurnRecords:
         self._store = store
         self._ttl = ttl_seconds
         self._webhooks = webhooks
+        # Told of each turn's end before its record says so (A2A pushes:
+        # ``compat.a2a.push``); OutboxUnavailable or Unavailable leaves the
+        # record open, to be ended (and told) again.
+        self.on_end: Callable[[str, spb.Turn], Awaitable[None]] | None = None
         # The ends being written, by (session, turn): a reader waits for its
         # turn's, so it never settles a turn whose end is on its way.
         self._writing: dict[tuple[str, str], asyncio.Task[bool]] = {}
@@ -214,6 +219,14 @@ class TurnRecords:
         fail the turn."""
         webhooks = self._webhooks
         kind = notice_type(turn)  # of the turn whole: a cut one may have lost what it waits for
+        if ended(turn) and self.on_end is not None:
+            try:
+                await self.on_end(session_id, turn)
+            except (OutboxUnavailable, Unavailable):
+                log.warning(
+                    "turn %s's end not recorded: its pushes could not be queued", turn.turn_id
+                )
+                return False
         turn, cut = bounded(turn)
         if ended(turn) and turn.webhook_url and webhooks is not None and webhooks.enabled:
             # Queued before the record's end, under the turn's own id: a

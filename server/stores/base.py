@@ -30,6 +30,9 @@ principal, listed newest first in keyset pages (by creation time and task
 id), at most ``TASK_RECORDS_PER_SESSION`` a session and
 ``TASK_RECORDS_PER_PRINCIPAL`` a principal (the oldest go), kept as long
 as their session and deleted with it.
+
+Every backend keeps A2A tasks' push notification configs too
+(``push_configs``: bounded per task and per session, deleted with the session).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any, Protocol
 
 from turnmesh.runtime.errors import SessionQuotaExceeded
 from turnmesh.server.stores.listing import Page, Position
+from turnmesh.server.stores.push_configs import PushConfigs
 from turnmesh.server.webhooks.outbox import Outbox
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -219,6 +223,10 @@ class SessionStore(Protocol):
 
     def outbox(self) -> Outbox:
         """Where webhook notices wait to be delivered (as durable as the sessions)."""
+
+    def push_configs(self) -> PushConfigs:
+        """A2A tasks' push notification configs (``push_configs``), deleted
+        with their session."""
 
     async def close(self) -> None: ...
 

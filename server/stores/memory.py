@@ -20,6 +20,7 @@ from turnmesh.server.stores.base import (
     session_quota_exceeded,
 )
 from turnmesh.server.stores.listing import Page, Position, position
+from turnmesh.server.stores.push_configs import MemoryPushConfigs
 from turnmesh.server.stores.tasks import MemoryTasks
 from turnmesh.server.webhooks.outbox import MemoryOutbox
 from turnmesh.v1 import event_pb2, message_pb2
@@ -63,6 +64,7 @@ class MemoryStore:
         self._turn_record_bytes = 0
         self._outbox = MemoryOutbox()  # lost with the process, as the sessions are
         self._tasks = MemoryTasks()
+        self._push = MemoryPushConfigs(lambda session_id: session_id in self._records)
 
     @property
     def shared(self) -> bool:
@@ -104,6 +106,7 @@ class MemoryStore:
                 self._turn_record_bytes -= len(gone.record)
         self._checkpoints.pop(session_id, None)
         self._tasks.delete(session_id)
+        self._push.drop_session(session_id)
         record = self._records.pop(session_id, None)
         if record is None:
             return False
@@ -235,6 +238,9 @@ class MemoryStore:
 
     def outbox(self) -> MemoryOutbox:
         return self._outbox
+
+    def push_configs(self) -> MemoryPushConfigs:
+        return self._push
 
     async def open_turns(
         self, limit: int, cursor: int = 0

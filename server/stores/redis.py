@@ -48,6 +48,7 @@ from turnmesh.server.stores.redis_keys import (
 )
 from turnmesh.server.stores.redis_migrate import migrate
 from turnmesh.server.stores.redis_outbox import RedisOutbox
+from turnmesh.server.stores.redis_push import RedisPushConfigs
 from turnmesh.server.stores.redis_scripts import (
     ABANDON,
     COMMIT,
@@ -180,6 +181,7 @@ class RedisStore(TurnCommits):
         for start in range(0, len(turn_keys), DELETE_BATCH):
             await self._redis.delete(*turn_keys[start : start + DELETE_BATCH])
         await self._tasks.delete(session_id)
+        await self.push_configs().drop_session(session_id)
         if created_at is not None:
             # Unlisted once gone: a crash in between leaves an entry that
             # listings skip. A session made again under this id has another
@@ -452,6 +454,9 @@ class RedisStore(TurnCommits):
 
     def outbox(self) -> RedisOutbox:
         return RedisOutbox(self._redis)
+
+    def push_configs(self) -> RedisPushConfigs:
+        return RedisPushConfigs(self._redis)
 
     async def get_turn(self, session_id: str, turn_id: str) -> bytes | None:
         record = await self._redis.hget(Keys(session_id).turn_record(turn_id), "turn")

@@ -1,7 +1,8 @@
 """The webhook outbox in Redis: every server of the mesh delivers from it.
 
 ``tm:{webhooks}:due`` (a sorted set: every notice id by when it is due),
-``tm:{webhooks}:n:ID`` (a hash: url, body, attempts, owner),
+``tm:{webhooks}:n:ID`` (a hash: url, body, attempts, owner, and headers of
+its own as JSON when it has any),
 ``tm:{webhooks}:owners`` (a hash: notices waiting, by owner),
 ``tm:{webhooks}:q:OWNER`` (a sorted set: the owner's notice ids by when each
 is due) and ``tm:{webhooks}:heads`` (a sorted set: each owner by when its
@@ -17,6 +18,7 @@ put in their owner's queue by the first claim of each server (``adopt``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
 from typing import Any, cast
 
@@ -42,8 +44,8 @@ end
 """
 
 # KEYS: due, notice, owners, heads. ARGV: limit, id, url, body, attempts,
-# due, owner, owner limit ('' : none), queue prefix. A notice kept already
-# stays as it is.
+# due, owner, owner limit ('' : none), queue prefix, headers ('' : none). A
+# notice kept already stays as it is.
 ADD = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
@@ -51,6 +53,7 @@ if ARGV[8] ~= '' and tonumber(redis.call('HGET', KEYS[3], ARGV[7]) or '0') >= to
   return 0
 end
 redis.call('HSET', KEYS[2], 'url', ARGV[3], 'body', ARGV[4], 'attempts', ARGV[5], 'owner', ARGV[7])
+if ARGV[10] ~= '' then redis.call('HSET', KEYS[2], 'headers', ARGV[10]) end
 redis.call('ZADD', KEYS[1], ARGV[6], ARGV[2])
 redis.call('HINCRBY', KEYS[3], ARGV[7], 1)
 redis.call('ZADD', ARGV[9] .. ARGV[7], ARGV[6], ARGV[2])
@@ -81,11 +84,11 @@ for _, owner in ipairs(owners) do
     local queue = ARGV[6] .. owner
     local ids = redis.call('ZRANGEBYSCORE', queue, '-inf', ARGV[1], 'LIMIT', 0, room)
     for _, id in ipairs(ids) do
-      local n = redis.call('HMGET', ARGV[5] .. id, 'url', 'body', 'attempts')
+      local n = redis.call('HMGET', ARGV[5] .. id, 'url', 'body', 'attempts', 'headers')
       if n[1] then
         redis.call('ZADD', queue, ARGV[2], id)
         redis.call('ZADD', KEYS[1], ARGV[2], id)
-        table.insert(out, {id, n[1], n[2], n[3], owner})
+        table.insert(out, {id, n[1], n[2], n[3], owner, n[4] or ''})
       else
         redis.call('ZREM', queue, id)
         redis.call('ZREM', KEYS[1], id)
@@ -174,6 +177,7 @@ class RedisOutbox:
                 delivery.owner,
                 "" if owner_limit is None else owner_limit,
                 QUEUE,
+                json.dumps(delivery.headers) if delivery.headers else "",
             ],
         )
         return bool(added)
@@ -223,6 +227,7 @@ class RedisOutbox:
                 int(row[3]),
                 now + lease_seconds,
                 row[4].decode(),
+                json.loads(row[5]) if len(row) > 5 and row[5] else {},
             )
             for row in rows
         ]

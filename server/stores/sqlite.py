@@ -53,6 +53,7 @@ from turnmesh.server.stores.base import (
 )
 from turnmesh.server.stores.listing import Page, Position, position
 from turnmesh.server.stores.sqlite_outbox import SqliteOutbox
+from turnmesh.server.stores.sqlite_push import SqlitePushConfigs
 from turnmesh.server.stores.sqlite_schema import bring_up_to_date, transaction
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -184,6 +185,7 @@ class SqliteStore(TurnCommits):
                     "idempotency_keys",
                     "turn_status",
                     "turn_records",
+                    "a2a_push_configs",
                 ):
                     db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
                 sqlite_tasks.delete(db, session_id)
@@ -459,6 +461,9 @@ class SqliteStore(TurnCommits):
 
     def outbox(self) -> SqliteOutbox:
         return SqliteOutbox(self._run)
+
+    def push_configs(self) -> SqlitePushConfigs:
+        return SqlitePushConfigs(self._run)
 
     async def open_turns(
         self, limit: int, cursor: int = 0

@@ -5,6 +5,7 @@ store's thread, in its transactions.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Protocol, TypeVar
@@ -46,7 +47,8 @@ class SqliteOutbox:
                     if of_owner >= owner_limit:
                         return False
                 db.execute(
-                    "INSERT INTO webhook_outbox VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO webhook_outbox (id, url, body, attempts, due, owner, headers)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         delivery.id,
                         delivery.url,
@@ -54,6 +56,7 @@ class SqliteOutbox:
                         delivery.attempts,
                         delivery.due,
                         delivery.owner,
+                        json.dumps(delivery.headers) if delivery.headers else None,
                     ),
                 )
                 db.execute(
@@ -91,7 +94,7 @@ class SqliteOutbox:
                     if room <= 0:
                         continue
                     rows = db.execute(
-                        "SELECT id, url, body, attempts FROM webhook_outbox"
+                        "SELECT id, url, body, attempts, headers FROM webhook_outbox"
                         " WHERE owner = ? AND due <= ? ORDER BY due LIMIT ?",
                         (owner, now, room),
                     ).fetchall()
@@ -101,7 +104,15 @@ class SqliteOutbox:
                     )
                     _head_of(db, owner)
                     out += [
-                        Delivery(row[0], row[1], bytes(row[2]), row[3], now + lease_seconds, owner)
+                        Delivery(
+                            row[0],
+                            row[1],
+                            bytes(row[2]),
+                            row[3],
+                            now + lease_seconds,
+                            owner,
+                            json.loads(row[4]) if row[4] else {},
+                        )
                         for row in rows
                     ]
             return out

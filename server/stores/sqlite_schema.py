@@ -8,7 +8,8 @@ session's pause, 3 turn records, 4 the webhook outbox and a session's
 webhook URL, 5 the outbox's owners by their earliest notice (fair claims), 6
 when each idempotency key was written (they are kept for the event-log window),
 7 the agent's checkpoint of a pause, in a column apart from the pause (read
-only by the turn that answers it).
+only by the turn that answers it), 8 a notice's own headers in the outbox and
+A2A tasks' push notification configs (``a2a_push_configs``).
 Opening an older file brings it up to date in one transaction; a version-0
 file's sessions get those columns and go to ``legacy_principal``, which,
 unless anonymous, also prefixes their ids in every table.
@@ -22,7 +23,7 @@ import time
 from turnmesh.runtime.principals import ANONYMOUS
 from turnmesh.server.stores.listing import position
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Statements, not a script: executescript would commit the open transaction.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -88,7 +89,8 @@ CREATE TABLE IF NOT EXISTS webhook_outbox (
     body BLOB NOT NULL,
     attempts INTEGER NOT NULL,
     due REAL NOT NULL,
-    owner TEXT NOT NULL
+    owner TEXT NOT NULL,
+    headers TEXT
 );
 CREATE INDEX IF NOT EXISTS webhook_outbox_by_due ON webhook_outbox (due);
 CREATE INDEX IF NOT EXISTS webhook_outbox_by_owner_due ON webhook_outbox (owner, due);
@@ -97,6 +99,16 @@ CREATE TABLE IF NOT EXISTS webhook_owners (
     head REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS webhook_owners_by_head ON webhook_owners (head);
+CREATE TABLE IF NOT EXISTS a2a_push_configs (
+    session_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    config_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expire_at REAL NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session_id, task_id, config_id)
+);
+CREATE INDEX IF NOT EXISTS a2a_push_configs_by_expiry ON a2a_push_configs (expire_at);
 """
 # Every table keyed by session id: a version-0 file's ids are renamed in all.
 SESSION_TABLES = (
@@ -106,6 +118,7 @@ SESSION_TABLES = (
     "turn_status",
     "idempotency_keys",
     "turn_records",
+    "a2a_push_configs",
 )
 
 
@@ -144,8 +157,16 @@ def bring_up_to_date(db: sqlite3.Connection, path: str, legacy_principal: str) -
                     "ALTER TABLE idempotency_keys ADD COLUMN written_at REAL NOT NULL DEFAULT 0"
                 )
                 db.execute("UPDATE idempotency_keys SET written_at = ?", (time.time(),))
-            # Layouts 3 to 6: turn records, the webhook outbox and its
-            # owners, the keys by age: tables and indexes of the schema's.
+            if (
+                version < 8
+                and _has_table(db, "webhook_outbox")
+                and not _has_column(db, "webhook_outbox", "headers")
+            ):
+                # Layout 8: a notice's own headers (an A2A push's).
+                db.execute("ALTER TABLE webhook_outbox ADD COLUMN headers TEXT")
+            # Layouts 3 to 8: turn records, the webhook outbox and its
+            # owners, the keys by age, push configs: the schema's tables
+            # and indexes.
             for statement in filter(str.strip, SCHEMA.split(";")):
                 db.execute(statement)
             if version == 4:

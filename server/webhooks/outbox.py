@@ -82,6 +82,9 @@ class Delivery:
     due: float = field(default_factory=time.time)
     # The principal whose turn it tells of (its share of the outbox).
     owner: str = ""
+    # Headers of its own, sent beside the signature's (an A2A push's token
+    # and Authorization: secrets, so never in its repr).
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def capped_owners(busy: Mapping[str, int], per_owner: int | None) -> int:

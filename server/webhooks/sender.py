@@ -140,15 +140,20 @@ class WebhookSender:
         caller decides how the notice is sent again (the turn goes on either
         way)."""
         notice_id, body = notice(kind, data, notice_id, truncated, owner)
-        if len(body) > MAX_NOTICE_BYTES:
-            log.warning("webhook %s for %s dropped: %d bytes", notice_id, kind, len(body))
+        return await self.queue(Delivery(notice_id, url, body, owner=owner), kind)
+
+    async def queue(self, delivery: Delivery, kind: str) -> str | None:
+        """Put a notice made whole by its caller in the outbox (an A2A push:
+        its own body and headers), as ``send`` does; its id, or None if
+        dropped; OutboxUnavailable if the outbox failed."""
+        notice_id = delivery.id
+        if len(delivery.body) > MAX_NOTICE_BYTES:
+            log.warning("webhook %s for %s dropped: %d bytes", notice_id, kind, len(delivery.body))
             metrics.WEBHOOKS.labels("dropped").inc()
             return None
         try:
             kept = await self.outbox.add(
-                Delivery(notice_id, url, body, owner=owner),
-                self.settings.max_pending,
-                self.settings.max_pending_per_owner,
+                delivery, self.settings.max_pending, self.settings.max_pending_per_owner
             )
         except Exception as exc:  # whatever the store raised: it holds nothing
             log.warning("webhook %s for %s not queued: the outbox failed", notice_id, kind)
@@ -266,6 +271,8 @@ class WebhookSender:
         }
         if delivery.owner:  # "" only for a notice queued before owners were kept
             headers[PRINCIPAL_HEADER] = delivery.owner
+        # Its own (an A2A push's token and Authorization): never logged.
+        headers.update(delivery.headers)
         secret = self.trust.webhook_trust(delivery.owner).secret or self.settings.secret
         headers["webhook-signature"] = _signer(secret).sign(
             delivery.id, sent_at, delivery.body.decode()

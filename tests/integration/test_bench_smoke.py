@@ -90,6 +90,13 @@ def test_webhooks_bench_smoke_run() -> None:
     assert row["ratio_to_turn"] > 0 and row["notice_after_end_p50_ms"] >= 0
 
 
+def test_a2a_push_bench_smoke_run() -> None:
+    output = _run("bench.a2a_push", "--turns", "5", "--stores", "memory")
+    row = json.loads(output.strip().splitlines()[-1])
+    assert (row["store"], row["turns"]) == ("memory", 5)
+    assert row["ratio_to_task"] > 0 and row["push_after_answer_p99_ms"] > -1000
+
+
 def test_retention_bench_smoke_run() -> None:
     report = _bench(
         "bench.retention", "--turns", "200", "--sessions", "20", "--window", "1"

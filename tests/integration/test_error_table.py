@@ -30,7 +30,8 @@ from turnmesh.envoy.process import start as start_envoy
 from turnmesh.runtime import errors
 from turnmesh.runtime.serving import GrpcProcess
 from turnmesh.server.compat import CompatServicer, Mesh, Models
-from turnmesh.server.compat.a2a import A2AServicer, AgentCards
+from turnmesh.server.compat.a2a import A2AServicer, AgentCards, PushNotifications
+from turnmesh.server.stores.memory import MemoryStore
 from turnmesh.v1 import compat_service_pb2_grpc, session_service_pb2_grpc
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -123,7 +124,7 @@ async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
     # define answer UNIMPLEMENTED, as they should here.
     sessions = RaisingSessions()  # type: ignore[abstract]
     mesh = Mesh()
-    a2a = A2AServicer(mesh)
+    a2a = A2AServicer(mesh, PushNotifications(MemoryStore(), lambda _: True, None, 60.0))
     compat = CompatServicer(
         mesh,
         Models(lambda: ["demo"]),

@@ -518,7 +518,7 @@ async def test_a_version_5_sqlite_file_gets_its_keys_times(tmp_path: Path) -> No
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION
     finally:
         db.close()
 
@@ -840,7 +840,7 @@ async def test_a_version_2_sqlite_file_gets_turn_records(tmp_path: Path) -> None
         await again.close()
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == sqlite_schema.SCHEMA_VERSION == 8
     finally:
         db.close()
 

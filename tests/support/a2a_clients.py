@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import httpx
-from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.client import Client, ClientCallInterceptor, ClientConfig, ClientFactory
 from a2a.types import a2a_pb2
 
 S = a2a_pb2.TaskState
@@ -32,14 +32,22 @@ class Agents:
         self._http = httpx.AsyncClient(timeout=60)
         self._clients: list[Client] = []
 
-    async def client(self, agent: str, *, streaming: bool = True) -> Client:
+    async def client(
+        self,
+        agent: str,
+        *,
+        streaming: bool = True,
+        interceptors: list[ClientCallInterceptor] | None = None,
+    ) -> Client:
         config = ClientConfig(
             streaming=streaming,
             httpx_client=self._http,
             grpc_channel_factory=grpc.aio.insecure_channel,
             supported_protocol_bindings=[self.binding],
         )
-        created = await ClientFactory(config).create_from_url(f"http://{self.edge}/{agent}")
+        created = await ClientFactory(config).create_from_url(
+            f"http://{self.edge}/{agent}", interceptors=interceptors
+        )
         self._clients.append(created)
         return created
 

@@ -42,11 +42,14 @@ class AgentCards:
         default_agent: str,
         keyed: Callable[[], bool],
         version: str,
+        push: Callable[[], bool] = lambda: False,
     ) -> None:
         self._agents = agents
         self._default = default_agent
         self._keyed = keyed
         self._version = version
+        # Whether push notifications are served (webhooks are on).
+        self._push = push
 
     def card(
         self, agent: str, metadata: Iterable[tuple[str, str | bytes]] | None
@@ -68,7 +71,7 @@ class AgentCards:
             description=f"The {agent} agent, served by a turnmesh mesh.",
             version=self._version,
             capabilities=a2a_pb2.AgentCapabilities(
-                streaming=True, push_notifications=False, extended_agent_card=False
+                streaming=True, push_notifications=self._push(), extended_agent_card=False
             ),
             default_input_modes=["text/plain", "application/json", *sorted(ALLOWED_MIME_TYPES)],
             default_output_modes=["text/plain", "application/json"],

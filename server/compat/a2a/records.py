@@ -51,7 +51,8 @@ def new(task_id: str, agent: str, context: str, turn_id: str) -> TaskRecord:
     return TaskRecord(task_id, agent, context, [turn_id], time.time())
 
 
-def _loaded(text: str) -> TaskRecord | None:
+def loaded(text: str | bytes) -> TaskRecord | None:
+    """A record as stored; None if it is not one."""
     try:
         value = json.loads(text)
         return TaskRecord(**value)
@@ -65,7 +66,7 @@ async def get(mesh: Mesh, session_id: str, task_id: str) -> TaskRecord | None:
         text = await mesh.task_record(session_id, task_id)
     except NotFound:
         return None
-    return _loaded(text) if text else None
+    return loaded(text) if text else None
 
 
 async def put(mesh: Mesh, session_id: str, record: TaskRecord) -> bool:
@@ -77,5 +78,5 @@ async def page(
 ) -> tuple[list[tuple[tuple[int, str], str, TaskRecord]], tuple[int, str] | None]:
     """A keyset page of the caller's task records (unreadable ones skipped)."""
     items, frontier = await mesh.task_records(before, limit)
-    found = [(at, session, r) for at, session, text in items if (r := _loaded(text)) is not None]
+    found = [(at, session, r) for at, session, text in items if (r := loaded(text)) is not None]
     return found, frontier

@@ -22,8 +22,12 @@ from turnmesh.server.compat._common import Mesh
 from turnmesh.server.compat.a2a import answering, messages, records, stored
 from turnmesh.server.compat.a2a.ids import parse_task_id
 from turnmesh.server.compat.a2a.messages import Incoming, incoming, invalid_params, user_message
+from turnmesh.server.compat.a2a.push import PushNotifications
 from turnmesh.server.compat.a2a.task import TERMINAL, TaskView
 from turnmesh.v1 import session_service_pb2 as spb
+
+# Where a message's push config is, for its errors.
+PUSH_CONFIG = "configuration.task_push_notification_config."
 
 
 async def _made(mesh: Mesh, context_id: str | None, agent: str) -> tuple[str, bool, str]:
@@ -112,13 +116,16 @@ async def _answer(mesh: Mesh, message: Incoming, agent: str) -> tuple[TaskView, 
 
 
 async def open_task(
-    mesh: Mesh, request: a2a_pb2.SendMessageRequest, agent: str
+    mesh: Mesh, request: a2a_pb2.SendMessageRequest, agent: str, push: PushNotifications
 ) -> tuple[TaskView, spb.Turn]:
     """The message's task, started (or, naming a task that waits for input,
     continued): its view (with the message in its history) and its turn as
-    accepted. A new task's record is written before it is returned, so any
-    server finds it by its id."""
+    accepted (with its push config, if it names one). A new task's record is
+    written before it is returned, so any server finds it by its id."""
     message = incoming(request.message, request.metadata)
+    configuration = request.configuration
+    if configuration.HasField("task_push_notification_config"):
+        push.check(configuration.task_push_notification_config, PUSH_CONFIG)
     if message.task_id:
         return await _answer(mesh, message, agent)
     session_id, made, agent_name = await _context(mesh, message.context_id, agent)
@@ -145,13 +152,18 @@ async def open_task(
     if turn.state == spb.TURN_STATE_RUNNING:
         view.state = a2a_pb2.TASK_STATE_WORKING
     view.history.append(user_message(message, session_id, view.id))
+    if configuration.HasField("task_push_notification_config"):
+        config = a2a_pb2.TaskPushNotificationConfig()
+        config.CopyFrom(configuration.task_push_notification_config)
+        config.task_id = view.id
+        await push.create(mesh, config, agent, PUSH_CONFIG)
     return view, turn
 
 
 async def send(
-    mesh: Mesh, request: a2a_pb2.SendMessageRequest, agent: str
+    mesh: Mesh, request: a2a_pb2.SendMessageRequest, agent: str, push: PushNotifications
 ) -> a2a_pb2.SendMessageResponse:
-    view, turn = await open_task(mesh, request, agent)
+    view, turn = await open_task(mesh, request, agent, push)
     configuration = request.configuration
     if configuration.return_immediately:
         return a2a_pb2.SendMessageResponse(task=view.task())
@@ -172,11 +184,11 @@ async def send(
 
 
 async def stream(
-    mesh: Mesh, request: a2a_pb2.SendMessageRequest, agent: str
+    mesh: Mesh, request: a2a_pb2.SendMessageRequest, agent: str, push: PushNotifications
 ) -> AsyncIterator[a2a_pb2.StreamResponse]:
     """The task as it starts, then its updates, ending with the status that
     ends it (or asks for input). A caller that leaves does not stop it."""
-    view, turn = await open_task(mesh, request, agent)
+    view, turn = await open_task(mesh, request, agent, push)
     yield a2a_pb2.StreamResponse(task=view.task())
     async with mesh.subscribe_turn(view.context_id, turn.turn_id) as events:
         async for event in events:

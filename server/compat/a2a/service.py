@@ -14,15 +14,14 @@ from google.protobuf import empty_pb2
 from turnmesh.runtime.errors import (
     InvalidArgument,
     InvalidParams,
-    PushNotificationNotSupported,
     UnsupportedOperation,
 )
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server.compat._common import Mesh
 from turnmesh.server.compat.a2a import send, stored, tasklist
+from turnmesh.server.compat.a2a.push import PushNotifications
 
 SERVICE_NAME = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
-NO_PUSH = "push notifications are not served by this agent (its card says so)"
 
 
 @contextlib.contextmanager
@@ -38,8 +37,9 @@ def _a2a_errors() -> Iterator[None]:
 
 
 class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: Mesh, push: PushNotifications) -> None:
         self._mesh = mesh
+        self._push = push
 
     def _for(self, context: ServicerContext) -> Mesh:
         return self._mesh.for_caller(context.invocation_metadata())
@@ -47,16 +47,16 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     async def SendMessage(
         self, request: a2a_pb2.SendMessageRequest, context: ServicerContext
     ) -> a2a_pb2.SendMessageResponse:
-        _refuse_push(request)
         with _a2a_errors():
-            return await send.send(self._for(context), request, request.tenant)
+            return await send.send(self._for(context), request, request.tenant, self._push)
 
     async def SendStreamingMessage(
         self, request: a2a_pb2.SendMessageRequest, context: ServicerContext
     ) -> AsyncIterator[a2a_pb2.StreamResponse]:
-        _refuse_push(request)
         with _a2a_errors():
-            async for response in send.stream(self._for(context), request, request.tenant):
+            async for response in send.stream(
+                self._for(context), request, request.tenant, self._push
+            ):
                 yield response
 
     async def GetTask(
@@ -92,24 +92,24 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     async def CreateTaskPushNotificationConfig(
         self, request: a2a_pb2.TaskPushNotificationConfig, context: ServicerContext
     ) -> a2a_pb2.TaskPushNotificationConfig:
-        raise PushNotificationNotSupported(NO_PUSH)
+        with _a2a_errors():
+            return await self._push.create(self._for(context), request, request.tenant)
 
     async def GetTaskPushNotificationConfig(
         self, request: a2a_pb2.GetTaskPushNotificationConfigRequest, context: ServicerContext
     ) -> a2a_pb2.TaskPushNotificationConfig:
-        raise PushNotificationNotSupported(NO_PUSH)
+        with _a2a_errors():
+            return await self._push.get(self._for(context), request, request.tenant)
 
     async def ListTaskPushNotificationConfigs(
         self, request: a2a_pb2.ListTaskPushNotificationConfigsRequest, context: ServicerContext
     ) -> a2a_pb2.ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupported(NO_PUSH)
+        with _a2a_errors():
+            return await self._push.list_configs(self._for(context), request, request.tenant)
 
     async def DeleteTaskPushNotificationConfig(
         self, request: a2a_pb2.DeleteTaskPushNotificationConfigRequest, context: ServicerContext
     ) -> empty_pb2.Empty:
-        raise PushNotificationNotSupported(NO_PUSH)
-
-
-def _refuse_push(request: a2a_pb2.SendMessageRequest) -> None:
-    if request.configuration.HasField("task_push_notification_config"):
-        raise PushNotificationNotSupported(NO_PUSH)
+        with _a2a_errors():
+            await self._push.delete(self._for(context), request, request.tenant)
+        return empty_pb2.Empty()

@@ -1,0 +1,158 @@
+"""A2A tasks' push notification configs, as every store keeps them
+(``PushConfigs``, a store's ``push_configs()``), and the memory store's.
+
+A config is opaque here (a serialized ``lf.a2a.v1.TaskPushNotificationConfig``,
+credentials included: they are sent with each push), keyed by its session,
+its task and its id. A task has at most ``limit`` configs (the caller's
+bound); a session keeps those of its ``PUSH_TASKS_PER_SESSION`` most recently
+configured tasks (the oldest go first); each is kept ``ttl_seconds`` from
+its last write (as long as a task's record) and deleted with its session.
+Lists are in config id order in every store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from turnmesh.runtime.errors import NotFound
+from turnmesh.runtime.principals import public_id
+
+# Tasks whose configs a session keeps, at most.
+PUSH_TASKS_PER_SESSION = 100
+# Tasks with configs the memory store keeps in all, and their configs'
+# bytes (each at most a few configs of a few KiB: ``compat.a2a.push_configs``
+# bounds them); past either the least recently written go first.
+MAX_MEMORY_PUSH_TASKS = 10_000
+MAX_MEMORY_PUSH_BYTES = 32 * 2**20
+
+
+class PushConfigs(Protocol):
+    async def put(
+        self,
+        session_id: str,
+        task_id: str,
+        config_id: str,
+        config: bytes,
+        *,
+        limit: int,
+        ttl_seconds: float,
+    ) -> bool:
+        """Write the config (one with its id is replaced); False (nothing
+        written) if the task has ``limit`` others; NotFound if the session
+        is gone."""
+
+    async def of_task(self, session_id: str, task_id: str) -> list[bytes]:
+        """The task's configs, in config id order."""
+
+    async def delete(self, session_id: str, task_id: str, config_id: str) -> bool:
+        """Remove one; False if there was none."""
+
+
+def session_gone(session_id: str) -> NotFound:
+    return NotFound(f"session {public_id(session_id)!r} not found")
+
+
+@dataclass(slots=True)
+class _Task:
+    expires: float
+    configs: dict[str, tuple[float, bytes]] = field(default_factory=dict)
+
+    def size(self) -> int:
+        return sum(len(data) for _, data in self.configs.values())
+
+
+class MemoryPushConfigs:
+    """Configs in this process's memory, lost with it as the sessions are."""
+
+    def __init__(
+        self,
+        exists: Callable[[str], bool],
+        max_tasks: int = MAX_MEMORY_PUSH_TASKS,
+        max_bytes: int = MAX_MEMORY_PUSH_BYTES,
+    ) -> None:
+        self._exists = exists
+        self._max_tasks = max_tasks
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        # Least recently written first (so the first to expire).
+        self._tasks: OrderedDict[tuple[str, str], _Task] = OrderedDict()
+        self._of: dict[str, dict[str, None]] = {}
+
+    async def put(
+        self,
+        session_id: str,
+        task_id: str,
+        config_id: str,
+        config: bytes,
+        *,
+        limit: int,
+        ttl_seconds: float,
+    ) -> bool:
+        if not self._exists(session_id):
+            raise session_gone(session_id)
+        at = time.monotonic()
+        key = (session_id, task_id)
+        task = self._live(key, at) or _Task(at + ttl_seconds)
+        self._bytes -= task.size()
+        task.configs = {k: v for k, v in task.configs.items() if v[0] > at}
+        if config_id not in task.configs and len(task.configs) >= limit:
+            self._bytes += task.size()
+            return False
+        task.configs[config_id] = (at + ttl_seconds, config)
+        task.expires = at + ttl_seconds
+        self._bytes += task.size()
+        self._tasks[key] = task
+        self._tasks.move_to_end(key)
+        order = self._of.setdefault(session_id, {})
+        order.pop(task_id, None)
+        order[task_id] = None
+        if len(order) > PUSH_TASKS_PER_SESSION:
+            self._drop((session_id, next(iter(order))))
+        while self._tasks:
+            oldest, first = next(iter(self._tasks.items()))
+            if (
+                first.expires > at
+                and len(self._tasks) <= self._max_tasks
+                and self._bytes <= self._max_bytes
+            ):
+                break
+            self._drop(oldest)
+        return True
+
+    async def of_task(self, session_id: str, task_id: str) -> list[bytes]:
+        at = time.monotonic()
+        task = self._live((session_id, task_id), at)
+        if task is None:
+            return []
+        return [data for _, (until, data) in sorted(task.configs.items()) if until > at]
+
+    async def delete(self, session_id: str, task_id: str, config_id: str) -> bool:
+        task = self._live((session_id, task_id), time.monotonic())
+        if task is None or (gone := task.configs.pop(config_id, None)) is None:
+            return False
+        self._bytes -= len(gone[1])
+        return True
+
+    def drop_session(self, session_id: str) -> None:
+        for task_id in list(self._of.get(session_id, {})):
+            self._drop((session_id, task_id))
+
+    def _live(self, key: tuple[str, str], at: float) -> _Task | None:
+        task = self._tasks.get(key)
+        if task is not None and task.expires <= at:
+            self._drop(key)
+            return None
+        return task
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        if (gone := self._tasks.pop(key, None)) is not None:
+            self._bytes -= gone.size()
+        order = self._of.get(key[0])
+        if order is not None:
+            order.pop(key[1], None)
+            if not order:
+                del self._of[key[0]]
