@@ -17,7 +17,6 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -231,6 +230,85 @@ hostile_text = st.one_of(
 )
 
 
+def _grpc_case(name: str) -> a2a_pb2.SendMessageRequest:
+    request = message("hi", f"grpc-hostile-{uuid.uuid4()}")
+    request.tenant = "echo"
+    sent_message = request.message
+    if name == "long message id":
+        sent_message.message_id = TEN_KIB
+    elif name == "long context id":
+        sent_message.context_id = TEN_KIB
+    elif name == "long task id":
+        sent_message.task_id = TEN_KIB
+    elif name == "task of a scoped session":
+        sent_message.task_id = f"01J0000000000000000000000.{_b64('acme/s1')}"
+    elif name == "climbing context id":
+        sent_message.context_id = "../../etc/passwd"
+    elif name == "huge metadata":
+        sent_message.metadata.update({"big": "m" * (MAX_METADATA_BYTES + 1)})
+    elif name == "huge request metadata":
+        request.metadata.update({"big": "m" * (MAX_METADATA_BYTES + 1)})
+    elif name == "many parts":
+        for _ in range(MAX_PARTS):
+            sent_message.parts.add(text="p")
+    elif name == "huge text":
+        sent_message.parts[0].text = "t" * (MAX_MESSAGE_CHARS + 1)
+    elif name == "an agent's role":
+        sent_message.role = a2a_pb2.ROLE_AGENT
+    elif name == "an unknown role":
+        sent_message.role = 77  # type: ignore[assignment]  # any int, on purpose
+    elif name == "an empty part":
+        sent_message.parts.add()
+    elif name == "long tenant":
+        request.tenant = TEN_KIB
+    elif name == "climbing tenant":
+        request.tenant = "../echo"
+    return request
+
+
+GRPC_CASES = [
+    "long message id",
+    "long context id",
+    "long task id",
+    "task of a scoped session",
+    "climbing context id",
+    "huge metadata",
+    "huge request metadata",
+    "many parts",
+    "huge text",
+    "an agent's role",
+    "an unknown role",
+    "an empty part",
+    "long tenant",
+    "climbing tenant",
+]
+
+
+@pytest.mark.parametrize("name", GRPC_CASES)
+async def test_hostile_grpc_messages_are_refused(shared_mesh: SharedMesh, name: str) -> None:
+    """Natively over gRPC through the edge: a 4xx-kind status with an
+    ErrorInfo, no Python text, no long id echoed, and nothing made."""
+    request = _grpc_case(name)
+    async with grpc.aio.insecure_channel(shared_mesh.edge) as channel:
+        stub = a2a_pb2_grpc.A2AServiceStub(channel)  # type: ignore[no-untyped-call]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.SendMessage(request, timeout=60)
+    error = refused.value
+    assert error.code() in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ), (error.code(), error.details())
+    details = str(error.details())
+    assert not sanitize.is_internal(details) and TEN_KIB not in details
+    trailers: Any = error.trailing_metadata()
+    assert b"google.rpc.ErrorInfo" in dict(trailers)["grpc-status-details-bin"]
+    assert rest_get_status(shared_mesh, f"/v1/sessions/{request.message.context_id}") in (
+        400,
+        404,
+    )
+
+
 def _nested_struct(depth: int) -> bytes:
     """A Struct nested past protobuf's decoding limit, as bytes (the Python
     library refuses to build one that deep): {"a": {"a": ... "bottom"}}."""
@@ -386,6 +464,7 @@ async def test_no_extended_card_is_configured(agents: Agents, rest: httpx.AsyncC
 # -- the edge's own replies --------------------------------------------------------
 
 KEY = "key-of-hostile-tests"
+KEYS = {"hostile": KEY, "other": "key-of-another-principal"}
 MESH_KEY = "tm-a2a-hostile-mesh-key-0123456789"
 
 
@@ -394,24 +473,32 @@ class Keyed:
     mesh: Mesh
     edge: RunningEnvoy
     guarded: RunningEnvoy
-    server: Any
+    # An edge whose only server the test that needs it stops.
+    doomed_edge: RunningEnvoy
+    doomed: Any
 
 
-@pytest.fixture
-def keyed(tmp_path: Path) -> Iterator[Keyed]:
-    """A mesh with an API key, an edge in front of it, and a second edge
-    that allows one request a second per client IP."""
-    keys = tmp_path / "api-keys"
-    keys.write_text(f"hostile\t{KEY}\n")
-    mesh = Mesh(tmp_path / "mesh", common_args=("--mesh-key", MESH_KEY))
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keyed]:
+    """A mesh with API keys, an edge in front of it, a second edge that
+    allows one request a second per client IP, and a third in front of a
+    server of its own."""
+    workdir = tmp_path_factory.mktemp("a2a-keyed")
+    keys = workdir / "api-keys"
+    keys.write_text("".join(f"{who}\t{key}\n" for who, key in KEYS.items()))
+    mesh = Mesh(workdir / "mesh", common_args=("--mesh-key", MESH_KEY))
     try:
         mesh.start_router()
         worker = mesh.spawn_worker("worker-echo", "echo")
-        server = mesh.spawn_server("server", "--api-keys-file", str(keys), "--agent", "echo")
-        mesh.wait_ready(worker, server)
+        server, doomed = (
+            mesh.spawn_server(name, "--api-keys-file", str(keys), "--agent", "echo")
+            for name in ("server", "doomed")
+        )
+        mesh.wait_ready(worker, server, doomed)
         edge = mesh.start_envoy([server])
         guarded = mesh.start_envoy([server], "guarded", guards=EdgeGuards(rate_limit_per_ip=1))
-        yield Keyed(mesh, edge, guarded, server)
+        doomed_edge = mesh.start_envoy([doomed], "doomed")
+        yield Keyed(mesh, edge, guarded, doomed_edge, doomed)
     finally:
         mesh.stop()
 
@@ -513,8 +600,9 @@ async def test_the_edges_own_replies_are_in_a2a_shape(keyed: Keyed) -> None:
         assert throttled.headers["retry-after"]
 
     # No server behind the edge: 503.
-    keyed.mesh.kill(keyed.server)
-    async with httpx.AsyncClient(base_url=f"http://{edge}", timeout=60, headers=key) as rest:
+    keyed.mesh.kill(keyed.doomed)
+    doomed = keyed.doomed_edge.listener_address
+    async with httpx.AsyncClient(base_url=f"http://{doomed}", timeout=60, headers=key) as rest:
         error = _a2a_error(await rest.post("/echo/message:send", json=body), 503)
         assert (error["status"], _reason(error)) == ("UNAVAILABLE", ("UNAVAILABLE", MESH_DOMAIN))
 
@@ -523,3 +611,34 @@ async def test_the_edges_own_replies_are_in_a2a_shape(keyed: Keyed) -> None:
 async def rest(shared_mesh: SharedMesh) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=f"http://{shared_mesh.edge}", timeout=60) as client:
         yield client
+
+
+async def test_a_task_id_naming_another_principals_session(keyed: Keyed) -> None:
+    """A task id carries its session's id as its caller names it; one that
+    names another principal's session, by its id or by the mesh's scoped
+    form (``principal/id``), is not found, exactly as an id never made."""
+    edge = keyed.edge.listener_address
+    context_id = f"mine-{uuid.uuid4()}"
+    body = json.loads(_send().replace("{ctx}", context_id))
+    mine, theirs = ({"authorization": f"Bearer {KEYS[who]}"} for who in ("hostile", "other"))
+    async with httpx.AsyncClient(base_url=f"http://{edge}", timeout=60) as rest:
+        sent_task = await rest.post("/echo/message:send", json=body, headers=mine)
+        assert sent_task.status_code == 200, sent_task.text
+        task = sent_task.json()["task"]
+        turn_id = task["id"].partition(".")[0]
+        assert (await rest.get(f"/echo/tasks/{task['id']}", headers=mine)).status_code == 200
+        for task_id in (
+            task["id"],
+            f"{turn_id}.{_b64(f'hostile/{context_id}')}",
+            f"{turn_id}.{_b64(f'other/../hostile/{context_id}')}",
+        ):
+            for verb, path in (("GET", ""), ("POST", ":cancel")):
+                response = await rest.request(verb, f"/echo/tasks/{task_id}{path}", headers=theirs)
+                assert _reason(_a2a_error(response, 404)) == ("TASK_NOT_FOUND", A2A_DOMAIN)
+        # The scoped form is no id of the owner's either.
+        scoped = f"{turn_id}.{_b64(f'hostile/{context_id}')}"
+        refused = await rest.get(f"/echo/tasks/{scoped}", headers=mine)
+        assert _reason(_a2a_error(refused, 404)) == ("TASK_NOT_FOUND", A2A_DOMAIN)
+        # Nothing of the owner's changed: the task is still theirs, done.
+        again = await rest.get(f"/echo/tasks/{task['id']}", headers=mine)
+        assert again.json()["status"]["state"] == "TASK_STATE_COMPLETED"
