@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from turnmesh.envoy import a2a_replies
 from turnmesh.runtime import errors
 
 FILTER = "envoy.filters.http.ext_authz"
@@ -144,7 +145,7 @@ def check_refused() -> dict[str, Any]:
 def reply_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
     """Local reply mappers (first in the list) giving the check's denials the
     bodies the servers' own refusals have: problem+json with ``grpc_code`` and
-    ``reason``, or OpenAI's error shape on its paths. Its failures are 503s
+    ``reason``, or OpenAI's or A2A's error shape on their paths. Its failures are 503s
     that say why."""
     row = errors.Unauthenticated.row()
     unavailable = errors.Unavailable.row()
@@ -192,11 +193,14 @@ def reply_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
         (row, "%LOCAL_REPLY_BODY%", []),
         (unavailable, "the API key could not be checked; try again", retry),
     ]
+    a2a_paths = a2a_replies.a2a_paths()
     mappers = []
     for r, detail, headers in cases:
         code = status(r.http_status)
+        a2a = a2a_replies.a2a_error(*errors.edge_a2a_errors()[r.http_status], detail)
         mappers += [
             mapper([openai_paths, code], openai(r, detail), "application/json", headers),
+            mapper([a2a_paths, code], a2a, "application/json", headers),
             mapper([code], problem(r, detail), "application/problem+json", headers),
         ]
     return mappers

@@ -183,19 +183,38 @@ local EXPECTED = {
 
 -- The transcoder's own 400 for a value of the wrong type echoes the value (a
 -- 50 MB file's worth, for bad base64) and names no field in a structured way:
--- replace it with a field violation and no echo.
+-- the field and what it must be, from its message (a JSON string), or nil.
+local function typed_value(message)
+  if message == nil then return nil end
+  local field, kind = message:match('^"([%w_%.%[%]]+): invalid value .* for type ([%w_%.%/]+)"$')
+  if field == nil then return nil end
+  -- An enum (or message) type is named by its type URL: its last part.
+  return field, "must be " .. (EXPECTED[kind] or ("a valid " .. kind:match("([%w_]+)$")))
+end
+
+-- Such a 400 as a problem with a field violation and no echo.
 local function typed_value_problem(handle, text)
-  local detail = member(text, "detail")
-  if detail == nil then return end
-  local field, kind = detail:match('^"([%w_%.%[%]]+): invalid value .* for type (TYPE_[%u%d]+)"$')
+  local field, description = typed_value(member(text, "detail"))
   if field == nil then return end
-  local description = "must be " .. (EXPECTED[kind] or "a valid value")
   local row = BY_CODE[3]
   local body = '{"type":"' .. BASE .. row[1] .. '","title":"' .. row[2] .. '","status":400,'
     .. '"detail":"' .. field .. ' ' .. description .. '","grpc_code":3,'
     .. '"violations":[{"field":"' .. field .. '","description":"' .. description .. '"}]'
     .. instance(handle) .. "}"
   handle:body():setBytes(body)
+end
+
+-- On A2A's paths (the edge's reply already in A2A's shape): A2A's
+-- InvalidParams, with the field violation, and no echo.
+local function typed_value_a2a(handle, text)
+  local field, description = typed_value(member(text, "message"))
+  if field == nil then return end
+  handle:body():setBytes('{"error":{"code":400,"status":"INVALID_ARGUMENT","message":"'
+    .. field .. ' ' .. description .. '","details":['
+    .. '{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"INVALID_PARAMS",'
+    .. '"domain":"a2a-protocol.org"},'
+    .. '{"@type":"type.googleapis.com/google.rpc.BadRequest","fieldViolations":[{"field":"'
+    .. field .. '","description":"' .. description .. '"}]}]}}')
 end
 
 function envoy_on_response(handle)
@@ -219,12 +238,17 @@ function envoy_on_response(handle)
   local body = handle:body()
   if body == nil then return end
   local text = body:getBytes(0, body:length())
+  local shape = handle:streamInfo():dynamicMetadata():get("turnmesh")
+  local a2a = shape ~= nil and shape["error_shape"] == "a2a"
+  if a2a and status == 400 and text:find('^%s*{%s*"error"') then
+    typed_value_a2a(handle, text)  -- the edge's own reply (a2a_replies.py)
+    return
+  end
   local code = tonumber(text:match('^%s*{%s*"code"%s*:%s*(%d+)'))
   if code == nil then return end
   local quoted = member(text, "reason")
   local reason = quoted and quoted:match('^"([^"\\]+)"$')
   local row = row_for(code, reason)
-  local shape = handle:streamInfo():dynamicMetadata():get("turnmesh")
   if shape ~= nil and shape["error_shape"] == "openai" then
     handle:body():setBytes(openai_error(text, row, reason))
     return
@@ -233,7 +257,7 @@ function envoy_on_response(handle)
     handle:body():setBytes(jsonrpc_error(text, row))
     return
   end
-  if shape ~= nil and shape["error_shape"] == "a2a" then
+  if a2a then
     handle:body():setBytes(a2a_error(text, status, code))
     return
   end

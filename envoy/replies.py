@@ -1,15 +1,17 @@
 """Envoy's own replies (a refused key, a body over the limit, no healthy
 server, overload) in the shape each caller reads: ``application/problem+json``
-for REST callers, OpenAI's error object on OpenAI's paths, and plain statuses
+for REST callers, OpenAI's error object on OpenAI's paths, A2A's on A2A's
+(a2a_replies.py), and plain statuses
 for native gRPC callers. Errors the servers return get the same shapes from
 ``problem.lua`` (config.py); both take titles and types from the one error
 table (runtime/errors.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from turnmesh.envoy import ext_authz, guards
+from turnmesh.envoy import a2a_replies, ext_authz, guards
 from turnmesh.runtime import errors
 
 # Envoy's id of a request from outside: in the access log, a problem's
@@ -168,9 +170,35 @@ def _problem_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
         openai_mapper(status("GE", 500), "server_error"),
         openai_mapper(status("GE", 400), "invalid_request_error"),
     ]
+    mappers += _a2a_mappers(status)
     mappers += [
         guards.shed(mapper(status("EQ", code), title, slug), code)
         for code, (slug, title, _) in problems.items()
     ]
     mappers.append(mapper(status("GE", 400), errors.EDGE_FALLBACK[1], errors.EDGE_FALLBACK[0]))
+    return mappers
+
+
+def _a2a_mappers(status: Callable[[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """A2A's error shape for Envoy's own replies on A2A's HTTP+JSON paths."""
+    paths = a2a_replies.a2a_paths()
+
+    def mapper(status_filter: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "filter": {"and_filter": {"filters": [paths, status_filter]}},
+            "body_format_override": {"json_format": body, "content_type": "application/json"},
+        }
+
+    shaped = errors.edge_a2a_errors()
+    mappers = [
+        guards.shed(
+            mapper(status("EQ", code), a2a_replies.a2a_error(*row, "%LOCAL_REPLY_BODY%")), code
+        )
+        for code, row in shaped.items()
+    ]
+    server, client = shaped[500], shaped[400]
+    mappers += [
+        mapper(status("GE", 500), a2a_replies.a2a_error(*server, "%LOCAL_REPLY_BODY%")),
+        mapper(status("GE", 400), a2a_replies.a2a_error(*client, "%LOCAL_REPLY_BODY%")),
+    ]
     return mappers

@@ -11,7 +11,8 @@ the typed client's exceptions and the compatibility surfaces.
     ├── Unknown             UNKNOWN              500  unknown
     ├── InvalidArgument     INVALID_ARGUMENT     400  invalid-argument   (+ BadRequest)
     │   └── InvalidParams     reason INVALID_PARAMS   invalid-params     (A2A; + BadRequest)
-    │       └── ContentTypeNotSupported  reason CONTENT_TYPE_NOT_SUPPORTED  (A2A)
+    │   │   └── ContentTypeNotSupported  reason CONTENT_TYPE_NOT_SUPPORTED  (A2A)
+    │   └── InvalidRequest    reason INVALID_REQUEST  invalid-request    (A2A; the edge's)
     ├── DeadlineExceeded    DEADLINE_EXCEEDED    504  deadline-exceeded
     ├── NotFound            NOT_FOUND            404  not-found
     │   ├── ModelNotFound     reason MODEL_NOT_FOUND  model-not-found
@@ -19,6 +20,7 @@ the typed client's exceptions and the compatibility surfaces.
     │   ├── ItemNotFound      reason ITEM_NOT_FOUND   item-not-found
     │   ├── PreviousResponseNotFound  reason PREVIOUS_RESPONSE_NOT_FOUND
     │   ├── TaskNotFound      reason TASK_NOT_FOUND   task-not-found     (A2A)
+    │   ├── MethodNotFound    reason METHOD_NOT_FOUND method-not-found   (A2A; the edge's)
     │   └── UnknownMember     reason UNKNOWN_MEMBER   unknown-member     (router to member)
     ├── AlreadyExists       ALREADY_EXISTS       409  already-exists
     │   ├── IdempotencyKeyReused  reason IDEMPOTENCY_KEY_REUSED  idempotency-key-reused
@@ -33,7 +35,8 @@ the typed client's exceptions and the compatibility surfaces.
     │   ├── TurnFailed        reason TURN_FAILED      turn-failed        (x-should-retry: false)
     │   ├── TaskNotCancelable reason TASK_NOT_CANCELABLE  task-not-cancelable  (A2A)
     │   ├── UnsupportedOperation  reason UNSUPPORTED_OPERATION  (A2A)
-    │   └── PushNotificationNotSupported  reason PUSH_NOTIFICATION_NOT_SUPPORTED  (A2A)
+    │   ├── PushNotificationNotSupported  reason PUSH_NOTIFICATION_NOT_SUPPORTED  (A2A)
+    │   └── ExtendedAgentCardNotConfigured  reason EXTENDED_AGENT_CARD_NOT_CONFIGURED  (A2A)
     ├── Aborted             ABORTED              409  aborted
     │   ├── SessionBusy       reason SESSION_BUSY     session-busy       (Retry-After)
     │   ├── TurnCancelled     reason TURN_CANCELLED   turn-cancelled     (x-should-retry: false)
@@ -268,6 +271,18 @@ class ContentTypeNotSupported(InvalidParams):
     title = "Content type not supported"
 
 
+class InvalidRequest(InvalidArgument):
+    """A2A's InvalidRequestError: a request the edge refuses before reading
+    it as one (not JSON, too large, a media type it does not take)."""
+
+    slug = "invalid-request"
+    title = "Request not readable"
+    domain = A2A_DOMAIN
+
+    def details(self) -> list[any_pb2.Any]:
+        return [_error_info(self.reason, self.domain, self.metadata), *super().details()]
+
+
 class DeadlineExceeded(TurnmeshError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     http_status = 504
@@ -290,6 +305,15 @@ class ModelNotFound(NotFound):
 
     slug = "model-not-found"
     title = "Model not found"
+
+
+class MethodNotFound(NotFound):
+    """A2A's MethodNotFoundError: a path under an A2A binding that names no
+    method (the edge's own 404 there)."""
+
+    slug = "method-not-found"
+    title = "Method not found"
+    domain = A2A_DOMAIN
 
 
 class TurnNotFound(NotFound):
@@ -446,6 +470,15 @@ class PushNotificationNotSupported(FailedPrecondition):
 
     slug = "push-notification-not-supported"
     title = "Push notifications not supported"
+    domain = A2A_DOMAIN
+
+
+class ExtendedAgentCardNotConfigured(FailedPrecondition):
+    """A2A's GetExtendedAgentCard where no extended card is configured (the
+    card says so: its capabilities.extended_agent_card is false)."""
+
+    slug = "extended-agent-card-not-configured"
+    title = "Extended agent card not configured"
     domain = A2A_DOMAIN
 
 
@@ -644,6 +677,33 @@ def edge_jsonrpc_error(status: int) -> tuple[int, str]:
     slug = _EDGE_ONLY.get(status, EDGE_FALLBACK)[0]
     code = JSONRPC_INTERNAL_ERROR if status >= 500 else JSONRPC_INVALID_REQUEST
     return code, slug.upper().replace("-", "_")
+
+
+# Envoy's own replies on A2A's HTTP+JSON paths: A2A's row where A2A has one
+# (a request the edge cannot read as one, a path that names no method), else
+# the mesh's row for the status (a refused key, a rate limit, no server: A2A
+# has no error for those, and its clients keep the HTTP status).
+_EDGE_A2A_KINDS: dict[int, type[TurnmeshError]] = {
+    **_EDGE_KINDS,
+    400: InvalidRequest,
+    404: MethodNotFound,
+    405: InvalidRequest,
+    408: DeadlineExceeded,
+    413: InvalidRequest,
+    415: InvalidRequest,
+    421: InvalidRequest,
+    431: InvalidRequest,
+    502: Unavailable,
+}
+
+
+def edge_a2a_errors() -> dict[int, tuple[str, str, str]]:
+    """(gRPC code name, ErrorInfo reason, domain) per HTTP status that Envoy
+    answers by itself on A2A's paths."""
+    return {
+        status: (kind.code.name, kind.reason_name(), kind.domain)
+        for status, kind in sorted(_EDGE_A2A_KINDS.items())
+    }
 
 
 def edge_problems() -> dict[int, tuple[str, str, str]]:

@@ -16,6 +16,7 @@ from turnmesh.runtime.auth import ApiKeys, authenticate, bearer
 from turnmesh.runtime.errors import (
     FieldViolation,
     InvalidArgument,
+    InvalidParams,
     RateLimited,
     TurnmeshError,
     Unauthenticated,
@@ -60,7 +61,7 @@ class ErrorMappingInterceptor(ServerInterceptor):
         def unary(inner: Unary) -> Unary:
             async def mapped(request: Any, context: ServicerContext) -> Any:
                 try:
-                    _decoded(request)
+                    _decoded(request, method)
                     answer = inner(request, context)
                     request = None
                     return await answer
@@ -73,7 +74,7 @@ class ErrorMappingInterceptor(ServerInterceptor):
         def stream(inner: Stream) -> Stream:
             async def mapped(request: Any, context: ServicerContext) -> AsyncIterator[Any]:
                 try:
-                    _decoded(request)
+                    _decoded(request, method)
                     items = inner(request, context)
                     request = None
                     async for item in items:
@@ -204,9 +205,15 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
     return decode
 
 
-def _decoded(request: Any) -> None:
+# A2A's callers read its InvalidParams (A2A's ErrorInfo) where others read
+# INVALID_ARGUMENT alone.
+A2A_METHOD_PREFIX = "/lf.a2a.v1.A2AService/"
+
+
+def _decoded(request: Any, method: str) -> None:
     if request is UNDECODABLE:
-        raise InvalidArgument(
+        kind = InvalidParams if method.startswith(A2A_METHOD_PREFIX) else InvalidArgument
+        raise kind(
             [FieldViolation("request", "cannot be decoded: malformed, or nested too deeply")]
         )
 
@@ -242,7 +249,7 @@ def worded_for_callers(error: TurnmeshError, method: str) -> TurnmeshError:
         "%s: an error's text reads like Python's own; sent as %r: %r", method, error.title, texts
     )
     if isinstance(error, InvalidArgument):
-        return InvalidArgument(
+        return type(error)(  # InvalidParams stays A2A's
             [
                 FieldViolation(
                     v.field,

@@ -2,7 +2,8 @@
 
 It leaves marker files in $TURNMESH_PROBE_DIR so that tests can see, from
 outside the worker process, that a turn started (and in which process) and
-that a cancellation reached the agent as asyncio.CancelledError.
+that a cancellation reached the agent as asyncio.CancelledError, and the
+metadata it was given (``<turn>.metadata.json``).
 
 Metadata: ``deltas`` (count), ``delay_ms`` (between deltas),
 ``stall_first_attempt`` (the first worker to run the turn stalls before
@@ -23,6 +24,7 @@ and, with ``gate`` in its metadata, once the gate opens).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -46,6 +48,8 @@ class ProbeAgent:
         started.write_text(str(os.getpid()))
         # Which session (its mesh-wide id) and principal the agent was given.
         (probe / f"{request.turn_id}.who").write_text(f"{request.principal} {request.session_id}")
+        # The metadata the agent was given (A2A's data parts arrive in it).
+        (probe / f"{request.turn_id}.metadata.json").write_text(json.dumps(request.metadata))
         deltas = int(request.metadata.get("deltas", 5))
         delay = float(request.metadata.get("delay_ms", 50)) / 1000
         parts: list[str] = []

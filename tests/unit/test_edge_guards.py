@@ -109,7 +109,7 @@ def test_headers_the_edge_lets_through_fit_what_the_servers_accept() -> None:
 def test_overload_replies_take_the_429_row() -> None:
     mappers = _manager(EdgeConfig(upstreams=UPSTREAMS))["local_reply_config"]["mappers"]
     shed = [m for m in mappers if m.get("status_code") == 429]
-    assert len(shed) == 3  # A2A JSON-RPC's shape, the OpenAI shape and problem+json
+    assert len(shed) == 4  # A2A JSON-RPC's shape, A2A's, the OpenAI shape and problem+json
     for mapper in shed:
         assert "response.code_details == 'overload'" in str(mapper["filter"])
         assert mapper["headers_to_add"][0]["header"] == {"key": "retry-after", "value": "1"}

@@ -56,6 +56,9 @@ COMPAT_OR_MESH_ROWS = (
     errors.TaskNotCancelable,
     errors.UnsupportedOperation,
     errors.PushNotificationNotSupported,
+    errors.ExtendedAgentCardNotConfigured,
+    errors.InvalidRequest,
+    errors.MethodNotFound,
 )
 
 

@@ -2,7 +2,7 @@
 
 In: a client's ``Message`` as a turn's parts: its text parts joined (one
 paragraph each) are the user's message, ``raw`` parts are the turn's files
-(the mesh's own types and limits), ``data`` parts and the message's metadata
+(the mesh's own types and limits, checked by ``files``), ``data`` parts and the message's metadata
 are the turn's metadata (``a2a_data``: the data parts' values in order), and
 its ``message_id`` is the turn's idempotency key. A file by ``url`` is not
 fetched: ContentTypeNotSupported.
@@ -23,6 +23,7 @@ from google.protobuf import json_format, struct_pb2
 
 from turnmesh.runtime.errors import ContentTypeNotSupported, FieldViolation, InvalidParams
 from turnmesh.server.compat._common import tool_definition
+from turnmesh.server.compat.a2a.files import check_all, raw_file
 from turnmesh.server.sessions.validation import MAX_IDEMPOTENCY_KEY_CHARS
 from turnmesh.v1 import message_pb2
 
@@ -79,11 +80,7 @@ def incoming(message: a2a_pb2.Message, request_metadata: struct_pb2.Struct) -> I
         if kind == "text":
             texts.append(part.text)
         elif kind == "raw":
-            files.append(
-                message_pb2.File(
-                    content=part.raw, mime_type=part.media_type, filename=part.filename
-                )
-            )
+            files.append(raw_file(part, where))
         elif kind == "data":
             data.append(json_format.MessageToDict(part.data))
         elif kind == "url":
@@ -92,6 +89,7 @@ def incoming(message: a2a_pb2.Message, request_metadata: struct_pb2.Struct) -> I
             )
         else:
             raise invalid_params(where, "has no content (text, raw, url or data)")
+    check_all(files)
     metadata = {
         **json_format.MessageToDict(request_metadata),
         **json_format.MessageToDict(message.metadata),

@@ -12,9 +12,9 @@ from a2a.types import a2a_pb2, a2a_pb2_grpc
 from google.protobuf import empty_pb2
 
 from turnmesh.runtime.errors import (
+    ExtendedAgentCardNotConfigured,
     InvalidArgument,
     InvalidParams,
-    UnsupportedOperation,
 )
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server.compat._common import Mesh
@@ -87,7 +87,11 @@ class A2AServicer(a2a_pb2_grpc.A2AServiceServicer):
     async def GetExtendedAgentCard(
         self, request: a2a_pb2.GetExtendedAgentCardRequest, context: ServicerContext
     ) -> a2a_pb2.AgentCard:
-        raise UnsupportedOperation("this agent has no extended card: its public card is all")
+        # The public card says all there is (every caller gets the same agent),
+        # and says so: capabilities.extended_agent_card is false.
+        raise ExtendedAgentCardNotConfigured(
+            "this agent has no extended card: its public card is all there is"
+        )
 
     async def CreateTaskPushNotificationConfig(
         self, request: a2a_pb2.TaskPushNotificationConfig, context: ServicerContext
