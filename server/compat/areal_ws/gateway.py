@@ -100,6 +100,10 @@ class Gateway:
             await self._server.wait_closed()
             self._server = None
 
+    @property
+    def open_sockets(self) -> int:
+        return self._open
+
     def _admit(self, connection: ServerConnection, request: Request) -> Response | None:
         """Only ``/ws``, and only while this server has room for a socket."""
         if urlsplit(request.path).path != PATH:
