@@ -18,8 +18,8 @@ from turnmesh.server.compat.areal_ws import Gateway
 TIMEOUT = 30.0
 
 
-async def _started(**options: int) -> tuple[Gateway, str]:
-    gateway = Gateway(Mesh(), ApiKeys(["the-key"]), **options)
+async def _started(max_connections: int = 10) -> tuple[Gateway, str]:
+    gateway = Gateway(Mesh(), ApiKeys(["the-key"]), max_connections=max_connections)
     port = await gateway.start("127.0.0.1", 0)
     return gateway, f"ws://127.0.0.1:{port}"
 
