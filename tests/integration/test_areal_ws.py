@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.support.a2a_clients import open_gate
 from tests.support.mesh import Mesh, eventually
@@ -319,6 +319,28 @@ async def test_a_closed_socket_lets_its_turn_finish(ws_mesh: WsMesh) -> None:
 
     await eventually(saved, TIMEOUT, "the closed socket's turn to be saved")
     assert user_texts(await history(ws_mesh, session)) == ["gate:ws-closed"]
+
+
+async def test_the_cancel_header_cancels_a_closed_sockets_turn(ws_mesh: WsMesh) -> None:
+    """With the other surfaces' X-Turnmesh-On-Disconnect: cancel, a closed
+    socket cancels its turn and nothing of it is saved; another value is 400."""
+    session = "cancelled-1"
+    await probe_session(ws_mesh, session)
+    probe = ws_mesh.mesh.probe_dir
+    cancelled_before = set(probe.glob("*.cancelled"))
+    headers = {"X-Turnmesh-On-Disconnect": "cancel"}
+    async with connect(ws_mesh.url(), additional_headers=headers) as socket:
+        await socket.send(req("gate:ws-cancelled", session, "held"))
+        assert (await frame(socket))["payload"]["status"] == "accepted"
+    await eventually(
+        lambda: _async_true(bool(set(probe.glob("*.cancelled")) - cancelled_before)),
+        TIMEOUT,
+        "the agent to be cancelled",
+    )
+    assert user_texts(await history(ws_mesh, session)) == []
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(ws_mesh.url(), additional_headers={"X-Turnmesh-On-Disconnect": "later"})
+    assert refused.value.response.status_code == 400
 
 
 async def test_a_pause_completes_with_its_interrupts(ws_mesh: WsMesh) -> None:

@@ -26,12 +26,14 @@ from websockets.http11 import Request, Response
 
 from turnmesh.runtime import principals
 from turnmesh.runtime.auth import ApiKeys
+from turnmesh.runtime.errors import InvalidArgument
 from turnmesh.runtime.principals import ANONYMOUS_PRINCIPAL, Principal
 from turnmesh.runtime.ratelimit import RequestRates
 from turnmesh.runtime.tls import TlsFiles
-from turnmesh.server.compat._common import Mesh
+from turnmesh.server.compat._common import ON_DISCONNECT_HEADER, Mesh, on_disconnect
 from turnmesh.server.compat.areal_ws import frames
 from turnmesh.server.compat.areal_ws.runs import run
+from turnmesh.v1 import session_service_pb2 as spb
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,10 @@ class Gateway:
         """Only ``/ws``, and only while this server has room for a socket."""
         if urlsplit(request.path).path != PATH:
             return connection.respond(http.HTTPStatus.NOT_FOUND, f"only {PATH} is served here\n")
+        if _policy(request) is None:
+            return connection.respond(
+                http.HTTPStatus.BAD_REQUEST, f"{ON_DISCONNECT_HEADER} must be cancel or continue\n"
+            )
         if self._open >= self._max_connections:
             return connection.respond(
                 http.HTTPStatus.SERVICE_UNAVAILABLE,
@@ -139,7 +145,11 @@ class Gateway:
         principals.set_caller_known(True)
         mesh = self._mesh.for_caller([("authorization", f"Bearer {token}")] if token else [])
         queue: asyncio.Queue[frames.AgentRequest] = asyncio.Queue(MAX_QUEUED)
-        runner = asyncio.create_task(_run_queued(connection, mesh, queue))
+        # Checked at the handshake already (an unknown policy was 400).
+        policy = _policy(connection.request) if connection.request else None
+        if policy is None:
+            policy = spb.DISCONNECT_POLICY_CONTINUE
+        runner = asyncio.create_task(_run_queued(connection, mesh, queue, policy))
         try:
             async for frame in connection:
                 answer = await self._take(frame, principal, queue)
@@ -184,13 +194,26 @@ class Gateway:
         return None
 
 
+def _policy(request: Request) -> spb.DisconnectPolicy.ValueType | None:
+    """What a closed socket does to its running turn: continue (the seed's
+    way), or cancel with the other surfaces' header; None: not a policy."""
+    header = request.headers.get(ON_DISCONNECT_HEADER)
+    if header is None:
+        return spb.DISCONNECT_POLICY_CONTINUE
+    try:
+        return on_disconnect(header)
+    except InvalidArgument:
+        return None
+
+
 async def _run_queued(
     connection: ServerConnection,
     mesh: Mesh,
     queue: asyncio.Queue[frames.AgentRequest],
+    policy: spb.DisconnectPolicy.ValueType,
 ) -> None:
     """The socket's requests, one after another."""
     while True:
         request = await queue.get()
-        async for answer in run(mesh, request):
+        async for answer in run(mesh, request, policy):
             await connection.send(answer)

@@ -19,9 +19,14 @@ from turnmesh.v1 import session_service_pb2 as spb
 MAX_TOOL_ARGS_CHARS = 1024 * 1024
 
 
-async def run(mesh: Mesh, request: frames.AgentRequest) -> AsyncIterator[str]:
-    """The frames answering ``request``. The turn continues if the socket
-    closes (the seed's agent service runs a run to its end)."""
+async def run(
+    mesh: Mesh,
+    request: frames.AgentRequest,
+    on_disconnect: spb.DisconnectPolicy.ValueType = spb.DISCONNECT_POLICY_CONTINUE,
+) -> AsyncIterator[str]:
+    """The frames answering ``request``. If the socket closes, the turn goes
+    on (the seed's agent service runs a run to its end) unless
+    ``on_disconnect`` says cancel."""
     run_id = ""
     try:
         await _session(mesh, request.session_key)
@@ -29,7 +34,7 @@ async def run(mesh: Mesh, request: frames.AgentRequest) -> AsyncIterator[str]:
             request.session_key,
             request.message,
             policy=spb.TURN_POLICY_ENQUEUE if request.followup else spb.TURN_POLICY_COLLECT,
-            on_disconnect=spb.DISCONNECT_POLICY_CONTINUE,
+            on_disconnect=on_disconnect,
             idempotency_key=request.idempotency_key,
         ) as events:
             turn = _Turn()
