@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterable
 
 import pytest
 from websockets.asyncio.client import connect
@@ -50,5 +51,37 @@ async def test_a_wrong_key_closes_4001_before_reading_any_frame() -> None:
                     await socket.recv()
         assert closed.value.rcvd is not None
         assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4001, "Invalid admin key")
+    finally:
+        await gateway.stop()
+
+
+class BrokenMesh(Mesh):
+    """A mesh whose calls fail with what no surface expects."""
+
+    def for_caller(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Mesh:
+        return self
+
+    async def session_exists(self, session_id: str) -> bool:
+        raise RuntimeError("a bug, with text no caller should see")
+
+
+async def test_a_fault_of_ours_fails_the_request_in_words_and_the_socket_goes_on() -> None:
+    gateway = Gateway(BrokenMesh(), ApiKeys())
+    port = await gateway.start("127.0.0.1", 0)
+    try:
+        async with connect(f"ws://127.0.0.1:{port}/ws") as socket:
+            params = {"message": "hi", "sessionKey": "s"}
+            await socket.send(
+                json.dumps({"type": "req", "id": "a", "method": "agent", "params": params})
+            )
+            async with asyncio.timeout(TIMEOUT):
+                failed = json.loads(await socket.recv())
+            assert failed["id"] == "a" and failed["payload"]["code"] == "INTERNAL"
+            assert "bug" not in failed["payload"]["error"]
+            await socket.send(
+                json.dumps({"type": "req", "id": "b", "method": "agent", "params": params})
+            )
+            async with asyncio.timeout(TIMEOUT):
+                assert json.loads(await socket.recv())["id"] == "b"
     finally:
         await gateway.stop()

@@ -215,5 +215,14 @@ async def _run_queued(
     """The socket's requests, one after another."""
     while True:
         request = await queue.get()
-        async for answer in run(mesh, request, policy):
-            await connection.send(answer)
+        try:
+            async for answer in run(mesh, request, policy):
+                await connection.send(answer)
+        except (ConnectionClosed, asyncio.CancelledError):
+            raise
+        except Exception:
+            # A fault of ours: the request fails in words, the socket goes on.
+            log.exception("a /ws request failed")
+            await connection.send(
+                frames.failed(request.id, "the mesh could not run this request", code="INTERNAL")
+            )
