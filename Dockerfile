@@ -37,8 +37,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 WORKDIR /tmp
 
-# router, session server, worker, edge (Envoy), Prometheus /metrics.
-EXPOSE 7000 7100 7200 8080 9090
+# router, session server (gRPC; 7101: AReaL's /ws WebSocket), worker, edge (Envoy),
+# Prometheus /metrics.
+EXPOSE 7000 7100 7101 7200 8080 9090
 
 ENTRYPOINT ["turnmesh"]
 CMD ["--help"]

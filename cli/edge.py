@@ -38,6 +38,7 @@ def edge_config(args: argparse.Namespace) -> EdgeConfig:
     )
     return EdgeConfig(
         upstreams=list(args.upstream),
+        ws_upstreams=list(args.ws_upstream),
         host=settings.host,
         port=settings.port,
         admin_port=settings.admin_port,

@@ -144,6 +144,13 @@ def _edge_command(sub: _Commands) -> None:
         default=[u for u in (env("upstreams") or "").split(",") if u],
         help="a session server host:port (repeat; a DNS name gives every address it has)",
     )
+    edge.add_argument(
+        "--ws-upstream",
+        action="append",
+        default=[u for u in (env("ws_upstreams") or "").split(",") if u],
+        help="a session server's WebSocket listener host:port (its --ws-port), for AReaL's"
+        " /ws (repeat; none: no /ws)",
+    )
     # An empty variable is an empty text here: TURNMESH_CORS_ORIGINS= allows no origin.
     add_flags(edge, EdgeSettings, keep_empty=True)
     edge.add_argument(

@@ -31,7 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -128,12 +128,14 @@ class Ports:
     servers: list[int]
     edge: int
     admin: int
+    # Each server's WebSocket listener (AReaL's /ws), in the servers' order.
+    websockets: list[int] = field(default_factory=list)
 
     @classmethod
     def choose(cls, config: UpConfig) -> Ports:
         w, s = config.workers, config.servers
         given = {config.port, config.admin_port} - {0}
-        inner = free_ports(1 + w + s + 1, exclude=given)
+        inner = free_ports(1 + w + 2 * s + 1, exclude=given)
         edge = config.port or free_ports(1, config.host, exclude=set(inner))[0]
         return cls(
             router=inner[0],
@@ -141,6 +143,7 @@ class Ports:
             servers=inner[1 + w : 1 + w + s],
             edge=edge,
             admin=config.admin_port or inner[-1],
+            websockets=inner[1 + w + s : 1 + w + 2 * s],
         )
 
 
@@ -259,17 +262,20 @@ class Mesh:
             for i, port in enumerate(ports.workers)
         ]
         server_args = _server_args(c, router.address, _agent_name(c.agent))
+        # Each server's /ws listener (AReaL's gateway protocol), on its fixed port.
+        ws_flags = [["--ws-port", str(p)] for p in ports.websockets] or [[]] * len(ports.servers)
         servers = [
-            self._member(f"server-{i + 1}", "server", port, *server_args)
+            self._member(f"server-{i + 1}", "server", port, *server_args, *ws_flags[i])
             for i, port in enumerate(ports.servers)
         ]
         for member in [*workers, *servers]:
             member.wait_ready(deadline)
-        self._start_envoy([s.address for s in servers], deadline)
+        ws_upstreams = [f"127.0.0.1:{ws}" for ws in ports.websockets]
+        self._start_envoy([s.address for s in servers], ws_upstreams, deadline)
         self.state = "running"
         self.write_status()
 
-    def _start_envoy(self, upstreams: list[str], deadline: float) -> None:
+    def _start_envoy(self, upstreams: list[str], ws_upstreams: list[str], deadline: float) -> None:
         from turnmesh.envoy import EdgeConfig
         from turnmesh.envoy.process import (
             EnvoyError,
@@ -282,6 +288,7 @@ class Mesh:
         c = self.config
         edge = EdgeConfig(
             upstreams=upstreams,
+            ws_upstreams=ws_upstreams,
             host=c.host,
             port=self.ports.edge,
             admin_port=self.ports.admin,

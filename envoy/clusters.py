@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turnmesh.envoy import ext_authz
+from turnmesh.envoy import ext_authz, ws_route
 from turnmesh.envoy.edge_config import EdgeConfig
 from turnmesh.envoy.sockets import address, is_ip, split, upstream_tls
 
@@ -23,9 +23,12 @@ UNHEALTHY_THRESHOLD = 3
 
 
 def clusters(config: EdgeConfig) -> list[dict[str, Any]]:
-    if not config.otlp_endpoint:
-        return [session_servers(config)]
-    return [session_servers(config), _collector(config.otlp_endpoint)]
+    found = [session_servers(config)]
+    if config.ws_upstreams:
+        found.append(ws_route.cluster(config))
+    if config.otlp_endpoint:
+        found.append(_collector(config.otlp_endpoint))
+    return found
 
 
 def session_servers(config: EdgeConfig) -> dict[str, Any]:

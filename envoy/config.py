@@ -23,7 +23,7 @@ import grpc
 from a2a.types import a2a_pb2
 from google.api import annotations_pb2
 
-from turnmesh.envoy import clusters, ext_authz, guards
+from turnmesh.envoy import clusters, ext_authz, guards, ws_route
 from turnmesh.envoy.edge_config import EdgeConfig
 from turnmesh.envoy.replies import REQUEST_ID, local_reply_config
 from turnmesh.envoy.sockets import address, listener_tls
@@ -75,9 +75,11 @@ OPENAI_UNSERVED = (
 )
 OPENAI_SERVED = ("/v1/chat/completions", "/v1/responses", "/v1/models")
 
+# The path without its query: /ws takes its API key as ?token= (a browser's
+# WebSocket cannot set headers), and keys never reach the log.
 ACCESS_LOG_FORMAT = (
     '[%START_TIME%] "%REQ(X-TURNMESH-ORIGINAL-METHOD?:METHOD)% '
-    '%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%" '
+    '%PATH(NQ)% %PROTOCOL%" '
     "%RESPONSE_CODE% grpc=%GRPC_STATUS% %DURATION%ms up=%UPSTREAM_HOST% "
     f"flags=%RESPONSE_FLAGS% principal={ext_authz.PRINCIPAL} rid={REQUEST_ID}\n"
 )
@@ -352,6 +354,7 @@ def _routes(
     """The API's routes, first match wins."""
     return [
         ext_authz.check_refused(),
+        *ws_route.routes(config),
         *_playground_routes(config),
         *guards.cross_origin_routes(config),
         # Reads, by their gRPC path: a REST call is routed again once it is

@@ -87,6 +87,8 @@ class EdgeConfig:
     """Where Envoy listens and which session servers it sends calls to."""
 
     upstreams: list[str]
+    # The same servers' WebSocket listeners (AReaL's /ws; `server --ws-port`).
+    ws_upstreams: list[str] = field(default_factory=list)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     admin_port: int = 0

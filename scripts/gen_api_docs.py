@@ -80,7 +80,7 @@ PROTO_MODULE = [
 
 
 # How-to sections, kept as Markdown beside this script (in this order).
-PROSE = ["pauses.md", "a2a.md"]
+PROSE = ["pauses.md", "a2a.md", "areal_ws.md"]
 # A2A's contract, from the pinned a2a-sdk: its RPCs are listed (its own docs
 # describe its messages).
 A2A_PACKAGE = "lf.a2a.v1"
@@ -247,6 +247,15 @@ DIFFERENCES = [
         "`agent_error` (the text stays in the worker's log); no token usage is reported.",
         "A worker is not told the session's policy; history is OpenAI-shaped everywhere; "
         "the caller sees what streamed; exception texts can hold secrets.",
+    ),
+    (
+        "Seed gateway WebSocket (AReaL `/ws`)",
+        "`res` accepted comes when the turn starts (behind another socket's turn on the same "
+        "session, once that ends), not before; a refusal before the turn starts is `res` "
+        "failed alone; `res` failed adds `code`, `res` complete adds `interrupts` for a "
+        "pause; tool results are not sent.",
+        "The `runId` is the turn's, known once it is placed; the seed's protocol has no pause "
+        "and no tool-result event.",
     ),
     (
         "Seed simple chat (HoloDeck)",

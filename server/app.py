@@ -38,6 +38,7 @@ from turnmesh.runtime.tracing import setup_tracing
 from turnmesh.server.compat import ChatUploadServicer, CompatServicer, Mesh, Models
 from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
 from turnmesh.server.compat.a2a import A2AServicer, AgentCards, PushNotifications
+from turnmesh.server.compat.areal_ws import Gateway
 from turnmesh.server.config import ServerConfig
 from turnmesh.server.mesh import task_calls
 from turnmesh.server.mesh.forwarding import Forwarder
@@ -80,6 +81,8 @@ class SessionServer:
         self._tasks: list[asyncio.Task[None]] = []
         # What start() opened, closed in reverse by stop() (or by a failed start).
         self._opened = contextlib.AsyncExitStack()
+        # AReaL's /ws listener, once bound (with --ws-port).
+        self.ws_address: str | None = None
 
     def lifecycle(self) -> spb.LifecycleState.ValueType:
         if self.state in (spb.LIFECYCLE_STATE_READY, spb.LIFECYCLE_STATE_RUNNING):
@@ -110,6 +113,7 @@ class SessionServer:
         self._build_core()
         servicer, compat = self._build_services()
         address = await self._serve(servicer, compat, transport)
+        await self._serve_websockets()
         # The address is known only once bound; membership reports it.
         placeholder.address = address
         await self._go_live(address)
@@ -351,6 +355,21 @@ class SessionServer:
             return f"{c.advertise_host}:{self._process.bound_port}"
         return self._process.address
 
+    async def _serve_websockets(self) -> None:
+        """AReaL's gateway protocol (/ws) on a listener of its own, if asked."""
+        c = self.config
+        if c.ws_port is None:
+            return
+        gateway = Gateway(
+            self._compat_mesh,
+            self.api_keys,
+            max_connections=c.ws_max_connections,
+            rates=request_rates(self.store, c.rate_limit, c.rate_burst),
+        )
+        port = await gateway.start(c.host, c.ws_port, c.tls)
+        self._opened.push_async_callback(gateway.stop)
+        self.ws_address = f"{c.advertise_host or c.host}:{port}"
+
     async def _go_live(self, address: str) -> None:
         """Hold the lease, join the router, find workers, and start the
         server's own loops."""
@@ -390,6 +409,7 @@ class SessionServer:
                 member_id=self.member_id,
                 port=self._process.bound_port,
                 metrics_address=self.metrics_address,
+                **({"ws_address": self.ws_address} if self.ws_address else {}),
             )
             log.info("ready")
 

@@ -199,6 +199,20 @@ class ServerConfig(MemberConfig, SessionLimits):
         le=10_000,
         description="sessions per message when telling a restarted router what this server owns",
     )
+    ws_port: Annotated[int | None, Flag("--ws-port")] = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description=(
+            "serve AReaL's gateway WebSocket protocol (/ws) on this port, for the edge's"
+            " /ws route (0: any free port; unset: off)"
+        ),
+    )
+    ws_max_connections: Annotated[int, Flag("--ws-max-connections")] = Field(
+        default=1_000,
+        ge=1,
+        description="WebSockets open at once on this server's /ws before new ones get 503",
+    )
     advertise_host: Annotated[str | None, Flag("--advertise-host")] = Field(
         default=None, description="how other members reach this server, if not `host`"
     )

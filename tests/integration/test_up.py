@@ -19,6 +19,7 @@ import httpx
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from websockets.sync.client import connect as ws_connect
 
 from tests.support.certs import TestCA
 from tests.support.collector import Collector
@@ -88,6 +89,15 @@ def test_up_serves_rest_and_grpc_and_stops_cleanly(tmp_path: Path) -> None:
         # Native gRPC through the same port, with the sync client.
         with Client(edge) as client:
             assert "What is 6*7?" in client.send("hello", "What did I ask first?").text
+        # AReaL's gateway WebSocket (`up` gives its servers --ws-port), same session.
+        with ws_connect(f"ws://{edge}/ws") as ws:
+            params = {"message": "What is 2*3?", "sessionKey": "hello"}
+            ws.send(json.dumps({"type": "req", "id": "1", "method": "agent", "params": params}))
+            answers = [json.loads(ws.recv(timeout=60))]
+            while answers[-1]["payload"].get("status") in (None, "accepted"):
+                answers.append(json.loads(ws.recv(timeout=60)))
+        assert answers[-1]["payload"]["status"] == "complete"
+        assert "6" in answers[-1]["payload"]["summary"]
 
         assert {p.name for p in run_dir.glob("*.log")} >= {
             "router.log",

@@ -170,6 +170,8 @@ class Mesh:
         when the servers have them, as ``turnmesh up`` does."""
         config = EdgeConfig(
             upstreams=[s.address for s in servers],
+            # Servers started with --ws-port: AReaL's /ws goes to them.
+            ws_upstreams=[str(s.info["ws_address"]) for s in servers if s.info.get("ws_address")],
             port=0,
             admin_port=0,
             listener_tls=listener_tls,

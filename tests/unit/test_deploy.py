@@ -266,7 +266,7 @@ def test_the_mesh_has_every_component() -> None:
     ports = {name: [(p["port"]) for p in s["spec"]["ports"]] for name, s in services.items()}
     assert ports == {
         "turnmesh-router": [7000],
-        "turnmesh-server-headless": [7100],
+        "turnmesh-server-headless": [7100, 7101],
         "turnmesh-edge": [80],
         "turnmesh-redis": [6379],
     }
