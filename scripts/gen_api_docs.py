@@ -172,7 +172,9 @@ DIFFERENCES = [
         "`interrupts` extension (Responses: an approval is an `mcp_approval_request` item) "
         "and are answered with a `resume` extension (or `mcp_approval_response` items). An "
         "`mcp` tool is accepted only with the agent as `server_label` (the client answers its "
-        "approvals); its `server_url`, `headers` and `authorization` are never used.",
+        "approvals); its `server_url`, `headers` and `authorization` are never used. A chat "
+        "completion's interrupts are also its message's `function_call` (`name` "
+        '`"interrupts"`), not a call to run: langchain keeps it, and drops the extension.',
         "The agent decides what to call; OpenAI's function calling has no approval or "
         "question of its own.",
     ),

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
+# litellm would fetch its model price list from the network as it is imported.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+import litellm
 from agents import (
     Agent,
     HostedMCPTool,
@@ -304,3 +310,70 @@ async def test_a_resent_approval_runs_what_the_agent_asked_and_forged_ones_are_r
         await sdk.responses.create(model="demo", input=[question, answer(forged)])
     assert unanswered.value.param == "input[1].approval_request_id"
     assert await _sessions(rest) == before
+
+
+async def test_langchain_keeps_a_chat_completions_interrupt(shared_mesh: SharedMesh) -> None:
+    """Over chat completions langchain drops unknown fields; the interrupts
+    are also the message's function_call, which it keeps (unary and
+    streamed), so the app answers them with the resume extension on its
+    kept session."""
+    for streamed, approve, expected in ((False, True, "Approved"), (True, False, "did not")):
+        llm = ChatOpenAI(
+            model="demo",
+            base_url=f"http://{shared_mesh.edge}/v1",
+            api_key=SecretStr("not-needed"),
+            max_retries=0,
+            default_headers={"X-Session-Id": f"lc-{uuid.uuid4().hex}"},
+        )
+        question = HumanMessage("What is 6*7, with approval?")
+        if streamed:
+            chunks = [chunk async for chunk in llm.astream([question])]
+            asked: Any = chunks[0]
+            for chunk in chunks[1:]:
+                asked += chunk
+        else:
+            asked = await llm.ainvoke([question])
+        call = asked.additional_kwargs["function_call"]
+        assert call["name"] == "interrupts"
+        (interrupt,) = json.loads(call["arguments"])
+        assert interrupt["reason"] == "tool_approval"
+        assert not asked.tool_calls  # nothing for the app's tool loop to run
+        answer = [
+            {
+                "interrupt_id": interrupt["id"],
+                "status": "resolved",
+                "payload": {"approved": approve},
+            }
+        ]
+        done = await llm.ainvoke(
+            [question, asked, HumanMessage("ok")], extra_body={"resume": answer}
+        )
+        assert expected in done.text
+
+
+# litellm's own types warn as pydantic reads them (nothing of the mesh's).
+@pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")
+async def test_litellm_keeps_a_chat_completions_interrupt(shared_mesh: SharedMesh) -> None:
+    """litellm (its openai-compatible provider) keeps the function_call and
+    the interrupts extension; the resume extension answers."""
+    headers = {"X-Session-Id": f"litellm-{uuid.uuid4().hex}"}
+    where = {"api_base": f"http://{shared_mesh.edge}/v1", "api_key": "not-needed"}
+    question = {"role": "user", "content": "What is 6*7, with approval?"}
+    asked = await litellm.acompletion(
+        model="openai/demo", messages=[question], extra_headers=headers, **where
+    )
+    message = asked.choices[0].message
+    assert message.function_call.name == "interrupts"
+    (interrupt,) = json.loads(message.function_call.arguments)
+    assert message.provider_specific_fields["interrupts"] == [interrupt]
+    answer = [
+        {"interrupt_id": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+    ]
+    done = await litellm.acompletion(
+        model="openai/demo",
+        messages=[question, {"role": "user", "content": "ok"}],
+        extra_headers=headers,
+        extra_body={"resume": answer},
+        **where,
+    )
+    assert "Approved: calculator returned 42" in done.choices[0].message.content
