@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,10 +20,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
-# litellm would fetch its model price list from the network as it is imported.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-import litellm
 from agents import (
     Agent,
     HostedMCPTool,
@@ -353,9 +348,16 @@ async def test_langchain_keeps_a_chat_completions_interrupt(shared_mesh: SharedM
 
 # litellm's own types warn as pydantic reads them (nothing of the mesh's).
 @pytest.mark.filterwarnings("ignore:.*ReadOnly. qualifier:UserWarning")
-async def test_litellm_keeps_a_chat_completions_interrupt(shared_mesh: SharedMesh) -> None:
+async def test_litellm_keeps_a_chat_completions_interrupt(
+    shared_mesh: SharedMesh, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """litellm (its openai-compatible provider) keeps the function_call and
     the interrupts extension; the resume extension answers."""
+    # Imported here: it takes seconds, for this test only. It would fetch its
+    # model price list from the network as it is imported, unless told not to.
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
     headers = {"X-Session-Id": f"litellm-{uuid.uuid4().hex}"}
     where = {"api_base": f"http://{shared_mesh.edge}/v1", "api_key": "not-needed"}
     question = {"role": "user", "content": "What is 6*7, with approval?"}
