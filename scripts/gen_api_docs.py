@@ -168,7 +168,11 @@ DIFFERENCES = [
         "`parallel_tool_calls` do not force or limit its calls; `none` offers no tools, a "
         "named function (or `allowed_tools`) only those. Approvals and questions come in an "
         "`interrupts` extension (Responses: an approval is an `mcp_approval_request` item) "
-        "and are answered with a `resume` extension (or `mcp_approval_response` items).",
+        "and are answered with a `resume` extension (or `mcp_approval_response` items). An "
+        "`mcp` tool is accepted only with the agent as `server_label` (the client answers its "
+        "approvals); its `server_url`, `headers` and `authorization` are never used. A chat "
+        "completion's interrupts are also its message's `function_call` (`name` "
+        '`"interrupts"`), not a call to run: langchain keeps it, and drops the extension.',
         "The agent decides what to call; OpenAI's function calling has no approval or "
         "question of its own.",
     ),
@@ -199,8 +203,9 @@ DIFFERENCES = [
     ),
     (
         "OpenAI Responses",
-        "Response ids are `resp_<turn>.<base64url(session)>` and message ids "
-        "`msg_<turn>.<base64url(session)>`; `store: false` is ignored (the session is the "
+        "Response ids are `resp_<turn>.<base64url(session)>`, message ids "
+        "`msg_<turn>.<base64url(session)>` and approval request ids "
+        "`mcpr_<n>_<turn>.<base64url(session)>`; `store: false` is ignored (the session is the "
         "store). A `background` response is polled (`GET /v1/responses/{id}`), not streamed: "
         "`background` with `stream` is 400.",
         "Any server can continue or read a response from its id alone, with no shared index; "

@@ -24,7 +24,7 @@ from google.protobuf import timestamp_pb2
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, NotWaiting
 from turnmesh.runtime.principals import public_id
 from turnmesh.server.sessions.pauses import expired, since
-from turnmesh.v1 import message_pb2
+from turnmesh.v1 import event_pb2, message_pb2
 
 __all__ = [
     "MAX_ANSWERS",
@@ -138,10 +138,15 @@ def check(session_id: str, pause: message_pb2.Pause | None, answers: Answers) ->
         raise InvalidArgument(found)
 
 
-def check_resent(calls: Sequence[message_pb2.ToolCall], answers: Answers) -> None:
-    """Results a stateless caller sends after the conversation it resends:
-    they answer the calls that conversation ends with, exactly (checked
-    before any session is made for it: a refused request leaves none)."""
+def check_resent(
+    calls: Sequence[message_pb2.ToolCall],
+    answers: Answers,
+    interrupts: Sequence[event_pb2.Interrupt] = (),
+) -> None:
+    """Answers a stateless caller sends after the conversation it resends:
+    they answer the calls and interrupts that conversation ends with,
+    exactly (checked before any session is made for it: a refused request
+    leaves none)."""
     found = _match(
         RESENT,
         "tool_results",
@@ -149,6 +154,13 @@ def check_resent(calls: Sequence[message_pb2.ToolCall], answers: Answers) -> Non
         [r.tool_call_id for r in answers.tool_results],
         [c.id for c in calls],
         "call",
+    ) + _match(
+        RESENT,
+        "resume",
+        "interrupt_id",
+        [e.interrupt_id for e in answers.resume],
+        [i.id for i in interrupts],
+        "interrupt",
     )
     if found:
         raise InvalidArgument(found)
@@ -182,7 +194,7 @@ def _match(
                     f"{field_name}[{n}].{key}",
                     f"not {_a(what)} {waits} (it waits for: {expected})"
                     if waits == SESSION
-                    else f"not {_a(what)} {waits} (calls: {expected})",
+                    else f"not {_a(what)} {waits} ({what}s: {expected})",
                 )
             )
         elif value in seen:

@@ -378,7 +378,7 @@ async def test_stateless_answers_must_answer_the_inputs_own_calls(
                 user,
                 {"type": "mcp_approval_response", "approval_request_id": "i", "approve": True},
             ],
-            "input[1]",
+            "input[1].approval_request_id",  # no approval request before it
         ),
         ([user, call, {**out, "output": [{"type": "input_image"}]}], "input[2].output[0].type"),
         ([user, {"type": "web_search_call"}], "input[1].type"),

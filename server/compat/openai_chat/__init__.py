@@ -16,7 +16,8 @@ assistant's ``tool_calls``) seeds a session that waits for those calls.
 Approvals and questions (interrupts) have no shape in this API. The answer
 says what is asked as its text (the agent's, else the interrupts' messages)
 and lists them in ``message.interrupts`` (an extension beside
-``tool_calls``); a request's ``resume`` (an extension:
+``tool_calls``) and again as ``message.function_call`` (``interrupts_call``:
+where langchain and litellm keep them); a request's ``resume`` (an extension:
 ``[{"interrupt_id", "status", "payload"}]``, TurnRequest's names) with the
 session's ``X-Session-Id`` answers them. A session left waiting on one is kept
 even without ``X-Session-Id`` (its id is in the ``X-Session-Id`` response

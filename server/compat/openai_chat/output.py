@@ -15,7 +15,12 @@ from turnmesh.server.compat._common import (
 )
 from turnmesh.server.compat.openai_chat.conversation import events
 from turnmesh.server.compat.openai_chat.request import ChatCompletionRequest
-from turnmesh.server.compat.openai_chat.turn import Turn, asked_text, interrupt_items
+from turnmesh.server.compat.openai_chat.turn import (
+    Turn,
+    asked_text,
+    interrupt_items,
+    interrupts_call,
+)
 from turnmesh.v1 import event_pb2
 
 
@@ -100,6 +105,7 @@ async def stream(
                 if asked and not said:
                     yield chunk({"content": asked})
                 last["interrupts"] = interrupt_items(turn.outcome)
+                last["function_call"] = interrupts_call(turn.outcome)
             yield chunk(last, finish)
             if include_usage:
                 usage_chunk = {

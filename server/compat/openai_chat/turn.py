@@ -3,6 +3,7 @@ the calls and interrupts its answer shows."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -105,6 +106,7 @@ class Turn:
         if self.outcome.interrupts:
             message["content"] = text or asked_text(self.outcome) or None
             message["interrupts"] = interrupt_items(self.outcome)
+            message["function_call"] = interrupts_call(self.outcome)
         return message, "tool_calls" if calls else "stop"
 
 
@@ -119,3 +121,19 @@ def interrupt_items(outcome: event_pb2.RunOutcome) -> list[dict[str, Any]]:
         json_format.MessageToDict(interrupt, preserving_proto_field_name=True)
         for interrupt in outcome.interrupts
     ]
+
+
+# The name of the ``function_call`` that carries a turn's interrupts.
+INTERRUPTS_CALL = "interrupts"
+
+
+def interrupts_call(outcome: event_pb2.RunOutcome) -> dict[str, str]:
+    """The interrupts again, as the message's ``function_call`` (``name``
+    "interrupts", ``arguments`` the ``interrupts`` list as JSON): the one
+    field past ``content`` and ``tool_calls`` that the common clients keep
+    (langchain's ``additional_kwargs["function_call"]``, litellm's
+    ``message.function_call``), where the ``interrupts`` extension is
+    dropped. Not a call to run: it is OpenAI's deprecated single function
+    call, which no agent loop runs (they run ``tool_calls``), and no request
+    declares this function."""
+    return {"name": INTERRUPTS_CALL, "arguments": json.dumps(interrupt_items(outcome))}

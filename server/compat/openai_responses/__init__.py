@@ -4,7 +4,8 @@ By concept: ``request`` (the request, its input items and tools), ``ids``
 (the id codec), ``conversation`` (the session a request continues, forks or
 starts, and its turn), ``turns`` (the turn answered whole, streamed or in
 the background), ``response`` (the response object), ``stored`` (reading
-and cancelling), ``refusals`` (a refused turn in this API's words).
+and cancelling), ``refusals`` (a refused turn in this API's words),
+``approvals`` (approval requests sent back, resolved from their turns).
 
 A response id names its session and turn (``resp_<turn>.<session, base64url>``),
 so any server can continue or read it without a shared index.
@@ -20,7 +21,10 @@ calls.
 
 Approvals are OpenAI's own shape for a tool call that waits for a person: an
 ``mcp_approval_request`` output item (``server_label``: the agent), answered
-by an ``mcp_approval_response`` input item with ``previous_response_id``.
+by an ``mcp_approval_response`` input item with ``previous_response_id``, or
+after the request item resent (or an item reference to it) with none: its id
+names its turn (``approvals``). An ``mcp`` tool naming the agent is how the
+agent SDKs say they answer its approvals; no MCP server is ever called.
 Other interrupts (questions) have no shape in this API: such a response is
 ``incomplete`` (``incomplete_details.reason: "interrupt"``), and every
 interrupt is listed in ``interrupts`` (an extension: the native

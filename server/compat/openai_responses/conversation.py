@@ -14,8 +14,14 @@ from turnmesh.runtime.errors import (
 )
 from turnmesh.server.compat._common import Mesh, invalid
 from turnmesh.server.compat._files import decode
-from turnmesh.server.compat.openai_responses.ids import decoded, parse_response_id
+from turnmesh.server.compat.openai_responses.approvals import Approvals, Asked, renamed
+from turnmesh.server.compat.openai_responses.ids import (
+    decoded,
+    parse_approval_item_id,
+    parse_response_id,
+)
 from turnmesh.server.compat.openai_responses.request import (
+    ApprovalRequest,
     ApprovalResponse,
     FunctionCall,
     FunctionCallOutput,
@@ -26,7 +32,7 @@ from turnmesh.server.compat.openai_responses.request import (
     TurnAnswers,
 )
 from turnmesh.server.compat.openai_responses.response import Response
-from turnmesh.server.sessions import answers
+from turnmesh.server.sessions import answers, pauses
 from turnmesh.v1 import message_pb2
 
 # The sessions one request's item references may read (each a history read).
@@ -40,7 +46,11 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
     """The session this request continues or starts, and the turn it sends
     there: its user message, tools and answers."""
     message = request.message()
-    given = TurnAnswers(request)
+    approvals = Approvals(mesh)
+    answered = [
+        i.approval_request_id for _, i in request.answer_items() if isinstance(i, ApprovalResponse)
+    ]
+    given = TurnAnswers(request, await approvals.interrupt_ids(answered))
     if request.previous_response_id:
         # Decoded first: a request refused for its files makes no fork.
         files = []
@@ -52,9 +62,9 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
         response.made = forked
         response.files = files
     else:
-        resolved = await _resolved(mesh, request)
+        resolved = await _resolved(mesh, request, approvals)
         history, origins = _history(request, resolved[: request.answers_at])
-        _check_answers(request, history, given)
+        _check_answers(request, resolved[: request.answers_at], history, given)
         # A new session: files anywhere in the input go with this turn (the
         # history it is seeded with holds text only).
         files = await decode(
@@ -81,14 +91,20 @@ async def open_response(mesh: Mesh, request: ResponseRequest) -> Response:
 Origin = tuple[str, str]  # (the input item's name, what a message's content is called there)
 
 
+# An input item once item references and approval requests are resolved.
+Resolved = InputItem | Asked
+
+
 def _history(
-    request: ResponseRequest, items: Sequence[InputItem]
+    request: ResponseRequest, items: Sequence[Resolved]
 ) -> tuple[list[message_pb2.Message], list[Origin]]:
     """The history a new session is seeded with, and where each message came
     from. Function calls become the assistant's ``tool_calls`` (the calls
     after an assistant message, or after each other, are one message's, as
-    one response's output), their outputs ``tool`` messages; approval items
-    add nothing (what the tool said after them is in the messages)."""
+    one response's output), their outputs ``tool`` messages; an approval
+    request (resolved: ``approvals``) the call it gates and its interrupt,
+    as the turn that asked it left them; other approval items add nothing
+    (what the tool said after them is in the messages)."""
     history: list[message_pb2.Message] = []
     origins: list[Origin] = []
     if request.instructions:
@@ -110,6 +126,13 @@ def _history(
             call.function.name = item.name
             call.function.arguments = item.arguments
             joins = True
+        elif isinstance(item, Asked):
+            if not joins:
+                history.append(message_pb2.Message(role="assistant"))
+                origins.append((where, ".content"))
+            history[-1].tool_calls.add().CopyFrom(item.call)
+            history[-1].interrupts.add().CopyFrom(item.interrupt)
+            joins = True
         elif isinstance(item, FunctionCallOutput):
             content = item.text(where)
             history.append(
@@ -123,23 +146,24 @@ def _history(
 
 
 def _check_answers(
-    request: ResponseRequest, history: list[message_pb2.Message], given: TurnAnswers
+    request: ResponseRequest,
+    items: Sequence[Resolved],
+    history: list[message_pb2.Message],
+    given: TurnAnswers,
 ) -> None:
-    """A request with no previous response answers the function calls its
-    own input ends with, exactly (checked before any session is made)."""
-    for index, item in request.answer_items():
-        if isinstance(item, ApprovalResponse):
-            raise invalid(
-                request.field(index),
-                "an mcp_approval_response answers a stored response's approval request:"
-                " send it with previous_response_id",
-            )
-    last = history[-1] if history else None
-    calls = last.tool_calls if last is not None and last.role == "assistant" else []
+    """A request with no previous response answers what its own input ends
+    with, exactly: the function calls (``function_call_output``) and the
+    approval requests (``mcp_approval_response``) the session seeded with it
+    waits for (checked before any session is made)."""
+    pause = pauses.seeded(history, 0) if history else None
+    calls = pause.tool_calls if pause is not None else []
+    asked = pause.interrupts if pause is not None else []
+    resent = answers.Answers(given.tool_results, given.resume)
     try:
-        answers.check_resent(calls, answers.Answers(given.tool_results))
+        answers.check_resent(calls, resent, asked)
     except InvalidArgument as exc:
-        raise given.names().rename(exc) from None
+        shown = {i.interrupt.id: i.item_id for i in items if isinstance(i, Asked)}
+        raise renamed(given.names().rename(exc), shown) from None
 
 
 async def _continued(mesh: Mesh, previous: str) -> tuple[str, bool]:
@@ -204,18 +228,26 @@ def _answers(history: list[message_pb2.Message]) -> dict[str, str]:
     return {turn: "".join(texts) for turn, texts in parts.items()}
 
 
-async def _resolved(mesh: Mesh, request: ResponseRequest) -> list[InputItem]:
+async def _resolved(mesh: Mesh, request: ResponseRequest, approvals: Approvals) -> list[Resolved]:
     """The input with each item reference replaced by the assistant message
-    it names (read from its session's history: the caller's own only)."""
+    it names, and each approval request (resent, or an item reference to
+    one) by the one its turn asked (read from its session's history: the
+    caller's own only)."""
     # Per conversation read: each turn's assistant text, in order.
     answers: dict[str, dict[str, str]] = {}
     resolved_chars = 0
-    items: list[InputItem] = []
+    items: list[Resolved] = []
     for index, item in enumerate(request.items()):
+        where = f"{request.field(index)}.id"
+        if isinstance(item, ApprovalRequest) and item.id and parse_approval_item_id(item.id):
+            items.append(await approvals.find(item.id, where))
+            continue
+        if isinstance(item, ItemReference) and item.id.startswith("mcpr_"):
+            items.append(await approvals.find(item.id, where))
+            continue
         if not isinstance(item, ItemReference):
             items.append(item)
             continue
-        where = f"{request.field(index)}.id"
         not_found = ItemNotFound(f"item {item.id[:128]!r} not found", metadata={"param": where})
         if not item.id.startswith("msg_"):
             raise not_found

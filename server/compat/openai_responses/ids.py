@@ -42,6 +42,25 @@ def call_item_id(session_id: str, turn_id: str, index: int) -> str:
     return f"fc_{index}_{_encoded(session_id, turn_id)}"
 
 
+def approval_item_id(session_id: str, turn_id: str, index: int) -> str:
+    """An approval request's item id: its turn's and its place among the
+    turn's interrupts, so that the request resolves from its session's
+    history on any server (an item reference to it, or the item resent)."""
+    return f"mcpr_{index}_{_encoded(session_id, turn_id)}"
+
+
+def parse_approval_item_id(value: str) -> tuple[str, str, int] | None:
+    """(session, turn, index) of an approval request's item id, or None."""
+    index, sep, rest = value.removeprefix("mcpr_").partition("_")
+    if not value.startswith("mcpr_") or not sep or not index.isdigit() or len(index) > 4:
+        return None
+    try:
+        session_id, turn_id = decoded(rest)
+    except ValueError:
+        return None
+    return session_id, turn_id, int(index)
+
+
 def parse_response_id(value: str, field: str) -> tuple[str, str]:
     if not value.startswith("resp_"):
         raise invalid(field, "not a response id from this service")

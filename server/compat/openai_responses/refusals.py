@@ -10,7 +10,8 @@ from turnmesh.runtime.errors import (
     TurnmeshError,
 )
 from turnmesh.server.compat._common import Mesh
-from turnmesh.server.compat.openai_responses.ids import response_id
+from turnmesh.server.compat.openai_responses.approvals import renamed, shown_ids
+from turnmesh.server.compat.openai_responses.ids import parse_response_id, response_id
 from turnmesh.server.compat.openai_responses.response import Response, is_approval
 
 
@@ -22,7 +23,7 @@ async def refused(mesh: Mesh, response: Response, exc: TurnmeshError) -> Turnmes
     elif isinstance(exc, NotWaiting):
         exc = _not_waiting(response, exc)
     elif isinstance(exc, InvalidArgument) and response.answers is not None:
-        exc = response.answers.names().rename(exc)
+        exc = renamed(response.answers.names().rename(exc), await _shown(mesh, response))
     if response.made:
         await mesh.drop_session(response.session_id, exc, response.seeded)
     return exc
@@ -44,7 +45,8 @@ async def awaiting(mesh: Mesh, response: Response, exc: AwaitingClient) -> Await
     if pause.tool_calls:
         ids = ", ".join(c.id for c in pause.tool_calls)
         wanted.append(f"a function_call_output item for each call ({ids})")
-    approvals = [i.id for i in pause.interrupts if is_approval(i)]
+    shown = shown_ids(_asked_in(response), pause)
+    approvals = [shown.get(i.id, i.id) for i in pause.interrupts if is_approval(i)]
     if approvals:
         wanted.append(
             f"an mcp_approval_response item for each approval request ({', '.join(approvals)})"
@@ -63,6 +65,24 @@ async def awaiting(mesh: Mesh, response: Response, exc: AwaitingClient) -> Await
         + f", with previous_response_id {since!r}"
     )
     return AwaitingClient(detail, metadata={**exc.metadata, "param": "input"})
+
+
+def _asked_in(response: Response) -> str:
+    """The session whose response showed the approval requests answered:
+    the previous response's (a branch of it waits for the same ones)."""
+    previous = response.request.previous_response_id
+    return (
+        parse_response_id(previous, "previous_response_id")[0] if previous else response.session_id
+    )
+
+
+async def _shown(mesh: Mesh, response: Response) -> dict[str, str]:
+    """The interrupt ids the session waits for, as the caller was shown them."""
+    try:
+        session = await mesh.get_session(response.session_id)
+    except TurnmeshError:
+        return {}
+    return shown_ids(_asked_in(response), session.pause) if session.HasField("pause") else {}
 
 
 def _not_waiting(response: Response, exc: NotWaiting) -> NotWaiting:

@@ -105,10 +105,12 @@ class FunctionCallOutput(BaseModel):
 
 
 class ApprovalRequest(BaseModel):
-    """An approval request sent back with the rest of an earlier output."""
+    """An approval request sent back with the rest of an earlier output
+    (its name and arguments are the stored ones: ``approvals``)."""
 
     model_config = ConfigDict(extra="allow")
     type: Literal["mcp_approval_request"]
+    id: str | None = Field(default=None, max_length=512)
 
 
 class ApprovalResponse(BaseModel):
@@ -254,16 +256,37 @@ def _input_items(value: str | list[dict[str, Any]]) -> list[InputItem]:
     return items
 
 
+def _approver(request: ResponseRequest, raw: dict[str, Any], index: int) -> None:
+    """An ``mcp`` tool naming the agent (its ``server_label``): the client
+    answers the agent's approval requests, which it asks anyway (what the
+    agent SDKs declare to take them: openai-agents' HostedMCPTool, the
+    Vercel AI SDK's openai.tools.mcp). Nothing else of it is read: the mesh
+    never connects to its ``server_url`` nor keeps its ``headers`` or
+    ``authorization``."""
+    label = raw.get("server_label")
+    if label != request.model:
+        raise invalid(
+            f"tools[{index}].server_label",
+            f"an mcp tool names the agent whose approval requests the client answers:"
+            f" must be {request.model!r} (the model); other MCP servers are not supported",
+        )
+
+
 def _function_tools(request: ResponseRequest) -> list[FunctionTool]:
-    """The request's tools: function tools only (the others are OpenAI's own,
-    hosted ones), named as the native API names a caller's tools."""
+    """The request's tools: function tools (named as the native API names a
+    caller's tools), and ``mcp`` tools that name the agent (``_approver``);
+    the others are OpenAI's own, hosted ones."""
     tools = []
     for index, raw in enumerate(request.tools or ()):
         kind = raw.get("type")
+        if kind == "mcp":
+            _approver(request, raw, index)
+            continue
         if kind != "function":
             raise invalid(
                 f"tools[{index}].type",
-                f"{str(kind)[:64]!r} tools are not supported: function tools are",
+                f"{str(kind)[:64]!r} tools are not supported: function tools, and mcp tools"
+                " that name the agent (to answer its approval requests), are",
             )
         try:
             tools.append(FunctionTool.model_validate(raw))
@@ -369,7 +392,11 @@ class TurnAnswers:
     """A request's answers as the turn takes them, with the caller's name
     for each (``input[3]``, ``resume[0]``) to name it in errors."""
 
-    def __init__(self, request: ResponseRequest) -> None:
+    def __init__(
+        self, request: ResponseRequest, interrupt_ids: dict[str, str] | None = None
+    ) -> None:
+        # Approval item ids (what the output showed) as the interrupts they name.
+        interrupt_ids = interrupt_ids or {}
         self.tool_results: list[message_pb2.ToolResult] = []
         self.resume: list[message_pb2.ResumeEntry] = []
         self.result_fields: list[str] = []
@@ -385,9 +412,8 @@ class TurnAnswers:
                 payload: dict[str, Any] = {"approved": item.approve}
                 if item.reason:
                     payload["reason"] = item.reason
-                self.resume.append(
-                    resume_entry(where, item.approval_request_id, "resolved", payload)
-                )
+                interrupt_id = interrupt_ids.get(item.approval_request_id, item.approval_request_id)
+                self.resume.append(resume_entry(where, interrupt_id, "resolved", payload))
                 self.resume_fields.append(where)
         for index, entry in enumerate(request.resume or ()):
             self.resume.append(

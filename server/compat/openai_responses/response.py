@@ -8,7 +8,12 @@ from typing import Any
 from google.protobuf import json_format
 
 from turnmesh.runtime.events import Answer
-from turnmesh.server.compat.openai_responses.ids import call_item_id, item_id, response_id
+from turnmesh.server.compat.openai_responses.ids import (
+    approval_item_id,
+    call_item_id,
+    item_id,
+    response_id,
+)
 from turnmesh.server.compat.openai_responses.request import ResponseRequest, TurnAnswers
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -98,12 +103,13 @@ class Response:
         """Approval interrupts as OpenAI's approval requests: the gated call's
         name and arguments, the agent as the server that asks."""
         items = []
-        for interrupt in self.interrupts:
+        for index, interrupt in enumerate(self.interrupts):
             if is_approval(interrupt):
                 name, arguments = self.calls.get(interrupt.tool_call_id, ["", ""])
                 items.append(
                     {
-                        "id": interrupt.id,
+                        # Names its session: it resolves anywhere (``approvals``).
+                        "id": approval_item_id(self.session_id, self.turn_id, index),
                         "type": "mcp_approval_request",
                         "name": name,
                         "arguments": arguments,
