@@ -7,6 +7,7 @@ from typing import Any
 
 from turnmesh.envoy import ext_authz, ws_route
 from turnmesh.envoy.edge_config import EdgeConfig
+from turnmesh.envoy.outliers import outlier_detection
 from turnmesh.envoy.sockets import address, is_ip, split, upstream_tls
 
 # The key check (ext_authz) asks the same cluster as the calls go to.
@@ -14,7 +15,6 @@ SESSION_SERVERS = ext_authz.CLUSTER
 TRACE_COLLECTOR = "opentelemetry_collector"
 HEALTH_CHECK_TIMEOUT = "5s"
 # Failures to connect in a row that leave a server out (outlier detection).
-LOCAL_FAILURES_TO_EJECT = 3
 # Retries in flight: up to this share of the calls in flight, and at least
 # this many (a server's death retries everything it held at once).
 RETRY_BUDGET_PERCENT = 100.0
@@ -87,26 +87,7 @@ def session_servers(config: EdgeConfig) -> dict[str, Any]:
         ],
         # No panic routing: with every server unhealthy, answer 503 at once.
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-        # A server that refuses connections (killed, gone) is left out at once,
-        # before the health check says so (3 misses): only failures to connect
-        # or reset streams count (never a slow answer or a 5xx), and at most
-        # half the servers are left out (one server alone never is).
-        "outlier_detection": {
-            "split_external_local_origin_errors": True,
-            "consecutive_local_origin_failure": LOCAL_FAILURES_TO_EJECT,
-            "enforcing_consecutive_local_origin_failure": 100,
-            "consecutive_5xx": 2**31 - 1,
-            "enforcing_consecutive_5xx": 0,
-            "enforcing_consecutive_gateway_failure": 0,
-            "enforcing_success_rate": 0,
-            "enforcing_local_origin_success_rate": 0,
-            "enforcing_failure_percentage": 0,
-            "enforcing_failure_percentage_local_origin": 0,
-            "interval": "1s",
-            "base_ejection_time": "5s",
-            "max_ejection_time": "30s",
-            "max_ejection_percent": 50,
-        },
+        "outlier_detection": outlier_detection(),
         # Retries at once are bounded by a budget, not Envoy's default of 3:
         # when a server dies, every call in flight to it and every key check
         # waiting on it is retried on another server at the same moment.

@@ -15,13 +15,11 @@ from typing import Any
 
 from turnmesh.envoy import ext_authz
 from turnmesh.envoy.edge_config import EdgeConfig
+from turnmesh.envoy.outliers import outlier_detection
 from turnmesh.envoy.sockets import address, is_ip, split, upstream_tls
 
 PATH = "/ws"
 CLUSTER = "session_websockets"
-# Failures to connect in a row that leave a server's listener out a while.
-LOCAL_FAILURES_TO_EJECT = 3
-
 _DISABLED = {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}
 
 
@@ -91,21 +89,7 @@ def cluster(config: EdgeConfig) -> dict[str, Any]:
                 }
             ],
         },
-        "outlier_detection": {
-            "split_external_local_origin_errors": True,
-            "consecutive_local_origin_failure": LOCAL_FAILURES_TO_EJECT,
-            "enforcing_consecutive_local_origin_failure": 100,
-            "consecutive_5xx": 2**31 - 1,
-            "enforcing_consecutive_5xx": 0,
-            "enforcing_consecutive_gateway_failure": 0,
-            "enforcing_success_rate": 0,
-            "enforcing_local_origin_success_rate": 0,
-            "enforcing_failure_percentage": 0,
-            "enforcing_failure_percentage_local_origin": 0,
-            "interval": "1s",
-            "base_ejection_time": "5s",
-            "max_ejection_percent": 50,
-        },
+        "outlier_detection": outlier_detection(),
     }
     if config.upstream_tls is not None:
         # Mutual TLS as to the gRPC port, speaking HTTP/1.1.
