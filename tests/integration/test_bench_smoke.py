@@ -76,7 +76,10 @@ def test_compat_cost_bench_smoke_run() -> None:
     report = _bench(
         "bench.compat_cost", "--turns", "16", "--concurrency", "4", "--rounds", "2"
     )  # fmt: skip
-    surfaces = {"native-rest", "native-rest-new", "chat-completions", "responses", "agui", "a2a"}
+    surfaces = {
+        *("native-rest", "native-rest-new", "chat-completions", "responses", "agui"),
+        *("a2a", "a2a-jsonrpc"),
+    }
     assert set(report["cpu_ms_per_turn"]) == surfaces
     assert report["failed"] == dict.fromkeys(surfaces, 0)
     assert all(cpu["server"] > 0 for cpu in report["cpu_ms_per_turn"].values())
