@@ -35,6 +35,8 @@ MAX_PARTS = MAX_FILES + 16
 TEXT_FIELDS = ("message", "session_id", "agent_name")
 FILES_FIELD = "files"
 MULTIPART = b"multipart/form-data"
+# RFC 2046's limit on a boundary (python-multipart refuses longer ones).
+MAX_BOUNDARY_BYTES = 70
 # A form this large is parsed off the event loop.
 PARSE_IN_THREAD_BYTES = 1024 * 1024
 
@@ -84,9 +86,12 @@ class _Form:
 
 
 def _boundary(content_type: str) -> bytes:
-    kind, options = parse_options_header(content_type)
+    try:
+        kind, options = parse_options_header(content_type)
+    except UnicodeEncodeError:  # not Latin-1: no header a form sends
+        kind, options = b"", {}
     boundary = options.get(b"boundary", b"")
-    if kind != MULTIPART or not boundary:
+    if kind != MULTIPART or not boundary or len(boundary) > MAX_BOUNDARY_BYTES:
         raise invalid("Content-Type", "must be multipart/form-data with a boundary")
     return boundary
 

@@ -7,6 +7,7 @@ import pytest
 
 from turnmesh.runtime.errors import InvalidArgument
 from turnmesh.server.compat import chat_upload
+from turnmesh.server.compat.openai_responses.ids import parse_approval_item_id
 
 BOUNDARY = "b0undary"
 CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
@@ -71,9 +72,24 @@ def test_what_is_not_a_form_is_named(body: bytes, field: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "content_type", ["multipart/form-data", "application/json", "multipart/mixed; boundary=x"]
+    "content_type",
+    [
+        "multipart/form-data",
+        "application/json",
+        "multipart/mixed; boundary=x",
+        "multipart/form-data; boundary=" + "x" * 300,
+        "multipart/form-data; boundary=€",
+    ],
 )
 def test_a_body_that_is_not_multipart_form_data_is_named(content_type: str) -> None:
     with pytest.raises(InvalidArgument) as refused:
         chat_upload._read(content_type, _form(_field("message", b"hi")), "")
     assert refused.value.violations[0].field == "Content-Type"
+
+
+@pytest.mark.parametrize(
+    "value", ["mcpr_²_x.cw", "mcpr_\u0661_x.cw", "mcpr_12345_x.cw", "mcpr__x", "mcpr_1", "msg_1_x"]
+)
+def test_an_approval_item_id_that_is_not_ours_is_none(value: str) -> None:
+    # Unicode digits pass str.isdigit but not int(): never a 500.
+    assert parse_approval_item_id(value) is None

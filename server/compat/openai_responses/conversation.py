@@ -207,7 +207,7 @@ def _as_input(exc: InvalidArgument, origins: list[Origin]) -> InvalidArgument:
         field = violation.field
         if field.startswith("messages["):
             index, _, rest = field.removeprefix("messages[").partition("]")
-            if index.isdigit() and int(index) < len(origins):
+            if index.isascii() and index.isdigit() and int(index) < len(origins):
                 where, content = origins[int(index)]
                 if rest.startswith(".content") and content:
                     rest = content + rest.removeprefix(".content")

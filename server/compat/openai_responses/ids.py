@@ -52,7 +52,9 @@ def approval_item_id(session_id: str, turn_id: str, index: int) -> str:
 def parse_approval_item_id(value: str) -> tuple[str, str, int] | None:
     """(session, turn, index) of an approval request's item id, or None."""
     index, sep, rest = value.removeprefix("mcpr_").partition("_")
-    if not value.startswith("mcpr_") or not sep or not index.isdigit() or len(index) > 4:
+    # ASCII digits only: str.isdigit also takes "²", which int() refuses.
+    digits = index.isascii() and index.isdigit()
+    if not value.startswith("mcpr_") or not sep or not digits or len(index) > 4:
         return None
     try:
         session_id, turn_id = decoded(rest)
