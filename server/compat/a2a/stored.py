@@ -70,14 +70,13 @@ async def read(mesh: Mesh, session_id: str, first_turn: str, agent: str) -> Read
     shown = task_id(session_id, first_turn)
     missing = not_found(shown)
     try:
-        # The caller's session first: another principal's (or none) is not
-        # found, before its task record is asked of an owner it does not have.
-        await mesh.get_session(session_id)
-        record = await records.get(mesh, session_id, shown)
         # The history before the session: a turn's messages and its pause are
         # committed together, so messages of a waiting turn without its pause
-        # mean the pause ended (never that it is still to land).
+        # mean the pause ended (never that it is still to land). Read first,
+        # it also finds another principal's session (or none) not found before
+        # the task record is asked of an owner the session does not have.
         committed = await mesh.history(session_id)
+        record = await records.get(mesh, session_id, shown)
         session = await mesh.get_session(session_id)
     except (NotFound, InvalidArgument):
         raise missing from None
