@@ -476,6 +476,7 @@ class Keyed:
     # An edge whose only server the test that needs it stops.
     doomed_edge: RunningEnvoy
     doomed: Any
+    lone: Mesh
 
 
 @pytest.fixture(scope="module")
@@ -487,19 +488,25 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keyed]:
     keys = workdir / "api-keys"
     keys.write_text("".join(f"{who}\t{key}\n" for who, key in KEYS.items()))
     mesh = Mesh(workdir / "mesh", common_args=("--mesh-key", MESH_KEY))
+    # The server a test kills has a mesh of its own: in the shared one the
+    # router would place new sessions on it until its heartbeat lapsed, and
+    # a later test's session would find its owner away.
+    lone = Mesh(workdir / "lone", common_args=("--mesh-key", MESH_KEY))
     try:
         mesh.start_router()
+        lone.start_router()
         worker = mesh.spawn_worker("worker-echo", "echo")
-        server, doomed = (
-            mesh.spawn_server(name, "--api-keys-file", str(keys), "--agent", "echo")
-            for name in ("server", "doomed")
-        )
-        mesh.wait_ready(worker, server, doomed)
+        server = mesh.spawn_server("server", "--api-keys-file", str(keys), "--agent", "echo")
+        doomed = lone.spawn_server("doomed", "--api-keys-file", str(keys), "--agent", "echo")
+        mesh.wait_ready(worker, server)
+        # A server is ready once its default agent has a worker.
+        lone.wait_ready(lone.spawn_worker("worker-echo", "echo"), doomed)
         edge = mesh.start_envoy([server])
         guarded = mesh.start_envoy([server], "guarded", guards=EdgeGuards(rate_limit_per_ip=1))
-        doomed_edge = mesh.start_envoy([doomed], "doomed")
-        yield Keyed(mesh, edge, guarded, doomed_edge, doomed)
+        doomed_edge = lone.start_envoy([doomed], "doomed")
+        yield Keyed(mesh, edge, guarded, doomed_edge, doomed, lone)
     finally:
+        lone.stop()
         mesh.stop()
 
 
@@ -600,7 +607,7 @@ async def test_the_edges_own_replies_are_in_a2a_shape(keyed: Keyed) -> None:
         assert throttled.headers["retry-after"]
 
     # No server behind the edge: 503.
-    keyed.mesh.kill(keyed.doomed)
+    keyed.lone.kill(keyed.doomed)
     doomed = keyed.doomed_edge.listener_address
     async with httpx.AsyncClient(base_url=f"http://{doomed}", timeout=60, headers=key) as rest:
         error = _a2a_error(await rest.post("/echo/message:send", json=body), 503)
