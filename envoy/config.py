@@ -29,13 +29,20 @@ from turnmesh.envoy.replies import REQUEST_ID, local_reply_config
 from turnmesh.envoy.sockets import address, listener_tls
 from turnmesh.envoy.timeouts import manager_timeouts
 from turnmesh.runtime import errors
-from turnmesh.v1 import chat_upload_pb2, compat_service_pb2, session_service_pb2
+from turnmesh.v1 import (
+    chat_upload_pb2,
+    compat_service_pb2,
+    event_stream_pb2,
+    session_service_pb2,
+)
 
 HERE = Path(__file__).resolve().parent
 SESSION_SERVICE = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE = compat_service_pb2.DESCRIPTOR.services_by_name["CompatService"].full_name
 # Simple chat's multipart forms: their own transcoder on their own routes.
 UPLOAD_SERVICE = chat_upload_pb2.DESCRIPTOR.services_by_name["ChatUploadService"].full_name
+# The REST event streams (SSE printed by the servers): `_streamed_routes`.
+EVENT_STREAM_SERVICE = event_stream_pb2.DESCRIPTOR.services_by_name["EventStreamService"].full_name
 # A2A's own service, transcoded by its own google.api.http rules.
 A2A_SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"].full_name
 
@@ -445,9 +452,10 @@ def _openai_unserved_routes() -> list[dict[str, Any]]:
 # The REST paths whose answer is a stream of Events (Turn, SubscribeTurn,
 # ChatStream). With every zero field printed an event would carry `role: ""`
 # and the like, which the real AG-UI client rejects (AGUI-NOTES.md).
-STREAMED_PATHS = (
-    r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?/?$|^/v1/chat:stream/?$|^/agent/[^/]+/chat/stream/?$"
-)
+# The REST event streams: EventStreamService binds the same paths as Turn
+# and SubscribeTurn, and prints the events itself (several to a message).
+EVENT_STREAM_PATHS = r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?/?$"
+STREAMED_PATHS = r"^/v1/chat:stream/?$|^/agent/[^/]+/chat/stream/?$"
 
 
 def _streamed_routes(route: dict[str, Any], transcoder: dict[str, Any]) -> list[dict[str, Any]]:
@@ -457,12 +465,18 @@ def _streamed_routes(route: dict[str, Any], transcoder: dict[str, Any]) -> list[
         **transcoder,
         "print_options": {**transcoder["print_options"], "always_print_primitive_fields": False},
     }
+    events = {**streamed, "services": [EVENT_STREAM_SERVICE]}
     return [
+        {
+            "match": {"safe_regex": {"regex": EVENT_STREAM_PATHS}},
+            "route": route,
+            "typed_per_filter_config": {"envoy.filters.http.grpc_json_transcoder": events},
+        },
         {
             "match": {"safe_regex": {"regex": STREAMED_PATHS}},
             "route": route,
             "typed_per_filter_config": {"envoy.filters.http.grpc_json_transcoder": streamed},
-        }
+        },
     ]
 
 

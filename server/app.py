@@ -40,6 +40,7 @@ from turnmesh.server.compat.a2a import SERVICE_NAME as A2A_SERVICE_NAME
 from turnmesh.server.compat.a2a import A2AServicer, AgentCards, PushNotifications
 from turnmesh.server.compat.areal_ws import Gateway
 from turnmesh.server.config import ServerConfig
+from turnmesh.server.event_stream import EventStreamServicer
 from turnmesh.server.mesh import task_calls
 from turnmesh.server.mesh.forwarding import Forwarder
 from turnmesh.server.mesh.leases import Leases, LeaseStore
@@ -54,8 +55,14 @@ from turnmesh.server.webhooks.settings import settings_from
 from turnmesh.server.workers.pool import WorkerPool
 from turnmesh.server.workers.readiness import AGENT_HEALTH_SERVICE
 from turnmesh.v1 import chat_upload_pb2 as upb
-from turnmesh.v1 import chat_upload_pb2_grpc, compat_service_pb2_grpc, session_service_pb2_grpc
+from turnmesh.v1 import (
+    chat_upload_pb2_grpc,
+    compat_service_pb2_grpc,
+    event_stream_pb2_grpc,
+    session_service_pb2_grpc,
+)
 from turnmesh.v1 import compat_service_pb2 as cpb
+from turnmesh.v1 import event_stream_pb2 as espb
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -67,6 +74,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = spb.DESCRIPTOR.services_by_name["SessionService"].full_name
 COMPAT_SERVICE_NAME = cpb.DESCRIPTOR.services_by_name["CompatService"].full_name
 UPLOAD_SERVICE_NAME = upb.DESCRIPTOR.services_by_name["ChatUploadService"].full_name
+EVENT_STREAM_SERVICE_NAME = espb.DESCRIPTOR.services_by_name["EventStreamService"].full_name
 
 
 class SessionServer:
@@ -277,6 +285,9 @@ class SessionServer:
                 cast("session_service_pb2_grpc.SessionServiceServicer", servicer), server
             )
             compat_service_pb2_grpc.add_CompatServiceServicer_to_server(compat, server)
+            event_stream_pb2_grpc.add_EventStreamServiceServicer_to_server(
+                EventStreamServicer(servicer), server
+            )
             chat_upload_pb2_grpc.add_ChatUploadServiceServicer_to_server(
                 ChatUploadServicer(self._compat_mesh), server
             )
@@ -317,12 +328,14 @@ class SessionServer:
                 SERVICE_NAME,
                 COMPAT_SERVICE_NAME,
                 UPLOAD_SERVICE_NAME,
+                EVENT_STREAM_SERVICE_NAME,
                 A2A_SERVICE_NAME,
             ],
             trace_roots=(
                 f"/{SERVICE_NAME}/",
                 f"/{COMPAT_SERVICE_NAME}/",
                 f"/{UPLOAD_SERVICE_NAME}/",
+                f"/{EVENT_STREAM_SERVICE_NAME}/",
                 f"/{A2A_SERVICE_NAME}/",
             ),
             register=register,

@@ -13,8 +13,9 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import grpc
+from google.api import httpbody_pb2
 
-from turnmesh.runtime import principals, requests, tracing, wire
+from turnmesh.runtime import principals, requests, sse, tracing, wire
 from turnmesh.runtime.errors import (
     FieldViolation,
     InvalidArgument,
@@ -44,10 +45,13 @@ from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 if TYPE_CHECKING:
+    from turnmesh.v1.event_stream_pb2_grpc import EventStreamServiceAsyncStub
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as Stub
 
 log = logging.getLogger(__name__)
 Response = TypeVar("Response")
+# What a streaming call yields: events (gRPC), or SSE messages (REST).
+Item = TypeVar("Item")
 Metadata = tuple[tuple[str, str], ...]
 # What a forwarded call's error keeps of the owner's trailers.
 PASSED_TRAILERS = frozenset({"grpc-status-details-bin", "retry-after"})
@@ -206,9 +210,9 @@ class SessionServicer:
         self,
         session_id: str,
         context: Context,
-        forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, event_pb2.Event]],
-        local: Callable[[], Awaitable[AsyncGenerator[event_pb2.Event, None]]],
-    ) -> AsyncGenerator[event_pb2.Event, None]:
+        forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, Item]],
+        local: Callable[[], Awaitable[AsyncGenerator[Item, None]]],
+    ) -> AsyncGenerator[Item, None]:
         """The events of a streaming call: this server's own (iterated
         directly: no extra layer per event on the hottest path), or relayed
         from the owner. Its caller closes it (``aclosing``): a caller that
@@ -225,8 +229,8 @@ class SessionServicer:
         )
 
     async def _relayed(
-        self, context: Context, events: AsyncGenerator[event_pb2.Event, None]
-    ) -> AsyncGenerator[event_pb2.Event, None]:
+        self, context: Context, events: AsyncGenerator[Item, None]
+    ) -> AsyncGenerator[Item, None]:
         async with contextlib.aclosing(events):
             try:
                 async for event in events:
@@ -496,13 +500,7 @@ class SessionServicer:
     async def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncGenerator[event_pb2.Event, None]:
-        size = wire.received_bytes()
-        if size is not None and not validation.session_id_violations(request.session_id):
-            # A flood past the budgets is refused before its files are read.
-            scoped = principals.scoped(principals.current().name, request.session_id)
-            self._core.refuse_over_budget(scoped, size)
-        await validation.validate_turn_async(request)
-        sid = principals.scoped(principals.current().name, request.session_id)
+        sid = await self._checked_turn(request)
 
         async def local() -> AsyncGenerator[event_pb2.Event, None]:
             admission = await admit(request, sid)
@@ -515,6 +513,33 @@ class SessionServicer:
         async with contextlib.aclosing(events):
             async for event in events:
                 yield event
+
+    async def turn_sse(
+        self, request: spb.TurnRequest, context: Context
+    ) -> AsyncGenerator[httpbody_pb2.HttpBody, None]:
+        """Turn's events as SSE, several to a message when they queue up
+        (``EventStreamService.StreamTurn``; from the owner likewise)."""
+        sid = await self._checked_turn(request)
+
+        async def local() -> AsyncGenerator[httpbody_pb2.HttpBody, None]:
+            admission = await admit(request, sid)
+            tlog = await self._core.start_turn(admission)
+            return sse.bodies(self._core.follow_batches(tlog, 0, admission.cancel_on_disconnect))
+
+        return await self._relay(
+            sid, context, lambda stub, md: _events(stub).StreamTurn(request, metadata=md), local
+        )
+
+    async def _checked_turn(self, request: spb.TurnRequest) -> str:
+        """The turn's scoped session id, once the request is valid and within
+        its budgets."""
+        size = wire.received_bytes()
+        if size is not None and not validation.session_id_violations(request.session_id):
+            # A flood past the budgets is refused before its files are read.
+            scoped = principals.scoped(principals.current().name, request.session_id)
+            self._core.refuse_over_budget(scoped, size)
+        await validation.validate_turn_async(request)
+        return principals.scoped(principals.current().name, request.session_id)
 
     async def StartTurn(
         self, request: spb.StartTurnRequest, context: Context
@@ -579,6 +604,24 @@ class SessionServicer:
             async for event in events:
                 yield event
 
+    async def subscribe_sse(
+        self, request: spb.SubscribeTurnRequest, context: Context
+    ) -> AsyncGenerator[httpbody_pb2.HttpBody, None]:
+        """SubscribeTurn's events as SSE (``EventStreamService.StreamSubscribeTurn``)."""
+        validation.validate_subscribe(request)
+        sid = principals.scoped(principals.current().name, request.session_id)
+
+        async def local() -> AsyncGenerator[httpbody_pb2.HttpBody, None]:
+            batches = await self._core.subscribe_batches(sid, request.turn_id, request.after_seq)
+            return sse.bodies(batches)
+
+        return await self._relay(
+            sid,
+            context,
+            lambda stub, md: _events(stub).StreamSubscribeTurn(request, metadata=md),
+            local,
+        )
+
     async def GetHealth(
         self, request: spb.GetHealthRequest, context: Context
     ) -> spb.GetHealthResponse:
@@ -609,6 +652,13 @@ class SessionServicer:
         if not readiness.ready:
             raise NoLiveWorker(f"not ready: no live worker serves agent {readiness.agent!r}")
         return spb.GetReadinessResponse(ready=True, status=state)
+
+
+def _events(stub: Stub) -> EventStreamServiceAsyncStub:
+    """The owner's EventStreamService, on the channel of its stub."""
+    if not isinstance(stub, task_calls.OwnerStub):
+        raise TypeError("another server's event streams are reached by its OwnerStub")
+    return stub.events
 
 
 async def _validate_start_turn(request: spb.StartTurnRequest) -> None:

@@ -24,7 +24,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartState, parse_options_header
 
 from turnmesh.files import MAX_FILES
-from turnmesh.runtime import receipts
+from turnmesh.runtime import receipts, sse
 from turnmesh.server.compat._common import invalid, json_body
 from turnmesh.v1 import chat_upload_pb2, event_pb2, message_pb2
 from turnmesh.v1 import compat_service_pb2 as cpb
@@ -172,5 +172,4 @@ def response_body(response: cpb.ChatResponse) -> httpbody_pb2.HttpBody:
 
 def event_body(event: event_pb2.Event) -> httpbody_pb2.HttpBody:
     """One ``ChatStream`` event as the transcoder's SSE frame: set fields only."""
-    body = json_body(json_format.MessageToDict(event))
-    return httpbody_pb2.HttpBody(content_type="text/event-stream", data=b"data: %s\n\n" % body.data)
+    return httpbody_pb2.HttpBody(content_type=sse.CONTENT_TYPE, data=sse.frames([event]))

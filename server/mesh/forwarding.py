@@ -23,13 +23,13 @@ import grpc
 from turnmesh.runtime import wire
 from turnmesh.runtime.errors import HeldElsewhere, Unavailable, from_rpc_error
 from turnmesh.server.mesh.ownership import Forward, Owner, Placement, SessionOwnership
-from turnmesh.v1 import event_pb2
 
 if TYPE_CHECKING:
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as Stub
 
 Response = TypeVar("Response")
-Event = event_pb2.Event
+# What a streamed call yields (events, or the REST streams' SSE messages).
+Item = TypeVar("Item")
 
 # Set on calls one server forwards to another: the receiver handles them
 # locally, so a stale route can never bounce a call around.
@@ -124,9 +124,9 @@ class Forwarder:
         self,
         session_id: str,
         placement: Placement,
-        forward: Callable[[Stub, Hint], grpc.aio.UnaryStreamCall[Any, Event]],
-        local: Callable[[], Awaitable[AsyncGenerator[Event, None]]],
-    ) -> AsyncGenerator[Event, None]:
+        forward: Callable[[Stub, Hint], grpc.aio.UnaryStreamCall[Any, Item]],
+        local: Callable[[], Awaitable[AsyncGenerator[Item, None]]],
+    ) -> AsyncGenerator[Item, None]:
         """The call's events, relayed from the owner (or this server's own
         once the session turns out to be here). Only a stream that failed
         before its first event is placed again: after one, the caller resumes

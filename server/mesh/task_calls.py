@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from turnmesh.runtime.handlers import ServicerContext
+from turnmesh.v1.event_stream_pb2_grpc import EventStreamServiceStub
 from turnmesh.v1.session_service_pb2_grpc import SessionServiceStub
 
 if TYPE_CHECKING:
+    from turnmesh.v1.event_stream_pb2_grpc import EventStreamServiceAsyncStub
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as _Stub
 else:
     _Stub = SessionServiceStub
@@ -37,6 +39,8 @@ class OwnerStub(_Stub):
     def __init__(self, channel: grpc.aio.Channel) -> None:
         super().__init__(channel)
         self.channel = channel
+        # The REST event streams (EventStreamService), forwarded as they are.
+        self.events: EventStreamServiceAsyncStub = EventStreamServiceStub(channel)
 
 
 def call(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -479,11 +479,34 @@ class SessionCore:
         store if another server ran it)."""
         return self.follow(await self.logs.find(session_id, turn_id), after_seq, False)
 
+    async def subscribe_batches(
+        self, session_id: str, turn_id: str, after_seq: int
+    ) -> AsyncGenerator[list[event_pb2.Event], None]:
+        """``subscribe``'s events in batches (``TurnLog.follow_batches``)."""
+        return self.follow_batches(await self.logs.find(session_id, turn_id), after_seq, False)
+
     def follow(
         self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
     ) -> AsyncGenerator[event_pb2.Event, None]:
         """The turn's events for one caller (no generator of its own: one
         layer less per event on the hottest path)."""
+        return tlog.follow(
+            after_seq, self.limits.keepalive_seconds, self._abandoner(tlog, on_disconnect_cancel)
+        )
+
+    def follow_batches(
+        self, tlog: TurnLog, after_seq: int, on_disconnect_cancel: bool
+    ) -> AsyncGenerator[list[event_pb2.Event], None]:
+        """``follow``'s events in batches: every event ready when the caller
+        asks for more (``TurnLog.follow_batches``)."""
+        return tlog.follow_batches(
+            after_seq, self.limits.keepalive_seconds, self._abandoner(tlog, on_disconnect_cancel)
+        )
+
+    def _abandoner(self, tlog: TurnLog, on_disconnect_cancel: bool) -> Callable[[], None] | None:
+        """What runs when a caller who asked for that leaves the turn early."""
+        if not on_disconnect_cancel:
+            return None
 
         def abandoned() -> None:
             turns = self._turns.get(tlog.session_id)
@@ -491,9 +514,7 @@ class SessionCore:
                 log.info("a client left turn %s and asked to cancel it", tlog.turn_id)
                 turns.caller_left(tlog.turn_id)
 
-        return tlog.follow(
-            after_seq, self.limits.keepalive_seconds, abandoned if on_disconnect_cancel else None
-        )
+        return abandoned
 
     async def list_sessions(
         self, principal: str, before: Position | None, size: int, wanted: Filters

@@ -35,6 +35,10 @@ DEFAULT_MAX_BYTES = 128 * 2**20
 # A finished turn with more events than this is packed in a thread.
 PACK_ON_LOOP_EVENTS = 2_000
 
+# The most events one read of a log takes (a reader far behind, a replay):
+# what one streamed message may carry.
+MAX_BATCH_EVENTS = 256
+
 # Outcomes of turns whose events the byte budget dropped early (see EventLogs).
 MAX_OUTCOMES = 200_000
 
@@ -196,6 +200,14 @@ class TurnLog:
         start = self._ends[index - 1] if index else 0
         return event_pb2.Event.FromString(self._packed[start : self._ends[index]])
 
+    def _slice(self, start: int, end: int) -> list[event_pb2.Event]:
+        # The list first: a pack in a thread replaces it only after _packed
+        # is set, and never changes it, so unpacked it is whole.
+        events = self._events
+        if self._packed is None:
+            return events[start:end]
+        return [self._at(index) for index in range(start, end)]
+
     def set_state(self, state: spb.TurnState.ValueType) -> None:
         self.state = state
 
@@ -229,7 +241,26 @@ class TurnLog:
         keepalive_seconds: float | None = None,
         on_abandon: Callable[[], None] | None = None,
     ) -> AsyncGenerator[event_pb2.Event, None]:
-        """Events with seq > after_seq, then live ones until the turn ends.
+        """Events with seq > after_seq, then live ones until the turn ends,
+        one at a time (``follow_batches`` says what each argument does)."""
+        batches = self.follow_batches(after_seq, keepalive_seconds, on_abandon)
+        async with contextlib.aclosing(batches):
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    async def follow_batches(
+        self,
+        after_seq: int = 0,
+        keepalive_seconds: float | None = None,
+        on_abandon: Callable[[], None] | None = None,
+        max_batch: int = MAX_BATCH_EVENTS,
+    ) -> AsyncGenerator[list[event_pb2.Event], None]:
+        """Events with seq > after_seq, then live ones until the turn ends,
+        in batches: each holds every event appended since the reader last
+        took one (at most ``max_batch``), so a reader that falls behind
+        catches up in a few steps; a reader that keeps up gets each event
+        alone, at once.
 
         With ``keepalive_seconds``, a silent turn yields a CUSTOM "keepalive"
         event (seq 0, not part of the log) that often, once the turn has
@@ -247,24 +278,24 @@ class TurnLog:
                         f"events before seq {self._first_seq} of turn {self.turn_id} "
                         "are no longer kept"
                     )
-                while next_seq < self._next_seq:
-                    if next_seq < self._first_seq:
-                        break  # a slow reader fell behind the bound
-                    yield self._at(next_seq - self._first_seq)
-                    next_seq += 1
-                else:
-                    if self.done:
-                        read_to_end = True
-                        return
-                    if keepalive_seconds is None or self.last_seq == 0:
+                if next_seq < self._next_seq:
+                    start = next_seq - self._first_seq
+                    end = min(self._next_seq - self._first_seq, start + max_batch)
+                    next_seq += end - start
+                    yield self._slice(start, end)
+                    continue
+                if self.done:
+                    read_to_end = True
+                    return
+                if keepalive_seconds is None or self.last_seq == 0:
+                    await self._waiter().wait()
+                    continue
+                try:
+                    # asyncio.timeout, not wait_for: no extra task per wait.
+                    async with asyncio.timeout(keepalive_seconds):
                         await self._waiter().wait()
-                        continue
-                    try:
-                        # asyncio.timeout, not wait_for: no extra task per wait.
-                        async with asyncio.timeout(keepalive_seconds):
-                            await self._waiter().wait()
-                    except TimeoutError:
-                        yield self._keepalive()
+                except TimeoutError:
+                    yield [self._keepalive()]
         finally:
             if on_abandon is not None and not read_to_end and not self.done:
                 on_abandon()

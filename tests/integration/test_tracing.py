@@ -79,7 +79,8 @@ def _turn_trace(collector: Collector, trace_id: str) -> list[Span]:
 
 def _assert_one_turn_path(spans: list[Span]) -> Span:
     """worker Run <- server's worker call <- server Turn (<- forwarding server
-    Turn) <- Envoy; returns Envoy's span."""
+    Turn) <- Envoy; returns Envoy's span. A REST turn is Turn's SSE form,
+    EventStreamService's StreamTurn."""
     (run,) = [s for s in spans if s.service == "turnmesh-worker"]
     assert (run.name, run.kind) == ("turnmesh.v1.WorkerService/Run", SERVER)
     chain = _chain(spans, run)
@@ -94,7 +95,7 @@ def _assert_one_turn_path(spans: list[Span]) -> Span:
     for turn in turns:
         assert (turn.service, turn.name, turn.kind) == (
             "turnmesh-server",
-            "turnmesh.v1.SessionService/Turn",
+            "turnmesh.v1.EventStreamService/StreamTurn",
             SERVER,
         )
     # The same turn id on the owner's span and the worker's.

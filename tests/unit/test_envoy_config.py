@@ -78,8 +78,9 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     # The reads by their gRPC path, native gRPC, /health, /ready and
     # /v1/chat/health and /health/agent (no key check), A2A's agent cards (no key check
     # either), simple chat's multipart forms (a transcoder of their own), the
-    # streamed REST routes (which print only set fields), and the rest.
-    assert len(forwarded) == 9 + len(READ_PATHS)
+    # REST event streams (EventStreamService), simple chat's stream (set
+    # fields only), and the rest.
+    assert len(forwarded) == 10 + len(READ_PATHS)
     for route in forwarded:
         assert route["route"]["timeout"] == "0s"
     transcoder = next(
@@ -88,7 +89,7 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     assert transcoder["print_options"]["stream_sse_style_delimited"] is True
     # Unary answers print zero fields; streamed events only what they set.
     assert transcoder["print_options"]["always_print_primitive_fields"] is True
-    upload, streamed = [
+    upload, events, streamed = [
         r
         for r in forwarded
         if "safe_regex" in r["match"]
@@ -100,6 +101,10 @@ def test_streams_are_never_cut_and_admin_is_loopback() -> None:
     upload_options = upload["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
     assert upload_options["services"] == ["turnmesh.v1.ChatUploadService"]
     assert "turnmesh.v1.ChatUploadService" not in transcoder["services"]
+    # The REST event streams reach EventStreamService only, and only there.
+    event_options = events["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
+    assert event_options["services"] == ["turnmesh.v1.EventStreamService"]
+    assert "turnmesh.v1.EventStreamService" not in transcoder["services"]
     options = streamed["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
     assert options["print_options"]["always_print_primitive_fields"] is False
     assert options["print_options"]["stream_sse_style_delimited"] is True
@@ -271,20 +276,32 @@ def test_an_edge_that_does_not_know_about_keys_checks_both_and_health_needs_neit
 
 
 def test_every_streamed_path_keeps_events_to_the_fields_they_set() -> None:
-    from turnmesh.envoy.config import STREAMED_PATHS
+    """The native event streams go to EventStreamService (their servers
+    print the events); simple chat's stream keeps the transcoder, printing
+    set fields only."""
+    from turnmesh.envoy.config import EVENT_STREAM_PATHS, STREAMED_PATHS
 
-    streamed = re.compile(STREAMED_PATHS)
+    events, streamed = re.compile(EVENT_STREAM_PATHS), re.compile(STREAMED_PATHS)
     for path in (
         "/v1/sessions/s1/turns",
         "/v1/sessions/s1/turns/",
         "/v1/sessions/s1/turns/t1/events",
         "/v1/sessions/s1/turns/t1/events/",
-        "/v1/chat:stream",
-        "/v1/chat:stream/",
     ):
-        assert streamed.search(path), path
+        assert events.search(path) and not streamed.search(path), path
+    for path in ("/v1/chat:stream", "/v1/chat:stream/", "/agent/a/chat/stream"):
+        assert streamed.search(path) and not events.search(path), path
     for path in ("/v1/sessions/s1", "/v1/sessions/s1/turns/t1:cancel", "/v1/chat", "/health"):
-        assert not streamed.search(path), path
+        assert not streamed.search(path) and not events.search(path), path
+    config = render(EdgeConfig(upstreams=["127.0.0.1:7100"]))
+    routes = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"
+    ]["route_config"]["virtual_hosts"][0]["routes"]
+    (route,) = [
+        r for r in routes if r["match"].get("safe_regex", {}).get("regex") == EVENT_STREAM_PATHS
+    ]
+    transcoder = route["typed_per_filter_config"]["envoy.filters.http.grpc_json_transcoder"]
+    assert transcoder["services"] == ["turnmesh.v1.EventStreamService"]
 
 
 def test_a_servers_death_is_retried_elsewhere_within_a_budget() -> None:

@@ -325,11 +325,46 @@ async def test_a_reader_that_falls_behind_the_bound_gets_out_of_range() -> None:
     log.append(text())
     follower = log.follow()
     assert (await anext(follower)).seq == 1
-    # While the reader holds event 1, four more arrive: 2 and 3 are dropped.
+    # While the reader holds event 1, three more arrive: 2 and 3 are dropped.
+    # Event 2 came with 1 (one read takes every event there): it is the
+    # reader's; 3 is gone.
     for _ in range(3):
         log.append(text())
+    assert (await anext(follower)).seq == 2
     with pytest.raises(OutOfRange):
         await anext(follower)
+
+
+async def test_batches_hold_every_event_ready_and_a_lone_event_goes_at_once() -> None:
+    log = TurnLog("s1", "t1", 1000)
+    for delta in "abc":
+        log.append(text(delta))
+    batches = log.follow_batches(max_batch=2)
+    # Three ready, at most two a batch: [1, 2], then [3].
+    assert [e.seq for e in await anext(batches)] == [1, 2]
+    assert [e.seq for e in await anext(batches)] == [3]
+    # The reader waits; one event wakes it with a batch of one.
+    waiting = asyncio.ensure_future(anext(batches))
+    await spin()
+    assert not waiting.done()
+    log.append(text("d"))
+    assert [e.seq for e in await waiting] == [4]
+    # Events that arrive while the reader is away come together.
+    log.append(text())
+    log.append(finished())
+    assert [e.seq for e in await anext(batches)] == [5, 6]
+    with pytest.raises(StopAsyncIteration):
+        await anext(batches)
+
+
+async def test_a_packed_log_is_replayed_in_batches() -> None:
+    log = TurnLog("s1", "t1", 1000)
+    for delta in "abc":
+        log.append(text(delta))
+    log.append(finished())
+    log.pack()
+    batches = [[e.delta for e in batch] async for batch in log.follow_batches(1, max_batch=2)]
+    assert batches == [["b", "c"], [""]]
 
 
 # --- EventLogs ------------------------------------------------------------------

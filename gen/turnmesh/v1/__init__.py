@@ -6,6 +6,8 @@ from turnmesh.v1 import compat_service_pb2
 from turnmesh.v1 import compat_service_pb2_grpc
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import event_pb2_grpc
+from turnmesh.v1 import event_stream_pb2
+from turnmesh.v1 import event_stream_pb2_grpc
 from turnmesh.v1 import message_pb2
 from turnmesh.v1 import message_pb2_grpc
 from turnmesh.v1 import router_service_pb2
@@ -43,6 +45,10 @@ from turnmesh.v1.event_pb2 import Problem as Problem
 from turnmesh.v1.event_pb2 import Event as Event
 from turnmesh.v1.event_pb2 import RunOutcome as RunOutcome
 from turnmesh.v1.event_pb2 import Interrupt as Interrupt
+from turnmesh.v1.event_stream_pb2_grpc import EventStreamServiceStub as EventStreamServiceStub
+from turnmesh.v1.event_stream_pb2_grpc import EventStreamServiceServicer as EventStreamServiceServicer
+from turnmesh.v1.event_stream_pb2_grpc import add_EventStreamServiceServicer_to_server as add_EventStreamServiceServicer_to_server
+from turnmesh.v1.event_stream_pb2_grpc import EventStreamService as EventStreamService
 from turnmesh.v1.message_pb2 import File as File
 from turnmesh.v1.message_pb2 import FileRef as FileRef
 from turnmesh.v1.message_pb2 import FunctionCall as FunctionCall
@@ -141,6 +147,9 @@ __all__ = [
     "DeleteSessionResponse",
     "DisconnectPolicy",
     "Event",
+    "EventStreamService",
+    "EventStreamServiceServicer",
+    "EventStreamServiceStub",
     "EventType",
     "File",
     "FileRef",
@@ -218,6 +227,7 @@ __all__ = [
     "WorkerServiceStub",
     "add_ChatUploadServiceServicer_to_server",
     "add_CompatServiceServicer_to_server",
+    "add_EventStreamServiceServicer_to_server",
     "add_RouterServiceServicer_to_server",
     "add_SessionServiceServicer_to_server",
     "add_WorkerServiceServicer_to_server",
@@ -227,6 +237,8 @@ __all__ = [
     "compat_service_pb2_grpc",
     "event_pb2",
     "event_pb2_grpc",
+    "event_stream_pb2",
+    "event_stream_pb2_grpc",
     "message_pb2",
     "message_pb2_grpc",
     "router_service_pb2",
