@@ -18,14 +18,17 @@ at concurrency 16, bench/suite.py). The client is bench/paced_client.py
 (aiohttp on uvloop), a process per run.
 
 The peer runs with --n-jobs-per-worker above the largest level (its default
-of 10 concurrent runs would measure its queue) and --allow-blocking; its run
-queue adds about a second to each run's start in this mode (docs/performance.md).
+of 10 concurrent runs would measure its queue) and --allow-blocking, a new
+server for each level (--keep-peer: one for all; it slows with the runs it
+holds); its run queue adds about a second to each run's start in this mode
+(docs/performance.md).
 
 Writes bench/results/peers-<stamp>.json and .md. Loopback only, bounded; ends
 only the processes it started, by PID.
 
 Usage: python -m bench.peers [--echo 16 64] [--paced 50 250 500] [--rounds 2]
-                             [--smoke]  (--smoke: turnmesh's side only, tiny)
+                             [--keep-peer] [--no-peer] [--smoke]
+       (--smoke: turnmesh's side only, tiny)
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ PEER_VENV = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     / "turnmesh-bench"
     / "langgraph-cli-0.4.40-api-0.16.7"
+)
+# Reported with each run: the pins and what they brought.
+PEER_PACKAGES = ("langgraph-cli", "langgraph-api", "langgraph-runtime-inmem", "langgraph")
+VERSIONS = (
+    "import importlib.metadata as m, sys;"
+    " print(', '.join(n + ' ' + m.version(n) for n in sys.argv[1:]))"
 )
 GRAPHS = Path(__file__).resolve().parent / "peer_graphs"
 # The peer's own telemetry off: the machine has no way out, and it is not the
@@ -101,6 +110,7 @@ class PeersReport:
     words: int = 40
     delay_ms: int = 40
     peer_jobs_per_worker: int = 0
+    peer_per_level: bool = True  # a new peer server for each level (not --keep-peer)
     rows: list[Row] = field(default_factory=list)
 
 
@@ -137,13 +147,6 @@ def alive(pid: int) -> bool:
     return True
 
 
-PEER_PACKAGES = ("langgraph-cli", "langgraph-api", "langgraph-runtime-inmem", "langgraph")
-VERSIONS = (
-    "import importlib.metadata as m, sys;"
-    " print(', '.join(n + ' ' + m.version(n) for n in sys.argv[1:]))"
-)
-
-
 def peer_versions(exe: Path) -> str:
     """The peer's packages as installed: the pins and what they brought."""
     command = [str(exe.parent / "python"), "-c", VERSIONS, *PEER_PACKAGES, "langchain-core"]
@@ -162,6 +165,7 @@ class Peer:
 
     def __init__(self, workdir: Path, jobs: int) -> None:
         self.address = f"127.0.0.1:{free_port()}"
+        workdir.mkdir(parents=True)
         self.log = (workdir / "langgraph.log").open("wb")
         # A copy in the run's own folder: `langgraph dev` saves its state beside
         # the graphs and loads it at start, and every run starts empty.
@@ -309,6 +313,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> PeersReport:
         words=args.words,
         delay_ms=args.delay_ms,
         peer_jobs_per_worker=jobs if args.peer else 0,
+        peer_per_level=not args.keep_peer,
     )
     bench = Bench(workdir, turns=0, smoke=args.smoke)
     bench.start()
@@ -320,20 +325,31 @@ async def run(args: argparse.Namespace, workdir: Path) -> PeersReport:
             report.baseline_cpu_ms_per_message = round(
                 speed.cpu_ms_per_turn.get("baseline", 0.0) / BASELINE_EVENTS_PER_TURN, 4
             )
-        sides = [turnmesh_side(bench)]
+        tm = turnmesh_side(bench)
         if args.peer:
             report.peer = peer_versions(peer_executable())
-            peer = await asyncio.to_thread(Peer, workdir, jobs)
-            sides.append(peer_side(peer))
-        # Warm-up, not reported: every side's first runs of both graphs.
+        # Warm-up, not reported: a side's first runs of both graphs.
         warm = argparse.Namespace(**{**vars(args), "rounds": 1, "echo_turns": 2, "paced_turns": 1})
-        for workload in () if args.smoke else ("echo", "paced"):
-            await measure(sides, workload, 4, warm, workdir)
-        for workload, levels in (("echo", args.echo), ("paced", args.paced)):
-            for level in levels:
-                for row in await measure(sides, workload, level, args, workdir):
-                    report.rows.append(row)
-                    print(json.dumps(asdict(row)), flush=True)
+        warm_up = () if args.smoke else ("echo", "paced")
+        for workload in warm_up:
+            await measure([tm], workload, 4, warm, workdir)
+        levels = [("echo", n) for n in args.echo] + [("paced", n) for n in args.paced]
+        for index, (workload, level) in enumerate(levels):
+            sides = [tm]
+            if args.peer:
+                # A new peer per level unless --keep-peer: its in-memory runtime
+                # scans every run it holds, finished ones too, so one server
+                # for all levels slows with the runs of the levels before.
+                if peer is None or not args.keep_peer:
+                    if peer is not None:
+                        await asyncio.to_thread(peer.stop)
+                    peer = await asyncio.to_thread(Peer, workdir / f"peer-{index}", jobs)
+                    for name in warm_up:
+                        await measure([peer_side(peer)], name, 4, warm, workdir)
+                sides.append(peer_side(peer))
+            for row in await measure(sides, workload, level, args, workdir):
+                report.rows.append(row)
+                print(json.dumps(asdict(row)), flush=True)
     finally:
         if peer is not None:
             await asyncio.to_thread(peer.stop)
@@ -348,7 +364,9 @@ def render_markdown(report: PeersReport) -> str:
         f" {report.baseline_cpu_ms_per_message:g} ms of CPU per streamed message.",
         "",
         f"Peer: {report.peer or 'none'}; `langgraph dev --n-jobs-per-worker"
-        f" {report.peer_jobs_per_worker}`. Paced turns: {report.words} words, one every"
+        f" {report.peer_jobs_per_worker}`"
+        f"{', a new one for each level' if report.peer_per_level else ', one for all levels'}."
+        f" Paced turns: {report.words} words, one every"
         f" {report.delay_ms} ms. CPU: turnmesh's server + worker + Envoy; the peer's process"
         " tree.",
         "",
@@ -381,6 +399,7 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=40)
     parser.add_argument("--delay-ms", type=int, default=40)
     parser.add_argument("--no-peer", dest="peer", action="store_false", help="turnmesh only")
+    parser.add_argument("--keep-peer", action="store_true", help="one peer server for all levels")
     parser.add_argument("--smoke", action="store_true", help="a tiny run, turnmesh only")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
