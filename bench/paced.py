@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from bench.suite import RESULTS, Bench, cpu_seconds, percentile
 
@@ -65,6 +66,26 @@ class PacedReport:
     levels: list[Level] = field(default_factory=list)
 
 
+async def run_client(
+    kind: str, target: str, ids: Path, turns: int, words: int, delay_ms: int, graph: str = "paced"
+) -> dict[str, Any]:
+    """One run of bench/paced_client.py (a process of its own, so its CPU is
+    its own): every session in the file ``ids`` takes ``turns`` turns."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.paced_client",
+        *("--target", target, "--kind", kind, "--sessions", str(ids), "--graph", graph),
+        *("--turns", str(turns), "--words", str(words), "--delay-ms", str(delay_ms)),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"the paced client failed ({proc.returncode})")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
 async def level(bench: Bench, kind: str, streams: int, args: argparse.Namespace) -> Level:
     sessions = await bench.sessions(streams)
     ids = bench.workdir / f"sessions-{kind}-{streams}.txt"
@@ -76,27 +97,8 @@ async def level(bench: Bench, kind: str, streams: int, args: argparse.Namespace)
         "envoy": bench.envoy.proc.pid,
     }
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.paced_client",
-        "--target",
-        target,
-        "--kind",
-        kind,
-        "--sessions",
-        str(ids),
-        "--turns",
-        str(args.turns),
-        "--words",
-        str(args.words),
-        "--delay-ms",
-        str(args.delay_ms),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    out, _ = await proc.communicate()
+    result = await run_client(kind, target, ids, args.turns, args.words, args.delay_ms)
     after = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    result = json.loads(out)
     events = max(1, result["events"])
     cpu = {name: (after[name] - before[name]) * 1000 / events for name in pids}
     if kind == "grpc":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -47,6 +48,31 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and every process descended from it that is alive now, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], ()))
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU so far of a process and its live descendants (a peer server's workers)."""
+    total = 0.0
+    for member in tree_pids(pid):
+        with contextlib.suppress(OSError):  # exited meanwhile
+            total += cpu_seconds(member)
+    return total
 
 
 def rss_bytes(pid: int) -> int:
