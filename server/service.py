@@ -39,6 +39,7 @@ from turnmesh.server.mesh.ownership import Local, Placement, SessionOwnership
 from turnmesh.server.sessions import validation
 from turnmesh.server.sessions.admission import admit
 from turnmesh.server.sessions.core import SessionCore
+from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.sessions.history import up_to_turn
 from turnmesh.server.stores import listing
 from turnmesh.v1 import event_pb2
@@ -210,23 +211,29 @@ class SessionServicer:
         self,
         session_id: str,
         context: Context,
-        forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, Item]],
+        forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, Any]],
         local: Callable[[], Awaitable[AsyncGenerator[Item, None]]],
+        adapt: Callable[[AsyncGenerator[Any, None]], AsyncGenerator[Item, None]] | None = None,
     ) -> AsyncGenerator[Item, None]:
         """The events of a streaming call: this server's own (iterated
         directly: no extra layer per event on the hottest path), or relayed
-        from the owner. Its caller closes it (``aclosing``): a caller that
-        leaves ends the owner's call at once."""
+        from the owner (its stream made ours by ``adapt``, when the two
+        differ). Its caller closes it (``aclosing``): a caller that leaves
+        ends the owner's call at once."""
         placement = await self._place(session_id, context, assign=False)
         if isinstance(placement, Local):
             return await local()
         metadata = self._forward_metadata(context)
-        return self._relayed(
+        relayed: AsyncGenerator[Any, None] = self._relayed(
             context,
             self._forwarder.stream(
-                session_id, placement, lambda stub, hint: forward(stub, metadata + hint), local
+                session_id,
+                placement,
+                lambda stub, hint: forward(stub, metadata + hint),
+                local,
             ),
         )
+        return relayed if adapt is None else adapt(relayed)
 
     async def _relayed(
         self, context: Context, events: AsyncGenerator[Item, None]
@@ -500,15 +507,11 @@ class SessionServicer:
     async def Turn(
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncGenerator[event_pb2.Event, None]:
-        sid = await self._checked_turn(request)
-
-        async def local() -> AsyncGenerator[event_pb2.Event, None]:
-            admission = await admit(request, sid)
-            tlog = await self._core.start_turn(admission)
-            return self._core.follow(tlog, 0, admission.cancel_on_disconnect)
-
-        events = await self._relay(
-            sid, context, lambda stub, md: stub.Turn(request, metadata=md), local
+        events = await self._turn(
+            request,
+            context,
+            lambda tlog, cancel: self._core.follow(tlog, 0, cancel),
+            lambda stub, md: stub.Turn(request, metadata=md),
         )
         async with contextlib.aclosing(events):
             async for event in events:
@@ -519,16 +522,45 @@ class SessionServicer:
     ) -> AsyncGenerator[httpbody_pb2.HttpBody, None]:
         """Turn's events as SSE, several to a message when they queue up
         (``EventStreamService.StreamTurn``; from the owner likewise)."""
+        return await self._turn(
+            request,
+            context,
+            lambda tlog, cancel: sse.bodies(self._core.follow_batches(tlog, 0, cancel)),
+            lambda stub, md: _events(stub).StreamTurn(request, metadata=md),
+        )
+
+    async def turn_batches(
+        self, request: spb.TurnRequest, context: Context
+    ) -> AsyncGenerator[list[event_pb2.Event], None]:
+        """Turn's events in batches, every event ready at once (the surfaces
+        in this process); an owner's, relayed, one a batch."""
+        return await self._turn(
+            request,
+            context,
+            lambda tlog, cancel: self._core.follow_batches(tlog, 0, cancel),
+            lambda stub, md: stub.Turn(request, metadata=md),
+            _singles,
+        )
+
+    async def _turn(
+        self,
+        request: spb.TurnRequest,
+        context: Context,
+        read: Callable[[TurnLog, bool], AsyncGenerator[Item, None]],
+        forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, Any]],
+        adapt: Callable[[AsyncGenerator[Any, None]], AsyncGenerator[Item, None]] | None = None,
+    ) -> AsyncGenerator[Item, None]:
+        """A turn, started here or on its owner: ``read`` follows its log
+        (given whether the caller's leaving cancels it); ``forward`` calls the
+        owner, whose stream ``adapt`` makes ours."""
         sid = await self._checked_turn(request)
 
-        async def local() -> AsyncGenerator[httpbody_pb2.HttpBody, None]:
+        async def local() -> AsyncGenerator[Item, None]:
             admission = await admit(request, sid)
             tlog = await self._core.start_turn(admission)
-            return sse.bodies(self._core.follow_batches(tlog, 0, admission.cancel_on_disconnect))
+            return read(tlog, admission.cancel_on_disconnect)
 
-        return await self._relay(
-            sid, context, lambda stub, md: _events(stub).StreamTurn(request, metadata=md), local
-        )
+        return await self._relay(sid, context, forward, local, adapt)
 
     async def _checked_turn(self, request: spb.TurnRequest) -> str:
         """The turn's scoped session id, once the request is valid and within
@@ -652,6 +684,16 @@ class SessionServicer:
         if not readiness.ready:
             raise NoLiveWorker(f"not ready: no live worker serves agent {readiness.agent!r}")
         return spb.GetReadinessResponse(ready=True, status=state)
+
+
+async def _singles(
+    items: AsyncGenerator[event_pb2.Event | list[event_pb2.Event], None],
+) -> AsyncGenerator[list[event_pb2.Event], None]:
+    """An owner's events as batches of one (the owner's Turn sends one a
+    message); a batch (the session turned out to be here) as it is."""
+    async with contextlib.aclosing(items):
+        async for item in items:
+            yield item if isinstance(item, list) else [item]
 
 
 def _events(stub: Stub) -> EventStreamServiceAsyncStub:

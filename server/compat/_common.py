@@ -34,6 +34,7 @@ from turnmesh.runtime.errors import (
     Unavailable,
     from_status,
 )
+from turnmesh.server.compat.coalesce import ReadyEvents
 from turnmesh.server.sessions import validation
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
@@ -105,6 +106,10 @@ class SessionCalls(Protocol):
         self, request: spb.TurnRequest, context: Context
     ) -> AsyncGenerator[event_pb2.Event, None]: ...
 
+    async def turn_batches(
+        self, request: spb.TurnRequest, context: Context
+    ) -> AsyncGenerator[list[event_pb2.Event], None]: ...
+
     async def StartTurn(
         self, request: spb.StartTurnRequest, context: Context
     ) -> spb.StartTurnResponse: ...
@@ -143,6 +148,8 @@ class Mesh:
     def __init__(self) -> None:
         self._service: SessionCalls | None = None
         self._call = InProcessCall()
+        # The turn this view reads now: how many of its events are in hand.
+        self._reading: ReadyEvents | None = None
 
     def connect(self, service: SessionCalls) -> None:
         self._service = service
@@ -247,11 +254,18 @@ class Mesh:
         ``tools``, ``tool_results`` and ``resume``: as TurnRequest's (a turn
         that answers a pause may have no message)."""
         request = await _turn_request(session_id, message, options)
-        events = self._svc.Turn(request, self._call)
+        events = ReadyEvents(await self._svc.turn_batches(request, self._call))
+        self._reading = events
         try:
             yield events
         finally:
+            self._reading = None
             await events.aclose()
+
+    def events_ready(self) -> int:
+        """How many events of the turn being read are in hand already (what
+        ``coalesce.coalesced`` holds a surface's frames for)."""
+        return self._reading.ready if self._reading is not None else 0
 
     async def start_turn(
         self, session_id: str, message: str, **options: Unpack[TurnArgs]

@@ -11,6 +11,7 @@ from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.server.compat import agui, chat_upload, openai_chat, openai_responses, simple_chat
 from turnmesh.server.compat._common import ON_DISCONNECT_HEADER, Mesh, on_disconnect
 from turnmesh.server.compat.a2a import A2AServicer, AgentCards, jsonrpc
+from turnmesh.server.compat.coalesce import coalesced
 from turnmesh.server.compat.openai_models import Models
 from turnmesh.server.sessions import validation
 from turnmesh.v1 import chat_upload_pb2, event_pb2
@@ -64,7 +65,7 @@ class CompatServicer(CompatServiceServicer):
             on_disconnect(_header(context, ON_DISCONNECT_HEADER)),
         )
         if parsed.stream:
-            bodies = openai_chat.stream(mesh, parsed, turn, message)
+            bodies = coalesced(openai_chat.stream(mesh, parsed, turn, message), mesh.events_ready)
         else:
             bodies = _one(openai_chat.complete(mesh, parsed, turn, message))
         async for body in _then_headers(context, ((SESSION_HEADER, turn.session_id),), bodies):
@@ -78,7 +79,7 @@ class CompatServicer(CompatServiceServicer):
         del request  # its body's bytes (a turn may hold the call for minutes)
         policy = on_disconnect(_header(context, ON_DISCONNECT_HEADER))
         if parsed.stream:
-            bodies = openai_responses.stream(mesh, parsed, policy)
+            bodies = coalesced(openai_responses.stream(mesh, parsed, policy), mesh.events_ready)
         else:
             bodies = _one(openai_responses.create(mesh, parsed, policy))
         async for body in bodies:
@@ -113,7 +114,7 @@ class CompatServicer(CompatServiceServicer):
         policy = on_disconnect(_header(context, ON_DISCONNECT_HEADER))
         parsed = await agui.parse(request)
         del request  # its body's bytes (a turn may hold the call for minutes)
-        async for body in agui.run(mesh, parsed, policy):
+        async for body in coalesced(agui.run(mesh, parsed, policy), mesh.events_ready):
             yield body
 
     async def Chat(self, request: cpb.ChatRequest, context: ServicerContext) -> cpb.ChatResponse:
@@ -171,8 +172,9 @@ class ChatUploadServicer(ChatUploadServiceServicer):
         chat = await chat_upload.read(request)
         del request
         await _validate_chat(chat)
-        async for event in simple_chat.stream(mesh, chat):
-            yield chat_upload.event_body(event)
+        bodies = (chat_upload.event_body(event) async for event in simple_chat.stream(mesh, chat))
+        async for body in coalesced(bodies, mesh.events_ready):
+            yield body
 
 
 async def _one(body: Awaitable[httpbody_pb2.HttpBody]) -> AsyncIterator[httpbody_pb2.HttpBody]:

@@ -106,6 +106,9 @@ class RaisingSessions(session_service_pb2_grpc.SessionServiceServicer):
         self._raise()
         yield  # pragma: no cover
 
+    async def turn_batches(self, *args: object) -> AsyncGenerator[Any, None]:
+        return self._raise()  # type: ignore[no-any-return]
+
 
 @dataclass
 class Edge:
