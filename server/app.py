@@ -279,7 +279,7 @@ class SessionServer:
         c = self.config
 
         def register(server: grpc.aio.Server) -> None:
-            # The servicer takes service.Context (gRPC's, or an in-process
+            # The servicer takes owner_calls.Context (gRPC's, or an in-process
             # call); the generated stub types it as gRPC's merged contexts.
             session_service_pb2_grpc.add_SessionServiceServicer_to_server(
                 cast("session_service_pb2_grpc.SessionServiceServicer", servicer), server

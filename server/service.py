@@ -9,13 +9,13 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.api import httpbody_pb2
 
-from turnmesh.runtime import principals, requests, sse, tracing, wire
+from turnmesh.runtime import principals, sse, wire
 from turnmesh.runtime.errors import (
     FieldViolation,
     InvalidArgument,
@@ -24,18 +24,11 @@ from turnmesh.runtime.errors import (
     Unavailable,
 )
 from turnmesh.runtime.ids import new_id
-from turnmesh.runtime.interceptors import MESH_KEY_METADATA, has_mesh_key
-from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_METADATA, PRINCIPAL_PATTERN
-from turnmesh.runtime.requests import REQUEST_ID_METADATA
+from turnmesh.runtime.principals import ANONYMOUS, PRINCIPAL_PATTERN
 from turnmesh.server.mesh import task_calls
-from turnmesh.server.mesh.forwarding import (
-    FORWARDED_METADATA,
-    TOOK_CALL_METADATA,
-    UNREACHABLE_METADATA,
-    Forwarder,
-    OwnerFailed,
-)
-from turnmesh.server.mesh.ownership import Local, Placement, SessionOwnership
+from turnmesh.server.mesh.forwarding import Forwarder
+from turnmesh.server.mesh.ownership import SessionOwnership
+from turnmesh.server.owner_calls import Context, Item, Metadata, OwnerCalls
 from turnmesh.server.sessions import validation
 from turnmesh.server.sessions.admission import admit
 from turnmesh.server.sessions.core import SessionCore
@@ -50,33 +43,8 @@ if TYPE_CHECKING:
     from turnmesh.v1.session_service_pb2_grpc import SessionServiceAsyncStub as Stub
 
 log = logging.getLogger(__name__)
-Response = TypeVar("Response")
-# What a streaming call yields: events (gRPC), or SSE messages (REST).
-Item = TypeVar("Item")
-Metadata = tuple[tuple[str, str], ...]
-# What a forwarded call's error keeps of the owner's trailers.
-PASSED_TRAILERS = frozenset({"grpc-status-details-bin", "retry-after"})
 # How long a listing waits for each other server (memory and SQLite stores).
 LIST_CALL_SECONDS = 5.0
-
-
-class Context(Protocol):
-    """What the service reads of a call: grpc.aio's ServicerContext, or a
-    compatibility surface's call made in this process
-    (``server.compat._common.InProcessCall``)."""
-
-    def invocation_metadata(self) -> grpc.aio.Metadata | None: ...
-
-    async def send_initial_metadata(
-        self, initial_metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]]
-    ) -> None: ...
-
-    async def abort(
-        self,
-        code: grpc.StatusCode,
-        details: str = "",
-        trailing_metadata: grpc.aio.Metadata | Sequence[tuple[str, str | bytes]] = (),
-    ) -> NoReturn: ...
 
 
 class SessionServicer:
@@ -99,62 +67,14 @@ class SessionServicer:
     ) -> None:
         self._core = core
         self._ownership = ownership
-        self._forwarder = forwarder
+        # Where each call runs: here, or on its session's owner.
+        self.calls = OwnerCalls(
+            ownership, forwarder, mesh_key=mesh_key, forward_credentials=forward_credentials
+        )
         self._state = readiness
         self._router_connected = router_connected
-        self._mesh_key = mesh_key
-        self._forward_credentials = forward_credentials
         self._other_servers = other_servers
         self._started = time.monotonic()
-
-    # Where a call runs ------------------------------------------------------
-
-    def _forwarded(self, context: Context) -> bool:
-        """A call another server forwarded here: handled here, whatever this
-        server's routes say, so a stale route can never bounce it. Only a mesh
-        member may say so (Envoy also strips the header from clients)."""
-        metadata = context.invocation_metadata() or ()
-        if not any(key == FORWARDED_METADATA for key, _ in metadata):
-            return False
-        return self._mesh_key is None or has_mesh_key(metadata, self._mesh_key.encode())
-
-    async def _place(self, session_id: str, context: Context, *, assign: bool) -> Placement:
-        if self._forwarded(context):
-            # The forwarding server waits for these to know we took the call
-            # (and that an error from here on is our answer).
-            await context.send_initial_metadata(((TOOK_CALL_METADATA, self._ownership.member_id),))
-            unreachable = next(
-                (v for k, v in context.invocation_metadata() or () if k == UNREACHABLE_METADATA),
-                None,
-            )
-            await self._ownership.accept_forwarded(
-                session_id, unreachable if isinstance(unreachable, str) else None
-            )
-            return Local()
-        return await self._ownership.place(session_id, assign=assign)
-
-    def _forward_metadata(self, context: Context) -> Metadata:
-        # The caller's key goes only to a peer proven in the mesh by mTLS, and
-        # only when no mesh key (which opens the owner by itself) is set.
-        passed = tuple(
-            (k, v)
-            for k, v in context.invocation_metadata() or ()
-            if k == "authorization" and isinstance(v, str) and self._forward_credentials
-        )
-        mesh = ((MESH_KEY_METADATA, self._mesh_key),) if self._mesh_key else ()
-        member = self._ownership.member_id
-        # The principal the call acts for: the receiver believes it only
-        # beside the mesh key (with mTLS alone it reads the caller's key).
-        principal = ((PRINCIPAL_METADATA, principals.current().header()),)
-        request = ((REQUEST_ID_METADATA, rid),) if (rid := requests.current()) else ()
-        return (
-            (FORWARDED_METADATA, member),
-            *mesh,
-            *principal,
-            *request,
-            *passed,
-            *tracing.inject(),
-        )
 
     # Whose sessions --------------------------------------------------------
 
@@ -185,71 +105,11 @@ class SessionServicer:
                 extra={"principal": caller.name, "session_id": session_id, "audit": what},
             )
 
-    async def _unary(
-        self,
-        session_id: str,
-        context: Context,
-        forward: Callable[[Stub, Metadata], grpc.aio.UnaryUnaryCall[Any, Response]],
-        local: Callable[[], Awaitable[Response]],
-        *,
-        assign: bool = False,
-    ) -> Response:
-        """Run a unary call on the session's owner: here, or forwarded there."""
-        placement = await self._place(session_id, context, assign=assign)
-        if isinstance(placement, Local):
-            return await local()
-        metadata = self._forward_metadata(context)
-        try:
-            response: Response = await self._forwarder.unary(
-                session_id, placement, lambda stub, hint: forward(stub, metadata + hint), local
-            )
-        except OwnerFailed as failed:
-            await _pass_through(context, failed.error)
-        return response
-
-    async def _relay(
-        self,
-        session_id: str,
-        context: Context,
-        forward: Callable[[Stub, Metadata], grpc.aio.UnaryStreamCall[Any, Any]],
-        local: Callable[[], Awaitable[AsyncGenerator[Item, None]]],
-        adapt: Callable[[AsyncGenerator[Any, None]], AsyncGenerator[Item, None]] | None = None,
-    ) -> AsyncGenerator[Item, None]:
-        """The events of a streaming call: this server's own (iterated
-        directly: no extra layer per event on the hottest path), or relayed
-        from the owner (its stream made ours by ``adapt``, when the two
-        differ). Its caller closes it (``aclosing``): a caller that leaves
-        ends the owner's call at once."""
-        placement = await self._place(session_id, context, assign=False)
-        if isinstance(placement, Local):
-            return await local()
-        metadata = self._forward_metadata(context)
-        relayed: AsyncGenerator[Any, None] = self._relayed(
-            context,
-            self._forwarder.stream(
-                session_id,
-                placement,
-                lambda stub, hint: forward(stub, metadata + hint),
-                local,
-            ),
-        )
-        return relayed if adapt is None else adapt(relayed)
-
-    async def _relayed(
-        self, context: Context, events: AsyncGenerator[Item, None]
-    ) -> AsyncGenerator[Item, None]:
-        async with contextlib.aclosing(events):
-            try:
-                async for event in events:
-                    yield event
-            except OwnerFailed as failed:
-                await _pass_through(context, failed.error)
-
     # A2A task records (server/mesh/task_calls.py), on their session's owner --
 
     def forwarded(self, context: Context) -> bool:
         """Whether another mesh member forwarded the call here."""
-        return self._forwarded(context)
+        return self.calls.forwarded(context)
 
     async def _on_owner(
         self, session_id: str, context: Context, method: str, payload: list[Any], local: Any
@@ -260,7 +120,7 @@ class SessionServicer:
         async def here() -> bytes:
             return json.dumps(await local(sid)).encode()
 
-        answer: bytes = await self._unary(
+        answer: bytes = await self.calls.unary(
             sid,
             context,
             lambda stub, md: task_calls.call(stub, method, payload, md, LIST_CALL_SECONDS),
@@ -312,8 +172,8 @@ class SessionServicer:
                 local.frontier,
             )
         ]
-        if not (self._core.store.shared or self._forwarded(context)):
-            metadata = self._forward_metadata(context)
+        if not (self._core.store.shared or self.calls.forwarded(context)):
+            metadata = self.calls.forward_metadata(context)
             servers = await self._other_servers() if self._other_servers else []
             for stub in servers:
                 try:
@@ -364,7 +224,7 @@ class SessionServicer:
             )
             return spb.CreateSessionResponse(session=session)
 
-        return await self._unary(
+        return await self.calls.unary(
             sid,
             context,
             lambda stub, md: stub.CreateSession(request, metadata=md),
@@ -379,7 +239,7 @@ class SessionServicer:
         wanted = listing.filters(request.agent_name, list(request.metadata))
         before = listing.decode_token(request.page_token)
         principal = self._principal(request.principal)
-        if self._core.store.shared or self._forwarded(context):
+        if self._core.store.shared or self.calls.forwarded(context):
             page = await self._core.list_sessions(principal, before, size, wanted)
             self._audit(principal, "the session list")
         else:
@@ -402,7 +262,7 @@ class SessionServicer:
         asked = spb.ListSessionsRequest()
         asked.CopyFrom(request)
         asked.page_size = size
-        metadata = self._forward_metadata(context)
+        metadata = self.calls.forward_metadata(context)
 
         async def remote(stub: Stub) -> listing.Page[spb.Session]:
             try:
@@ -439,7 +299,7 @@ class SessionServicer:
             self._audit(principal, "a session", sid)
             return spb.GetSessionResponse(session=await self._core.get_session(sid))
 
-        return await self._unary(
+        return await self.calls.unary(
             sid, context, lambda stub, md: stub.GetSession(request, metadata=md), local
         )
 
@@ -452,7 +312,7 @@ class SessionServicer:
         async def local() -> spb.DeleteSessionResponse:
             return spb.DeleteSessionResponse(deleted=await self._core.delete_session(sid))
 
-        return await self._unary(
+        return await self.calls.unary(
             sid, context, lambda stub, md: stub.DeleteSession(request, metadata=md), local
         )
 
@@ -500,7 +360,7 @@ class SessionServicer:
             self._audit(principal, "a history", sid)
             return spb.GetHistoryResponse(messages=await self._core.history(sid))
 
-        return await self._unary(
+        return await self.calls.unary(
             sid, context, lambda stub, md: stub.GetHistory(request, metadata=md), local
         )
 
@@ -560,7 +420,7 @@ class SessionServicer:
             tlog = await self._core.start_turn(admission)
             return read(tlog, admission.cancel_on_disconnect)
 
-        return await self._relay(sid, context, forward, local, adapt)
+        return await self.calls.relay(sid, context, forward, local, adapt)
 
     async def _checked_turn(self, request: spb.TurnRequest) -> str:
         """The turn's scoped session id, once the request is valid and within
@@ -592,7 +452,7 @@ class SessionServicer:
                 raise _in_turn(exc) from None
             return spb.StartTurnResponse(turn=turn)
 
-        return await self._unary(
+        return await self.calls.unary(
             sid, context, lambda stub, md: stub.StartTurn(request, metadata=md), local
         )
 
@@ -603,7 +463,7 @@ class SessionServicer:
         async def local() -> spb.GetTurnResponse:
             return spb.GetTurnResponse(turn=await self._core.get_turn(sid, request.turn_id))
 
-        return await self._unary(
+        return await self.calls.unary(
             sid, context, lambda stub, md: stub.GetTurn(request, metadata=md), local
         )
 
@@ -616,7 +476,7 @@ class SessionServicer:
         async def local() -> spb.CancelTurnResponse:
             return spb.CancelTurnResponse(state=await self._core.cancel_turn(sid, request.turn_id))
 
-        return await self._unary(
+        return await self.calls.unary(
             sid, context, lambda stub, md: stub.CancelTurn(request, metadata=md), local
         )
 
@@ -629,7 +489,7 @@ class SessionServicer:
         async def local() -> AsyncGenerator[event_pb2.Event, None]:
             return await self._core.subscribe(sid, request.turn_id, request.after_seq)
 
-        events = await self._relay(
+        events = await self.calls.relay(
             sid, context, lambda stub, md: stub.SubscribeTurn(request, metadata=md), local
         )
         async with contextlib.aclosing(events):
@@ -647,7 +507,7 @@ class SessionServicer:
             batches = await self._core.subscribe_batches(sid, request.turn_id, request.after_seq)
             return sse.bodies(batches)
 
-        return await self._relay(
+        return await self.calls.relay(
             sid,
             context,
             lambda stub, md: _events(stub).StreamSubscribeTurn(request, metadata=md),
@@ -728,9 +588,3 @@ def _in_turn(error: InvalidArgument) -> InvalidArgument:
     return InvalidArgument(
         [FieldViolation(f"turn.{v.field}", v.description) for v in error.violations]
     )
-
-
-async def _pass_through(context: Context, error: grpc.aio.AioRpcError) -> NoReturn:
-    """Give the caller the owner's status exactly, details included."""
-    trailing = tuple((k, v) for k, v in (error.trailing_metadata() or ()) if k in PASSED_TRAILERS)
-    await context.abort(error.code(), error.details() or "", trailing)

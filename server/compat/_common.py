@@ -40,7 +40,7 @@ from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
 if TYPE_CHECKING:
-    from turnmesh.server.service import Context
+    from turnmesh.server.owner_calls import Context
 
 Response = TypeVar("Response")
 # A surface's calls to its own server are quick, but a session's owner may be
@@ -50,7 +50,7 @@ CALL_TIMEOUT_SECONDS = 60.0
 
 class InProcessCall:
     """A surface's call to this server's SessionService, made in this process
-    (``service.Context``): the service reads the caller's key from it (passed
+    (``owner_calls.Context``): the service reads the caller's key from it (passed
     on when the session's owner is another server), and its abort raises the
     error the status carries, as the failed gRPC call did when the surfaces
     called their own server over a loopback channel."""

@@ -478,7 +478,7 @@ async def test_a_forwarded_call_is_handled_here_and_answered_at_once() -> None:
     router = FakeRouter({"s": B})  # the router says B owns it; the call came from B
     servicer = _servicer(router, mesh_key="k")
     context = FakeContext(((FORWARDED_METADATA, B.member_id), (MESH_KEY_METADATA, "k")))
-    placement = await servicer._place("s", cast(Any, context), assign=False)
+    placement = await servicer.calls.place("s", cast(Any, context), assign=False)
     assert placement == LOCAL
     # The forwarding server knows we took it (and that errors are our answers).
     assert context.headers_sent == [((TOOK_CALL_METADATA, ME.member_id),)]
@@ -493,7 +493,7 @@ async def test_the_forwarded_marker_counts_only_with_the_mesh_key() -> None:
         ((FORWARDED_METADATA, B.member_id), (MESH_KEY_METADATA, "wrong")),
     ):
         context = FakeContext(metadata)
-        placement = await servicer._place("s", cast(Any, context), assign=False)
+        placement = await servicer.calls.place("s", cast(Any, context), assign=False)
         assert placement == Forward(B)  # routed as any outside call
         assert context.headers_sent == []
 
@@ -502,7 +502,7 @@ async def test_a_forwarding_server_marks_and_keys_its_call() -> None:
     servicer = _servicer(FakeRouter(), mesh_key="k")
     context = FakeContext((("authorization", "Bearer user-key"), ("x-other", "dropped")))
     principals.set_current(Principal("acme", admin=True))
-    metadata = dict(servicer._forward_metadata(cast(Any, context)))
+    metadata = dict(servicer.calls.forward_metadata(cast(Any, context)))
     assert metadata[PRINCIPAL_METADATA] == "acme admin"  # who the call acts for
     assert metadata[FORWARDED_METADATA] == ME.member_id
     assert metadata[MESH_KEY_METADATA] == "k"
@@ -515,7 +515,7 @@ async def test_a_forwarding_server_marks_and_keys_its_call() -> None:
         lambda: spb.LIFECYCLE_STATE_READY,
         forward_credentials=True,
     )
-    metadata = dict(tls_only._forward_metadata(cast(Any, context)))
+    metadata = dict(tls_only.calls.forward_metadata(cast(Any, context)))
     assert metadata["authorization"] == "Bearer user-key"  # mTLS-proven peers only
 
 
