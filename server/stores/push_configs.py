@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from turnmesh.runtime.errors import NotFound
-from turnmesh.runtime.principals import public_id
+from turnmesh.runtime.errors import NotFound, ResourceExhausted
+from turnmesh.runtime.principals import principal_of, public_id
 
 # Tasks whose configs a session keeps, at most.
 PUSH_TASKS_PER_SESSION = 100
 # Tasks with configs the memory store keeps in all, and their configs'
 # bytes (each at most a few configs of a few KiB: ``compat.a2a.push_configs``
-# bounds them); past either the least recently written go first.
+# bounds them); past either the writer's own least recently written go first.
 MAX_MEMORY_PUSH_TASKS = 10_000
 MAX_MEMORY_PUSH_BYTES = 32 * 2**20
 
@@ -66,7 +66,12 @@ class _Task:
 
 
 class MemoryPushConfigs:
-    """Configs in this process's memory, lost with it as the sessions are."""
+    """Configs in this process's memory, lost with it as the sessions are.
+
+    Bounded in tasks and bytes for the whole server. A write past either
+    makes room from its own principal's least recently written tasks, never
+    from another principal's (one tenant's flood must not drop another's
+    pushes); a principal with nothing left to give is refused (429)."""
 
     def __init__(
         self,
@@ -81,6 +86,8 @@ class MemoryPushConfigs:
         # Least recently written first (so the first to expire).
         self._tasks: OrderedDict[tuple[str, str], _Task] = OrderedDict()
         self._of: dict[str, dict[str, None]] = {}
+        # Each principal's tasks, least recently written first.
+        self._mine: dict[str, OrderedDict[tuple[str, str], None]] = {}
 
     async def put(
         self,
@@ -95,33 +102,61 @@ class MemoryPushConfigs:
         if not self._exists(session_id):
             raise session_gone(session_id)
         at = time.monotonic()
+        self._expire(at)
         key = (session_id, task_id)
-        task = self._live(key, at) or _Task(at + ttl_seconds)
-        self._bytes -= task.size()
-        task.configs = {k: v for k, v in task.configs.items() if v[0] > at}
-        if config_id not in task.configs and len(task.configs) >= limit:
-            self._bytes += task.size()
+        task = self._live(key, at)
+        configs = {k: v for k, v in task.configs.items() if v[0] > at} if task else {}
+        if config_id not in configs and len(configs) >= limit:
             return False
-        task.configs[config_id] = (at + ttl_seconds, config)
+        configs[config_id] = (at + ttl_seconds, config)
+        size = sum(len(data) for _, data in configs.values())
+        self._make_room(key, size)
+        if task is None:
+            task = _Task(at + ttl_seconds)
+        self._bytes += size - task.size()
+        task.configs = configs
         task.expires = at + ttl_seconds
-        self._bytes += task.size()
         self._tasks[key] = task
         self._tasks.move_to_end(key)
+        mine = self._mine.setdefault(principal_of(session_id), OrderedDict())
+        mine[key] = None
+        mine.move_to_end(key)
         order = self._of.setdefault(session_id, {})
         order.pop(task_id, None)
         order[task_id] = None
         if len(order) > PUSH_TASKS_PER_SESSION:
             self._drop((session_id, next(iter(order))))
+        return True
+
+    def _make_room(self, key: tuple[str, str], size: int) -> None:
+        """Room for ``key``'s configs at ``size`` bytes: the writer's own
+        other tasks go, least recently written first; ResourceExhausted when
+        they are not enough (nothing is dropped then)."""
+        held = self._tasks.get(key)
+        tasks = len(self._tasks) + (held is None)
+        needed = self._bytes + size - (held.size() if held else 0)
+        mine = [k for k in self._mine.get(principal_of(key[0]), ()) if k != key]
+        victims = 0
+        while tasks > self._max_tasks or needed > self._max_bytes:
+            if victims == len(mine):
+                raise ResourceExhausted(
+                    "this server holds as many push notification configs as it may; "
+                    "delete some of yours, or retry when older ones expire",
+                    retry_after=60,
+                )
+            tasks -= 1
+            needed -= self._tasks[mine[victims]].size()
+            victims += 1
+        for victim in mine[:victims]:
+            self._drop(victim)
+
+    def _expire(self, at: float) -> None:
+        # Written least recently first, with one TTL: the expired are in front.
         while self._tasks:
             oldest, first = next(iter(self._tasks.items()))
-            if (
-                first.expires > at
-                and len(self._tasks) <= self._max_tasks
-                and self._bytes <= self._max_bytes
-            ):
-                break
+            if first.expires > at:
+                return
             self._drop(oldest)
-        return True
 
     async def of_task(self, session_id: str, task_id: str) -> list[bytes]:
         at = time.monotonic()
@@ -151,6 +186,12 @@ class MemoryPushConfigs:
     def _drop(self, key: tuple[str, str]) -> None:
         if (gone := self._tasks.pop(key, None)) is not None:
             self._bytes -= gone.size()
+        principal = principal_of(key[0])
+        mine = self._mine.get(principal)
+        if mine is not None:
+            mine.pop(key, None)
+            if not mine:
+                del self._mine[principal]
         order = self._of.get(key[0])
         if order is not None:
             order.pop(key[1], None)

@@ -33,7 +33,7 @@ from standardwebhooks import Webhook
 from tests.support.a2a_clients import BINDINGS, Agents, S, answer, message, open_gate, sent
 from tests.support.mesh import Mesh, RedisServer
 from tests.support.webhooks import SECRET, Receiver, receiving
-from turnmesh.runtime.errors import NotFound
+from turnmesh.runtime.errors import NotFound, ResourceExhausted
 from turnmesh.server.compat.a2a.push_configs import TOKEN_HEADER
 from turnmesh.server.stores import open_store
 from turnmesh.server.stores.base import SessionRecord, SessionStore
@@ -489,6 +489,35 @@ async def test_the_memory_store_serves_and_pushes_configs(memory_mesh: Pushing) 
         assert kept.url == memory_mesh.hooks.url and kept.token == ""
     finally:
         await agents.close()
+
+
+async def test_a_principal_past_the_memory_stores_bounds_drops_only_its_own_configs() -> None:
+    """One tenant's flood never drops another's configs: past the server's
+    bound a write makes room from its own principal's oldest tasks, and with
+    none of its own left it is refused (429), nothing dropped."""
+    configs = MemoryPushConfigs(lambda _: True, max_tasks=3, max_bytes=1_000)
+    assert await configs.put("alice/s", "a1", "c", b"a" * 10, limit=5, ttl_seconds=600)
+    assert await configs.put("alice/s", "a2", "c", b"a" * 10, limit=5, ttl_seconds=600)
+    assert await configs.put("mallory/s", "m1", "c", b"m" * 10, limit=5, ttl_seconds=600)
+    # Full (3 tasks): mallory's next write drops mallory's oldest, not alice's.
+    assert await configs.put("mallory/s", "m2", "c", b"m" * 10, limit=5, ttl_seconds=600)
+    assert await configs.of_task("mallory/s", "m1") == []
+    assert await configs.of_task("alice/s", "a1") == [b"a" * 10]
+    # A principal with nothing of its own to give is refused; nothing changes.
+    with pytest.raises(ResourceExhausted):
+        await configs.put("bob/s", "b1", "c", b"b" * 10, limit=5, ttl_seconds=600)
+    assert await configs.of_task("bob/s", "b1") == []
+    assert [await configs.of_task(*key) for key in (("alice/s", "a1"), ("mallory/s", "m2"))] == [
+        [b"a" * 10],
+        [b"m" * 10],
+    ]
+    # Bytes likewise: mallory's one big write may not push alice's out.
+    with pytest.raises(ResourceExhausted):
+        await configs.put("mallory/s", "m2", "c", b"m" * 990, limit=5, ttl_seconds=600)
+    assert await configs.of_task("mallory/s", "m2") == [b"m" * 10]  # the old one stays
+    # Another config of a task already held adds bytes, not a task.
+    assert await configs.put("alice/s", "a2", "d", b"a" * 10, limit=5, ttl_seconds=600)
+    assert await configs.of_task("alice/s", "a2") == [b"a" * 10, b"a" * 10]
 
 
 async def test_the_memory_store_bounds_its_configs_bytes() -> None:
