@@ -3,7 +3,10 @@
 ``TURNMESH_LOG_FORMAT=json`` (or ``--log-format json``) writes each record as
 one JSON object: timestamp, level, component, logger, message, and the
 record's structured fields (session_id, turn_id, status, latency_ms ...).
-Message content is never logged at INFO; DEBUG may show bodies.
+Message content is never logged at INFO; DEBUG may show bodies, but never a
+credential: every record passes ``RedactSecrets`` (a library logging a request
+line or its headers at DEBUG, as websockets does for AReaL's ``/ws?token=``,
+would otherwise write API keys to the log).
 """
 
 from __future__ import annotations
@@ -11,12 +14,29 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
 # Attributes every LogRecord has: anything else came from `extra=`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+# A key in a query (`token=`) or a header line as libraries log them
+# (`authorization: Bearer …`, `< Authorization: …`, `x-api-key: …`).
+_SECRET = re.compile(r"(?i)(\btoken=|\bauthorization:\s*(?:bearer\s+)?|\bx-api-key:\s*)[^\s&\"',]+")
+
+
+class RedactSecrets(logging.Filter):
+    """Replaces credentials in a record's message with ``[redacted]``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if _SECRET.search(message) is not None:
+            record.msg = _SECRET.sub(r"\1[redacted]", message)
+            record.args = None
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -48,4 +68,5 @@ def setup_logging(component: str, level: str = "INFO", fmt: str | None = None) -
         handler.setFormatter(
             logging.Formatter(f"%(asctime)s %(levelname)s {component} %(name)s: %(message)s")
         )
+    handler.addFilter(RedactSecrets())
     logging.basicConfig(level=level.upper(), handlers=[handler])
