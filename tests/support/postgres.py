@@ -35,7 +35,7 @@ class PostgresServer:
         os.chown(self.root, account.pw_uid, account.pw_gid)
         self.data = self.root / "data"
         self.log_path = self.root / "postgres.log"
-        self._as_postgres = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+        uid, gid = account.pw_uid, account.pw_gid
         subprocess.run(
             [
                 str(BIN / "initdb"),
@@ -54,7 +54,9 @@ class PostgresServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             cwd=self.root,
-            **self._as_postgres,  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
+            extra_groups=[],
         )
         self.port = _free_port()
         with open(self.log_path, "wb") as log:
@@ -85,7 +87,9 @@ class PostgresServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=self.root,
-                **self._as_postgres,  # type: ignore[arg-type]
+                user=uid,
+                group=gid,
+                extra_groups=[],
             )
         deadline = time.monotonic() + READY_TIMEOUT
         while not self._accepts():
@@ -120,3 +124,16 @@ class PostgresServer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def emptied(url: str) -> str:
+    """The database at ``url`` with every table of the store emptied (its
+    schema stays): a test starts on no one else's rows. Its URL."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT quote_ident(tablename) FROM pg_tables"
+            " WHERE schemaname = 'public' AND tablename <> 'turnmesh_schema'"
+        ).fetchall()
+        if rows:
+            conn.execute(f"TRUNCATE {', '.join(row[0] for row in rows)}".encode())
+    return url
