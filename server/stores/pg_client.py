@@ -8,8 +8,8 @@ Pool bounds: ``MIN_CONNECTIONS`` kept open, at most ``MAX_CONNECTIONS`` (a
 server's calls beyond that wait for one, at most ``CHECKOUT_SECONDS``);
 every connection has ``statement_timeout`` set when it opens, so a stuck
 statement fails its call instead of holding a connection. The URL's
-``pool_min``, ``pool_max`` and ``statement_timeout_ms`` parameters override
-them (they are taken out before libpq reads the URL).
+``pool_min``, ``pool_max``, ``pool_timeout_ms`` and ``statement_timeout_ms``
+parameters override them (taken out before libpq reads the URL).
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 # Failures that say the database is not serving us now (not our mistake):
 # connection lost or refused (OperationalError: restarts, admin shutdown,
 # cancelled by statement_timeout, too many connections), no connection free
-# in time (PoolTimeout), a closed connection (InterfaceError), a standby.
+# in time (PoolTimeout), a closed connection (InterfaceError), a standby;
+# and a transaction the database chose to abort (a serialization failure,
+# a deadlock), which a retry may pass.
 DOWN: tuple[type[Exception], ...] = (
     psycopg.OperationalError,
     psycopg.InterfaceError,
@@ -58,12 +60,13 @@ class Settings:
     min_size: int = MIN_CONNECTIONS
     max_size: int = MAX_CONNECTIONS
     statement_timeout_ms: int = STATEMENT_TIMEOUT_MS
+    checkout_seconds: float = CHECKOUT_SECONDS
 
 
 def settings(url: str) -> Settings:
     """The URL without turnmesh's own parameters, and those parameters."""
     parts = urlsplit(url)
-    ours = {"pool_min", "pool_max", "statement_timeout_ms"}
+    ours = {"pool_min", "pool_max", "pool_timeout_ms", "statement_timeout_ms"}
     query = parse_qsl(parts.query, keep_blank_values=True)
     given = {k: v for k, v in query if k in ours}
     rest = urlencode([(k, v) for k, v in query if k not in ours])
@@ -74,11 +77,16 @@ def settings(url: str) -> Settings:
             int(given.get("pool_min", MIN_CONNECTIONS)),
             int(given.get("pool_max", MAX_CONNECTIONS)),
             int(given.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS)),
+            int(given.get("pool_timeout_ms", CHECKOUT_SECONDS * 1000)) / 1000,
         )
     except ValueError:
         raise ValueError(f"the store URL's {sorted(given)} must be integers") from None
     if not 0 <= found.min_size <= found.max_size or found.max_size < 1:
         raise ValueError("the store URL needs 0 <= pool_min <= pool_max and pool_max >= 1")
+    if found.checkout_seconds <= 0 or found.statement_timeout_ms < 0:
+        raise ValueError(
+            "the store URL's pool_timeout_ms must be positive, statement_timeout_ms not negative"
+        )
     return found
 
 
@@ -97,7 +105,7 @@ def pool(found: Settings) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConne
         found.conninfo,
         min_size=found.min_size,
         max_size=found.max_size,
-        timeout=CHECKOUT_SECONDS,
+        timeout=found.checkout_seconds,
         # A connection lost while idle (a restart) is found before use.
         check=psycopg_pool.AsyncConnectionPool.check_connection,
         kwargs={

@@ -47,7 +47,13 @@ from turnmesh.server.stores.base import (
     session_quota_exceeded,
 )
 from turnmesh.server.stores.listing import Page, Position, position
-from turnmesh.server.stores.pg_client import pool, redacted, settings, unavailable_when_down
+from turnmesh.server.stores.pg_client import (
+    CONNECT_SECONDS,
+    pool,
+    redacted,
+    settings,
+    unavailable_when_down,
+)
 from turnmesh.server.stores.pg_outbox import PostgresOutbox
 from turnmesh.server.stores.pg_push import PostgresPushConfigs
 from turnmesh.v1 import event_pb2, message_pb2
@@ -98,10 +104,12 @@ class PostgresStore(TurnCommits):
 
     async def open(self) -> None:
         """Connect, apply pending migrations, and take the server lock."""
-        await self._pool.open(wait=True)
+        await self._pool.open(wait=True, timeout=self._settings.checkout_seconds)
         async with self._pool.connection() as conn:
             await pg_schema.migrate(conn)
-        lock = await psycopg.AsyncConnection.connect(self._settings.conninfo, autocommit=True)
+        lock = await psycopg.AsyncConnection.connect(
+            self._settings.conninfo, autocommit=True, connect_timeout=CONNECT_SECONDS
+        )
         cur = await lock.execute("SELECT pg_try_advisory_lock(%s)", (SERVER_LOCK,))
         row = await cur.fetchone()
         if row is None or not row[0]:

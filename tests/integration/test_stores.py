@@ -50,8 +50,7 @@ async def store(
 ) -> AsyncIterator[SessionStore]:
     opened: SessionStore
     if request.param == "postgres":
-        url = emptied(request.getfixturevalue("postgres_url"))
-        opened = store_postgres.PostgresStore(url, event_ttl_seconds=600)
+        opened = open_store(emptied(request.getfixturevalue("postgres_url")), 600)
         await opened.open()
         yield opened
         await opened.close()
@@ -555,7 +554,7 @@ async def test_history_of_two_thousand_messages_round_trips(store: SessionStore)
 
 def test_unknown_store_url_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown store"):
-        open_store("postgres://x", 1)
+        open_store("mysql://x", 1)
 
 
 async def test_a_turn_either_commits_or_is_abandoned_never_both(store: SessionStore) -> None:
