@@ -7,13 +7,16 @@ unavailable, never a driver's error."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 
 import psycopg
 import pytest
 
+from tests.support.mesh import Mesh
 from tests.support.postgres import PostgresServer
 from turnmesh.cli.main import main
+from turnmesh.client import AsyncClient
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.server.stores import open_store, pg_schema
 from turnmesh.server.stores.base import SessionRecord, StoreInUse
@@ -130,3 +133,33 @@ async def test_an_unreachable_database_is_the_store_unavailable() -> None:
         assert "127.0.0.1" not in str(raised.value)  # the driver's text stays in the log
     finally:
         await store.close()
+
+
+async def test_sessions_on_postgresql_survive_a_server_restart(
+    mesh_factory: Mesh, fresh_url: str
+) -> None:
+    """A real server on a new database: it applies the schema at start,
+    commits turns there, and the next server on the database serves them."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("demo", "demo")
+    first = mesh.spawn_server("server-a", "--store", fresh_url)
+    mesh.wait_ready(worker, first)
+    async with AsyncClient(first.address) as client:
+        sid = (await client.create_session()).session_id
+        done = await client.send(sid, "What is 12*(3+4)?")
+    mesh.kill(first, signal.SIGTERM)
+
+    second = mesh.spawn_server("server-b", "--store", fresh_url)
+    mesh.wait_ready(second)
+    async with AsyncClient(second.address) as client:
+        assert [m.role for m in await client.history(sid)] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        replay = [e async for e in client.subscribe(sid, done.turn_id)]
+        assert replay == done.events
+        again = await client.send(sid, "What did I ask first?")
+        assert "What is 12*(3+4)?" in again.text
