@@ -19,6 +19,8 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from turnmesh.server.stores import pg_leases
+
 # The advisory lock migrations take: a constant of this store's own
 # ("tm" "schema" in ASCII), apart from the server lock (``postgres``).
 MIGRATION_LOCK = 0x746D_7363_6865_6D61
@@ -136,6 +138,7 @@ CREATE TABLE a2a_tasks (
 CREATE INDEX a2a_tasks_by_principal ON a2a_tasks (principal, created_ns, task_id);
 """,
     ),
+    (2, "member leases and address holds", pg_leases.TABLES),
 ]
 LATEST = STEPS[-1][0]
 TABLE = "turnmesh_schema"

@@ -3,7 +3,8 @@ the database teams already back up, replicate and query.
 
 Its schema and migrations are ``pg_schema``'s (applied by ``open``), its
 pool and error mapping ``pg_client``'s, its webhook outbox ``pg_outbox``,
-its A2A records ``pg_tasks`` and push configs ``pg_push``.
+its A2A records ``pg_tasks``, push configs ``pg_push`` and what leases
+need of it ``pg_leases`` (kept, not yet used).
 
 One server per database for now: leases (``server.mesh.leases``) are not
 kept here yet, so the store is not ``shared``, and ``open`` takes a
@@ -54,6 +55,7 @@ from turnmesh.server.stores.pg_client import (
     settings,
     unavailable_when_down,
 )
+from turnmesh.server.stores.pg_leases import PostgresLeases
 from turnmesh.server.stores.pg_outbox import PostgresOutbox
 from turnmesh.server.stores.pg_push import PostgresPushConfigs
 from turnmesh.v1 import event_pb2, message_pb2
@@ -85,7 +87,7 @@ Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
 
 @unavailable_when_down
-class PostgresStore(TurnCommits):
+class PostgresStore(TurnCommits, PostgresLeases):
     def __init__(
         self, url: str, event_ttl_seconds: float, legacy_principal: str = ANONYMOUS
     ) -> None:

@@ -19,8 +19,9 @@ from turnmesh.cli.main import main
 from turnmesh.client import AsyncClient
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.server.stores import open_store, pg_schema
-from turnmesh.server.stores.base import SessionRecord, StoreInUse
+from turnmesh.server.stores.base import SessionRecord, StoreInUse, TurnAbandoned
 from turnmesh.server.stores.postgres import PostgresStore
+from turnmesh.v1 import event_pb2, message_pb2
 
 
 @pytest.fixture
@@ -131,6 +132,48 @@ async def test_an_unreachable_database_is_the_store_unavailable() -> None:
         with pytest.raises(Unavailable) as raised:
             await store.open()
         assert "127.0.0.1" not in str(raised.value)  # the driver's text stays in the log
+    finally:
+        await store.close()
+
+
+async def test_owner_tokens_fence_commits_and_member_leases_lapse(fresh_url: str) -> None:
+    """What leases need of the store (kept for when it is shared), as
+    Redis's test shows it: a commit under a replaced owner token writes
+    nothing; a member's lease holds its address until dropped."""
+    store = _store(fresh_url)
+    await store.open()
+    try:
+        record = SessionRecord("s1", "demo", 1.0, 1.0, owner="server-a/1")
+        await store.create(record)
+        assert await store.owner_of("s1") == "server-a/1"
+
+        def final(turn_id: str) -> event_pb2.Event:
+            return event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=2, run_id=turn_id)
+
+        def said(text: str) -> list[message_pb2.Message]:
+            return [message_pb2.Message(role="user", content=text)]
+
+        await store.commit_turn("s1", said("a"), final("t1"), 1, "server-a/1")
+        assert await store.swap_owner("s1", "server-a/0", "server-b/1") is False
+        assert await store.swap_owner("s1", "server-a/1", "server-b/1") is True
+        with pytest.raises(TurnAbandoned):
+            await store.commit_turn("s1", said("late"), final("t2"), 2, "server-a/1")
+        await store.commit_turn("s1", said("b"), final("t3"), 3, "server-b/1")
+        assert [m.content for m in await store.history("s1")] == ["a", "b"]
+        assert await store.read_events("s1", "t2") is None
+        assert await store.owners_of(["s1", "none"]) == ["server-b/1", None]
+        assert await store.swap_owner("none", "", "x") is None
+        # Member leases, on the database's clock: an address while they last.
+        await store.hold_member("m1", "127.0.0.1:5", 60_000)
+        lease = await store.member_lease("m1")
+        assert lease is not None and lease[0] == "127.0.0.1:5" and 0 < lease[1] <= 60
+        assert await store.take_address("m2", "127.0.0.1:5", 60_000) == "m1"
+        assert await store.take_address("m3", "127.0.0.1:6", 60_000) is None
+        await store.drop_member("m1")
+        assert await store.member_lease("m1") is None
+        await store.hold_member("m4", "127.0.0.1:7", 0)  # lapsed as it was written
+        assert await store.member_lease("m4") is None
+        assert await store.take_address("m5", "127.0.0.1:7", 60_000) is None
     finally:
         await store.close()
 
