@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from turnmesh.cli._up_config import UpConfig
+from turnmesh.cli.up import UpError, _preflight
 from turnmesh.server import ServerConfig
 from turnmesh.server.stores import open_store
 from turnmesh.server.stores.pg_client import MAX_CONNECTIONS, redacted, settings
@@ -48,3 +50,9 @@ def test_mesh_wide_limits_are_refused_on_postgresql(limits: dict[str, float]) ->
             {"router_address": "127.0.0.1:1", "store": store, **limits}
         )
         assert config.store == store
+
+
+def test_up_refuses_several_servers_on_one_postgresql_database() -> None:
+    with pytest.raises(UpError, match="a PostgreSQL store serves one server for now, not 2"):
+        _preflight(UpConfig.model_validate({"servers": 2, "store": "postgresql://tm@db/t"}))
+    _preflight(UpConfig.model_validate({"servers": 1, "port": 0, "store": "postgres://tm@db/t"}))
