@@ -66,6 +66,8 @@ SERVER_LOCK = 0x746D_0073_6572_7665
 # creates racing at a quota count one at a time.
 PRINCIPAL_LOCKS = 0x746D
 
+# Rows one statement of the expiry pass deletes at most.
+PRUNE_BATCH = 5_000
 READ_COLUMNS = (
     "session_id, agent_name, created_at, last_activity, metadata, message_count,"
     " pause, webhook_url, owner"
@@ -288,14 +290,23 @@ class PostgresStore(TurnCommits, PostgresLeases):
     async def idle_sessions(self, last_activity_before: float) -> list[str]:
         at = time.time()
         async with self._pool.connection() as conn:
-            # What outlived its window is pruned on the same schedule.
-            async with conn.transaction():
-                for table in ("events", "turn_status", "idempotency_keys"):
-                    await conn.execute(
-                        f"DELETE FROM {table} WHERE written_at < %s", (at - self._event_ttl,)
+            # What outlived its window is pruned on the same schedule, in
+            # bounded batches: a backlog never runs into the statement timeout.
+            for table, column, before in (
+                ("events", "written_at", at - self._event_ttl),
+                ("turn_status", "written_at", at - self._event_ttl),
+                ("idempotency_keys", "written_at", at - self._event_ttl),
+                ("turn_records", "expire_at", at),
+                ("a2a_push_configs", "expire_at", at),
+            ):
+                while True:
+                    cur = await conn.execute(
+                        f"DELETE FROM {table} WHERE ctid IN (SELECT ctid FROM {table}"
+                        f" WHERE {column} < %s LIMIT %s)",
+                        (before, PRUNE_BATCH),
                     )
-                await conn.execute("DELETE FROM turn_records WHERE expire_at < %s", (at,))
-                await conn.execute("DELETE FROM a2a_push_configs WHERE expire_at < %s", (at,))
+                    if cur.rowcount < PRUNE_BATCH:
+                        break
             cur = await conn.execute(
                 "SELECT session_id FROM sessions WHERE last_activity < %s",
                 (last_activity_before,),
@@ -342,7 +353,7 @@ class PostgresStore(TurnCommits, PostgresLeases):
     async def append_events(
         self, session_id: str, turn_id: str, events: list[event_pb2.Event]
     ) -> None:
-        async with self._pool.connection() as conn:
+        async with self._pool.connection() as conn, conn.transaction():
             await _insert_events(conn, session_id, turn_id, events)
 
     async def read_events(self, session_id: str, turn_id: str) -> list[event_pb2.Event] | None:
