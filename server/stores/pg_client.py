@@ -35,6 +35,10 @@ MAX_CONNECTIONS = 10
 CHECKOUT_SECONDS = 5.0
 CONNECT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 10_000
+# The pool retries a lost connection with a doubling delay (1 s, 2 s, 4 s,
+# ...) until this, then starts over at the next call: the delay after a long
+# outage stays short, so a database back serves again within seconds.
+RECONNECT_SECONDS = 10.0
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,7 @@ def pool(found: Settings) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConne
         min_size=found.min_size,
         max_size=found.max_size,
         timeout=found.checkout_seconds,
+        reconnect_timeout=RECONNECT_SECONDS,
         # A connection lost while idle (a restart) is found before use.
         check=psycopg_pool.AsyncConnectionPool.check_connection,
         kwargs={

@@ -13,7 +13,7 @@ import uuid
 import psycopg
 import pytest
 
-from tests.support.mesh import Mesh
+from tests.support.mesh import Mesh, eventually
 from tests.support.postgres import PostgresServer
 from turnmesh.cli.main import main
 from turnmesh.client import AsyncClient
@@ -134,6 +134,37 @@ async def test_an_unreachable_database_is_the_store_unavailable() -> None:
         assert "127.0.0.1" not in str(raised.value)  # the driver's text stays in the log
     finally:
         await store.close()
+
+
+async def test_a_database_restart_is_unavailable_then_served_again() -> None:
+    """The database goes away under an open store: calls are Unavailable
+    (a retryable 503), nothing half-written; it comes back: the pool finds
+    new connections and every session is there."""
+    server = PostgresServer()  # its own: the shared one stays up for the others
+    try:
+        store = _store(server.database("restart") + "?pool_timeout_ms=500")
+        await store.open()
+        try:
+            await store.create(SessionRecord("s1", "demo", 1.0, 1.0))
+            server.halt()
+            with pytest.raises(Unavailable):
+                await store.append_messages("s1", [message_pb2.Message(content="lost")], 2.0)
+            server.start()
+
+            async def served() -> bool:
+                try:
+                    return await store.get("s1") is not None
+                except Unavailable:
+                    return False  # the pool is still reconnecting
+
+            await eventually(served, timeout=30, what="the store to serve again")
+            assert await store.history("s1") == []
+            await store.append_messages("s1", [message_pb2.Message(content="kept")], 3.0)
+            assert [m.content for m in await store.history("s1")] == ["kept"]
+        finally:
+            await store.close()
+    finally:
+        server.stop()
 
 
 async def test_owner_tokens_fence_commits_and_member_leases_lapse(fresh_url: str) -> None:

@@ -58,8 +58,14 @@ class PostgresServer:
             group=gid,
             extra_groups=[],
         )
+        self._uid, self._gid = uid, gid
         self.port = _free_port()
-        with open(self.log_path, "wb") as log:
+        self.start()
+
+    def start(self) -> None:
+        """Start the server on its data and port (again, after ``halt``),
+        once it accepts connections."""
+        with open(self.log_path, "ab") as log:
             # Started directly as the postgres user (Popen's user=), not
             # through runuser: its PID is the postmaster's, stopped by it.
             self.proc = subprocess.Popen(
@@ -87,8 +93,8 @@ class PostgresServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 cwd=self.root,
-                user=uid,
-                group=gid,
+                user=self._uid,
+                group=self._gid,
                 extra_groups=[],
             )
         deadline = time.monotonic() + READY_TIMEOUT
@@ -115,7 +121,8 @@ class PostgresServer:
         except psycopg.OperationalError:
             return False
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the server, keeping its data (``start`` brings it back)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)  # fast shutdown
         try:
@@ -123,6 +130,9 @@ class PostgresServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
