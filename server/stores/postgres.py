@@ -221,44 +221,60 @@ class PostgresStore(TurnCommits, PostgresLeases):
         pause: bytes | None,
         checkpoint: bytes | None,
     ) -> bool | None:
-        """True: committed; False: no session; None: void (nothing written)."""
-        async with self._pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                "SELECT message_count, owner FROM sessions WHERE session_id = %s FOR UPDATE",
-                (session_id,),
-            )
-            row = await cur.fetchone()
-            if row is None:
-                return False
-            start, owner = row
-            if fence and owner != fence:
-                return None
-            if final_event is not None:
+        """True: committed; False: no session; None: void (nothing written).
+
+        Three round trips, pipelined: BEGIN with the session's row locked;
+        every write at once (the turn's status among them: a turn abandoned
+        meanwhile is rare, so its writes are rolled back rather than waited
+        for); COMMIT."""
+        try:
+            async with (
+                self._pool.connection() as conn,
+                conn.pipeline() as pipeline,
+                conn.transaction(),
+            ):
                 cur = await conn.execute(
-                    "INSERT INTO turn_status VALUES (%s, %s, 'committed', %s)"
-                    " ON CONFLICT (session_id, turn_id) DO UPDATE SET status = 'committed'"
-                    " WHERE turn_status.status <> 'abandoned' RETURNING status",
-                    (session_id, final_event.run_id, time.time()),
+                    "SELECT message_count, owner FROM sessions WHERE session_id = %s FOR UPDATE",
+                    (session_id,),
                 )
-                if await cur.fetchone() is None:
-                    return None  # abandoned: write nothing
-            if messages:
-                await _insert_messages(conn, session_id, start, messages)
-            await conn.execute(
-                "UPDATE sessions SET message_count = %s, last_activity = %s,"
-                " pause = CASE WHEN %s THEN %s ELSE pause END WHERE session_id = %s",
-                (start + len(messages), now, pause is not None, pause or None, session_id),
-            )
-            if checkpoint:
+                row = await cur.fetchone()  # sends BEGIN and this together
+                if row is None:
+                    return False
+                start, owner = row
+                if fence and owner != fence:
+                    return None
+                claimed = None
+                if final_event is not None:
+                    claimed = await conn.execute(
+                        "INSERT INTO turn_status VALUES (%s, %s, 'committed', %s)"
+                        " ON CONFLICT (session_id, turn_id) DO UPDATE SET status = 'committed'"
+                        " WHERE turn_status.status <> 'abandoned' RETURNING status",
+                        (session_id, final_event.run_id, time.time()),
+                    )
+                if messages:
+                    await _insert_messages(conn, session_id, start, messages)
                 await conn.execute(
-                    "INSERT INTO checkpoints VALUES (%s, %s)"
-                    " ON CONFLICT (session_id) DO UPDATE SET data = excluded.data",
-                    (session_id, checkpoint),
+                    "UPDATE sessions SET message_count = %s, last_activity = %s,"
+                    " pause = CASE WHEN %s THEN %s ELSE pause END WHERE session_id = %s",
+                    (start + len(messages), now, pause is not None, pause or None, session_id),
                 )
-            elif checkpoint is not None:
-                await conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (session_id,))
-            if final_event is not None:
-                await _insert_events(conn, session_id, final_event.run_id, [final_event])
+                if checkpoint:
+                    await conn.execute(
+                        "INSERT INTO checkpoints VALUES (%s, %s)"
+                        " ON CONFLICT (session_id) DO UPDATE SET data = excluded.data",
+                        (session_id, checkpoint),
+                    )
+                elif checkpoint is not None:
+                    await conn.execute(
+                        "DELETE FROM checkpoints WHERE session_id = %s", (session_id,)
+                    )
+                if final_event is not None:
+                    await _insert_events(conn, session_id, final_event.run_id, [final_event])
+                await pipeline.sync()
+                if claimed is not None and await claimed.fetchone() is None:
+                    raise _Abandoned  # rolls every write back
+        except _Abandoned:
+            return None
         return True
 
     async def checkpoint(self, session_id: str) -> bytes:
@@ -480,6 +496,10 @@ class PostgresStore(TurnCommits, PostgresLeases):
             await self._lock.close()  # the server lock goes with its connection
             self._lock = None
         await self._pool.close()
+
+
+class _Abandoned(Exception):
+    """Raised inside a commit's transaction to roll it back."""
 
 
 def _record(row: tuple[Any, ...]) -> SessionRecord:
