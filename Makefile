@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 
 # Programs the tests use that come from Debian, not PyPI: command:package.
 SYSTEM_COMMANDS := curl:curl node:nodejs npm:npm redis-server:redis-server redis-cli:redis-tools wrk:wrk tesseract:tesseract-ocr ip:iproute2 chromium:chromium chromedriver:chromium-driver
+# PostgreSQL's server (the Postgres store's tests start one): Debian installs
+# it off PATH, so it is checked by this path.
+POSTGRES := /usr/lib/postgresql/15/bin/postgres
 # From npm, each pinned by its package-lock.json: the real AG-UI client, the
 # Vercel AI SDK and grpc-js (tests), and buf (the proto module's build, lint and breaking check).
 NODE_DIRS := clients/agui clients/aisdk clients/grpc-js tools
@@ -20,6 +23,7 @@ install: system-deps $(STAMP) $(NODE_STAMPS)
 system-deps:
 	@missing=""; for pair in $(SYSTEM_COMMANDS); do \
 	  command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	test -x $(POSTGRES) || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing$$missing from Debian"; \

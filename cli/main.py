@@ -1,4 +1,4 @@
-"""``turnmesh router|server|worker|edge|up|status``: flags, with ``TURNMESH_*`` environment
+"""``turnmesh router|server|worker|edge|up|status|store``: flags, with ``TURNMESH_*`` environment
 variables as defaults (a flag wins over the environment). Most flags are the
 config models' fields (cli/_flags.py); the few written out here have rules of
 their own (ports, an old name, files that come in threes)."""
@@ -19,6 +19,7 @@ from typing import Any, TypeAlias
 from pydantic import BaseModel, ValidationError
 
 from turnmesh.cli._flags import add_flag, add_flags, env, given, settings
+from turnmesh.cli.store import add_store_command
 from turnmesh.runtime.config import MemberConfig
 from turnmesh.runtime.memory import tune_allocator
 from turnmesh.runtime.tls import TlsConfigError, tls_files
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     _edge_command(sub)
     _up_command(sub)
     _status_command(sub)
+    add_store_command(sub)
     return parser
 
 
@@ -276,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         from turnmesh.cli._status import run_status
 
         sys.exit(run_status(args))
+    if args.command == "store":
+        from turnmesh.cli.store import run_store
+
+        sys.exit(run_store(args))
     if args.command == "edge":
         from turnmesh.cli.edge import run_edge
 

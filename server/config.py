@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from turnmesh.runtime.config import Flag, MemberConfig
 from turnmesh.runtime.receipts import DEFAULT_PER_PRINCIPAL
@@ -147,7 +147,10 @@ class ServerConfig(MemberConfig, SessionLimits):
     )
     store: Annotated[str, Flag("--store", up=True)] = Field(
         default="memory",
-        description="memory, sqlite:PATH, redis://HOST:PORT/DB or redis+cluster://HOST:PORT",
+        description=(
+            "memory, sqlite:PATH, redis://HOST:PORT/DB, redis+cluster://HOST:PORT or"
+            " postgresql://USER@HOST/DB"
+        ),
     )
     lease_seconds: Annotated[float, Flag("--lease-seconds", up=True)] = Field(
         default=6.0,
@@ -261,3 +264,23 @@ class ServerConfig(MemberConfig, SessionLimits):
         gt=0,
         description="wait before a webhook's first retry; doubled each time, at most 10 minutes",
     )
+
+    @model_validator(mode="after")
+    def _mesh_limits_need_redis(self) -> ServerConfig:
+        """The limits that only Redis keeps for the whole mesh are refused on
+        PostgreSQL, not quietly kept per server (``mesh.limits``)."""
+        if self.store.startswith(("postgresql://", "postgres://")):
+            given = [
+                flag
+                for flag, value in (
+                    ("--rate-limit", self.rate_limit),
+                    ("--max-turns-per-principal", self.max_turns_per_principal),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)}: kept for the whole mesh in Redis only, not yet"
+                    " with a PostgreSQL store (use a Redis store, or leave them out)"
+                )
+        return self

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from tests.support.a2a_clients import BINDINGS, Agents
 from tests.support.mesh import Component, Mesh, RedisServer
+from tests.support.postgres import PostgresServer
 from tests.support.redis_cluster import RedisCluster
 from turnmesh.client import AsyncClient
 
@@ -100,6 +102,22 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """A database of this test process's own (one per xdist worker)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return postgres_server.database(f"turnmesh_{worker}")
 
 
 @pytest.fixture(params=BINDINGS)

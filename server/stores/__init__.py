@@ -7,9 +7,11 @@ migrations and ``sqlite_outbox`` its webhook outbox; ``redis`` shares them
 between servers, with ``redis_client`` its connection (shared with the
 mesh's limits), ``redis_keys`` its key layout, ``redis_scripts`` its Lua
 scripts, ``redis_outbox`` its webhook outbox and ``redis_migrate`` its
-layout moves; ``listing`` is the keyset pages every backend lists sessions
-by. No module imports one that imports it back, lazily or not
-(``tests/unit/test_import_graph.py``).
+layout moves; ``postgres`` keeps them in PostgreSQL, with ``pg_schema`` its
+migrations, ``pg_client`` its pool, ``pg_outbox``, ``pg_tasks`` and
+``pg_push`` its outbox, task records and push configs; ``listing`` is the
+keyset pages every backend lists sessions by. No module imports one that
+imports it back, lazily or not (``tests/unit/test_import_graph.py``).
 
 ``open_store`` picks a backend from a URL; it imports a durable backend only
 when asked for it (Redis's client is a fifth of a server's start).
@@ -27,8 +29,9 @@ __all__ = ["open_store"]
 def open_store(
     url: str, event_ttl_seconds: float, legacy_principal: str = ANONYMOUS
 ) -> SessionStore:
-    """A store from ``memory``, ``sqlite:PATH``, ``redis://HOST:PORT/DB`` or
-    ``redis+cluster://HOST:PORT`` (any node of a Redis Cluster).
+    """A store from ``memory``, ``sqlite:PATH``, ``redis://HOST:PORT/DB``,
+    ``redis+cluster://HOST:PORT`` (any node of a Redis Cluster) or
+    ``postgresql://USER@HOST/DB`` (``postgres://`` too; libpq's URL).
 
     ``legacy_principal`` owns the sessions a durable store held from before
     sessions had principals (the one principal of a mesh with one; else
@@ -43,7 +46,11 @@ def open_store(
         from turnmesh.server.stores.redis import RedisStore
 
         return RedisStore(url, event_ttl_seconds, legacy_principal)
+    if url.startswith(("postgresql://", "postgres://")):
+        from turnmesh.server.stores.postgres import PostgresStore
+
+        return PostgresStore(url, event_ttl_seconds, legacy_principal)
     raise ValueError(
-        f"unknown store {url!r}: use memory, sqlite:PATH, redis://HOST:PORT/DB"
-        " or redis+cluster://HOST:PORT"
+        f"unknown store {url!r}: use memory, sqlite:PATH, redis://HOST:PORT/DB,"
+        " redis+cluster://HOST:PORT or postgresql://USER@HOST/DB"
     )

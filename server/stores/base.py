@@ -2,12 +2,13 @@
 a session's record, the errors a store raises, the bounds it keeps, and
 ``TurnCommits`` (a commit's entry points over one ``_commit``).
 
-Three backends keep it: ``memory``, ``sqlite`` (``sqlite:PATH``) and
-``redis`` (``redis://HOST:PORT/DB`` or ``redis+cluster://HOST:PORT``);
-``open_store`` (the package's) picks one from a URL. Only Redis is
-``shared``: with it a session can move between servers, and leases
-(``server.mesh.leases``) say which one owns it; memory and SQLite belong to
-one server.
+Four backends keep it: ``memory``, ``sqlite`` (``sqlite:PATH``),
+``redis`` (``redis://HOST:PORT/DB`` or ``redis+cluster://HOST:PORT``) and
+``postgres`` (``postgresql://USER@HOST/DB``); ``open_store`` (the
+package's) picks one from a URL. Only Redis is ``shared``: with it a
+session can move between servers, and leases (``server.mesh.leases``) say
+which one owns it; memory, SQLite and (until it keeps leases) PostgreSQL
+belong to one server.
 
 The contract every backend keeps: a turn is committed atomically (all of its
 messages and its terminal event, or nothing), and committing costs the

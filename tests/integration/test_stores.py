@@ -19,11 +19,13 @@ import pytest
 import redis.asyncio as redis
 
 from tests.support.mesh import RedisServer, eventually
+from tests.support.postgres import emptied
 from tests.support.redis_cluster import RedisCluster
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.runtime.errors import AlreadyExists, NotFound, SessionQuotaExceeded
 from turnmesh.server.stores import memory as store_memory
-from turnmesh.server.stores import open_store, redis_keys, sqlite_schema
+from turnmesh.server.stores import open_store, pg_tasks, redis_keys, sqlite_schema
+from turnmesh.server.stores import postgres as store_postgres
 from turnmesh.server.stores import redis as store_redis
 from turnmesh.server.stores import redis_tasks as store_redis_tasks
 from turnmesh.server.stores import sqlite as store_sqlite
@@ -42,10 +44,17 @@ from turnmesh.v1 import event_pb2, message_pb2
 DB = 7
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster", "postgres"])
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, redis_server: RedisServer
 ) -> AsyncIterator[SessionStore]:
+    opened: SessionStore
+    if request.param == "postgres":
+        opened = open_store(emptied(request.getfixturevalue("postgres_url")), 600)
+        await opened.open()
+        yield opened
+        await opened.close()
+        return
     if request.param == "redis-cluster":
         url = request.getfixturevalue("redis_cluster").url
     elif request.param == "redis":
@@ -351,6 +360,12 @@ async def _stored_keys(store: SessionStore, sid: str) -> list[str]:
         timed = sorted(_texts(await store.client.zrange(keys.key_times, 0, -1)))
         assert held == timed  # every key has its time
         return held
+    if isinstance(store, store_postgres.PostgresStore):
+        async with store._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT key FROM idempotency_keys WHERE session_id = %s ORDER BY key", (sid,)
+            )
+            return [row[0] for row in await cur.fetchall()]
     if isinstance(store, store_sqlite.SqliteStore):
         rows = await store._run(
             lambda db: db.execute(
@@ -364,7 +379,7 @@ async def _stored_keys(store: SessionStore, sid: str) -> list[str]:
 async def test_a_session_keeps_a_bounded_number_of_idempotency_keys(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (store_sqlite, store_redis):
+    for module in (store_sqlite, store_redis, store_postgres):
         monkeypatch.setattr(module, "IDEMPOTENCY_KEYS_PER_SESSION", 3)
     sid, other = _sid(), _sid()
     await store.create(_record(sid))
@@ -392,6 +407,7 @@ async def test_idempotency_keys_are_kept_for_the_event_log_window(
     clock = _Clock()
     monkeypatch.setattr(store_sqlite, "time", clock)
     monkeypatch.setattr(store_redis, "time", clock)
+    monkeypatch.setattr(store_postgres, "time", clock)
     sid = _sid()
     await store.create(_record(sid))
     await store.set_key(sid, "old", "t0")
@@ -403,10 +419,10 @@ async def test_idempotency_keys_are_kept_for_the_event_log_window(
     assert await store.get_key(sid, "new") == "t1"
     await store.set_key(sid, "newer", "t2")  # the write trims what is past it
     assert await _stored_keys(store, sid) == ["new", "newer"]
-    # SQLite also prunes them with the events, each expiry pass.
+    # SQLite and PostgreSQL also prune them with the events, each expiry pass.
     clock.now += 601
     await store.idle_sessions(0)
-    if isinstance(store, store_sqlite.SqliteStore):
+    if isinstance(store, store_sqlite.SqliteStore | store_postgres.PostgresStore):
         assert await _stored_keys(store, sid) == []
 
 
@@ -538,7 +554,7 @@ async def test_history_of_two_thousand_messages_round_trips(store: SessionStore)
 
 def test_unknown_store_url_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown store"):
-        open_store("postgres://x", 1)
+        open_store("mysql://x", 1)
 
 
 async def test_a_turn_either_commits_or_is_abandoned_never_both(store: SessionStore) -> None:
@@ -760,7 +776,7 @@ async def test_turn_records_expire_on_their_own_ttl(store: SessionStore) -> None
 async def test_a_session_keeps_a_bounded_number_of_turn_records(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (store_memory, store_sqlite, store_redis):
+    for module in (store_memory, store_sqlite, store_redis, store_postgres):
         monkeypatch.setattr(module, "TURN_RECORDS_PER_SESSION", 3)
     sid, other = _sid(), _sid()
     await store.create(_record(sid))
@@ -1124,7 +1140,7 @@ async def test_task_records_are_kept_per_session_listed_per_principal_and_delete
 async def test_task_records_are_bounded_per_session_and_per_principal(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for module in (store_tasks, store_sqlite_tasks, store_redis_tasks):
+    for module in (store_tasks, store_sqlite_tasks, store_redis_tasks, pg_tasks):
         monkeypatch.setattr(module, "TASK_RECORDS_PER_SESSION", 3)
         monkeypatch.setattr(module, "TASK_RECORDS_PER_PRINCIPAL", 5)
     tenant = f"t{uuid.uuid4().hex[:12]}"

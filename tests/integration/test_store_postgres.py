@@ -1,0 +1,239 @@
+"""What only the PostgreSQL store does (the contract itself runs in
+test_stores.py): versioned migrations applied once however many servers
+start together, checked without applying (``turnmesh store migrate``); one
+server per database; the database failing a call is the store being
+unavailable, never a driver's error."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+
+import psycopg
+import pytest
+
+from tests.support.mesh import Mesh, eventually
+from tests.support.postgres import PostgresServer
+from turnmesh.cli.main import main
+from turnmesh.client import AsyncClient
+from turnmesh.runtime.errors import Unavailable
+from turnmesh.server.stores import open_store, pg_schema
+from turnmesh.server.stores.base import SessionRecord, StoreInUse, TurnAbandoned
+from turnmesh.server.stores.postgres import PostgresStore
+from turnmesh.v1 import event_pb2, message_pb2
+
+
+@pytest.fixture
+def fresh_url(postgres_server: PostgresServer) -> str:
+    """A database of its own, empty (no schema yet)."""
+    return postgres_server.database(f"fresh_{uuid.uuid4().hex[:12]}")
+
+
+def _store(url: str) -> PostgresStore:
+    store = open_store(url, 600)
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+def _migrate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exited:
+        main(["store", "migrate", *args])
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
+def test_migrate_checks_then_applies_the_pending_steps(
+    fresh_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _migrate(capsys, "--check", fresh_url)
+    assert code == 1
+    assert [line.split()[1] for line in out.splitlines()] == [str(v) for v, *_ in pg_schema.STEPS]
+    assert "pending" in err and "turnmesh store migrate" in err
+    code, out, _ = _migrate(capsys, fresh_url)
+    assert code == 0 and out.startswith("applied: 1 ")
+    code, out, _ = _migrate(capsys, "--check", fresh_url)
+    assert (code, out.strip()) == (0, f"the schema is current (version {pg_schema.LATEST})")
+    # Applied again: nothing to do, nothing applied twice.
+    code, out, _ = _migrate(capsys, fresh_url)
+    assert code == 0 and "applied" not in out
+    with psycopg.connect(fresh_url) as conn:
+        rows = conn.execute("SELECT version FROM turnmesh_schema ORDER BY version").fetchall()
+    assert [row[0] for row in rows] == [v for v, *_ in pg_schema.STEPS]
+
+
+def test_migrate_refuses_what_is_not_postgresql(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _migrate(capsys, "--check", "redis://127.0.0.1:1/0")
+    assert code == 2 and "postgresql://" in err
+
+
+async def test_servers_starting_together_apply_the_migrations_once(fresh_url: str) -> None:
+    conns = [await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) for _ in range(4)]
+    try:
+        applied = await asyncio.gather(*(pg_schema.migrate(conn) for conn in conns))
+        # One applied every step; the others, queued on the lock, found none pending.
+        assert sorted(len(steps) for steps in applied) == [0, 0, 0, len(pg_schema.STEPS)]
+        assert await pg_schema.pending(conns[0]) == []
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def test_a_database_of_a_newer_turnmesh_is_refused(fresh_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as conn:
+        await pg_schema.migrate(conn)
+        await conn.execute("INSERT INTO turnmesh_schema (version, name) VALUES (999, 'future')")
+    store = _store(fresh_url)
+    try:
+        with pytest.raises(RuntimeError, match="schema version 999, from a newer turnmesh"):
+            await store.open()
+    finally:
+        await store.close()
+
+
+async def test_a_database_serves_one_server(fresh_url: str) -> None:
+    first = _store(fresh_url)
+    await first.open()
+    second = _store(fresh_url)
+    try:
+        with pytest.raises(StoreInUse, match="in use by another server"):
+            await second.open()
+    finally:
+        await second.close()
+    await first.close()
+    third = _store(fresh_url + "?pool_min=0&pool_max=2")  # free again once the first closed
+    await third.open()
+    await third.close()
+
+
+async def test_a_statement_past_its_timeout_is_the_store_unavailable(fresh_url: str) -> None:
+    """A session row held elsewhere (a stuck transaction): the store's
+    statement is cancelled at its timeout, and the caller sees Unavailable."""
+    store = _store(fresh_url + "?statement_timeout_ms=100")
+    await store.open()
+    try:
+        await store.create(SessionRecord("s1", "demo", 1.0, 1.0))
+        async with await psycopg.AsyncConnection.connect(fresh_url) as holder:
+            await holder.execute("SELECT 1 FROM sessions WHERE session_id = 's1' FOR UPDATE")
+            with pytest.raises(Unavailable, match="the session store is unavailable"):
+                await store.touch("s1", 2.0)
+            await holder.rollback()
+        await store.touch("s1", 3.0)  # released: served again
+        record = await store.get("s1")
+        assert record is not None and record.last_activity == 3.0
+    finally:
+        await store.close()
+
+
+async def test_an_unreachable_database_is_the_store_unavailable() -> None:
+    refused = "postgresql://postgres@127.0.0.1:1/none?pool_min=0&pool_timeout_ms=300"
+    store = _store(refused)
+    try:
+        with pytest.raises(Unavailable) as raised:
+            await store.open()
+        assert "127.0.0.1" not in str(raised.value)  # the driver's text stays in the log
+    finally:
+        await store.close()
+
+
+async def test_a_database_restart_is_unavailable_then_served_again() -> None:
+    """The database goes away under an open store: calls are Unavailable
+    (a retryable 503), nothing half-written; it comes back: the pool finds
+    new connections and every session is there."""
+    server = PostgresServer()  # its own: the shared one stays up for the others
+    try:
+        store = _store(server.database("restart") + "?pool_timeout_ms=500")
+        await store.open()
+        try:
+            await store.create(SessionRecord("s1", "demo", 1.0, 1.0))
+            server.halt()
+            with pytest.raises(Unavailable):
+                await store.append_messages("s1", [message_pb2.Message(content="lost")], 2.0)
+            server.start()
+
+            async def served() -> bool:
+                try:
+                    return await store.get("s1") is not None
+                except Unavailable:
+                    return False  # the pool is still reconnecting
+
+            await eventually(served, timeout=30, what="the store to serve again")
+            assert await store.history("s1") == []
+            await store.append_messages("s1", [message_pb2.Message(content="kept")], 3.0)
+            assert [m.content for m in await store.history("s1")] == ["kept"]
+        finally:
+            await store.close()
+    finally:
+        server.stop()
+
+
+async def test_owner_tokens_fence_commits_and_member_leases_lapse(fresh_url: str) -> None:
+    """What leases need of the store (kept for when it is shared), as
+    Redis's test shows it: a commit under a replaced owner token writes
+    nothing; a member's lease holds its address until dropped."""
+    store = _store(fresh_url)
+    await store.open()
+    try:
+        record = SessionRecord("s1", "demo", 1.0, 1.0, owner="server-a/1")
+        await store.create(record)
+        assert await store.owner_of("s1") == "server-a/1"
+
+        def final(turn_id: str) -> event_pb2.Event:
+            return event_pb2.Event(type=event_pb2.RUN_FINISHED, seq=2, run_id=turn_id)
+
+        def said(text: str) -> list[message_pb2.Message]:
+            return [message_pb2.Message(role="user", content=text)]
+
+        await store.commit_turn("s1", said("a"), final("t1"), 1, "server-a/1")
+        assert await store.swap_owner("s1", "server-a/0", "server-b/1") is False
+        assert await store.swap_owner("s1", "server-a/1", "server-b/1") is True
+        with pytest.raises(TurnAbandoned):
+            await store.commit_turn("s1", said("late"), final("t2"), 2, "server-a/1")
+        await store.commit_turn("s1", said("b"), final("t3"), 3, "server-b/1")
+        assert [m.content for m in await store.history("s1")] == ["a", "b"]
+        assert await store.read_events("s1", "t2") is None
+        assert await store.owners_of(["s1", "none"]) == ["server-b/1", None]
+        assert await store.swap_owner("none", "", "x") is None
+        # Member leases, on the database's clock: an address while they last.
+        await store.hold_member("m1", "127.0.0.1:5", 60_000)
+        lease = await store.member_lease("m1")
+        assert lease is not None and lease[0] == "127.0.0.1:5" and 0 < lease[1] <= 60
+        assert await store.take_address("m2", "127.0.0.1:5", 60_000) == "m1"
+        assert await store.take_address("m3", "127.0.0.1:6", 60_000) is None
+        await store.drop_member("m1")
+        assert await store.member_lease("m1") is None
+        await store.hold_member("m4", "127.0.0.1:7", 0)  # lapsed as it was written
+        assert await store.member_lease("m4") is None
+        assert await store.take_address("m5", "127.0.0.1:7", 60_000) is None
+    finally:
+        await store.close()
+
+
+async def test_sessions_on_postgresql_survive_a_server_restart(
+    mesh_factory: Mesh, fresh_url: str
+) -> None:
+    """A real server on a new database: it applies the schema at start,
+    commits turns there, and the next server on the database serves them."""
+    mesh = mesh_factory
+    mesh.start_router()
+    worker = mesh.spawn_worker("demo", "demo")
+    first = mesh.spawn_server("server-a", "--store", fresh_url)
+    mesh.wait_ready(worker, first)
+    async with AsyncClient(first.address) as client:
+        sid = (await client.create_session()).session_id
+        done = await client.send(sid, "What is 12*(3+4)?")
+    mesh.kill(first, signal.SIGTERM)
+
+    second = mesh.spawn_server("server-b", "--store", fresh_url)
+    mesh.wait_ready(second)
+    async with AsyncClient(second.address) as client:
+        assert [m.role for m in await client.history(sid)] == [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+        replay = [e async for e in client.subscribe(sid, done.turn_id)]
+        assert replay == done.events
+        again = await client.send(sid, "What did I ask first?")
+        assert "What is 12*(3+4)?" in again.text
