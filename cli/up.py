@@ -69,12 +69,6 @@ def _preflight(config: UpConfig) -> None:
             f"a SQLite store serves one server, not {config.servers}: use --servers 1, or"
             " Redis (--store redis://HOST:PORT/DB) for several"
         )
-    if config.store.startswith(("postgresql://", "postgres://")) and config.servers > 1:
-        # The first server holds the database's lock; the others would fail to start.
-        raise UpError(
-            f"a PostgreSQL store serves one server for now, not {config.servers}: use"
-            " --servers 1, or Redis (--store redis://HOST:PORT/DB) for several"
-        )
     if config.port:
         with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as s:
             # As Envoy does: connections lingering in TIME_WAIT from a previous

@@ -50,7 +50,8 @@ class Owner:
 
 
 class LeaseStore(Protocol):
-    """What leases need of a shared store (``stores.redis.RedisStore``)."""
+    """What leases need of a shared store (``stores.redis.RedisStore``,
+    ``stores.postgres.PostgresStore``)."""
 
     async def owner_of(self, session_id: str) -> str | None: ...
 

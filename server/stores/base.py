@@ -5,10 +5,9 @@ a session's record, the errors a store raises, the bounds it keeps, and
 Four backends keep it: ``memory``, ``sqlite`` (``sqlite:PATH``),
 ``redis`` (``redis://HOST:PORT/DB`` or ``redis+cluster://HOST:PORT``) and
 ``postgres`` (``postgresql://USER@HOST/DB``); ``open_store`` (the
-package's) picks one from a URL. Only Redis is ``shared``: with it a
-session can move between servers, and leases (``server.mesh.leases``) say
-which one owns it; memory, SQLite and (until it keeps leases) PostgreSQL
-belong to one server.
+package's) picks one from a URL. Redis and PostgreSQL are ``shared``: with
+them a session can move between servers, and leases (``server.mesh.leases``)
+say which one owns it; memory and SQLite belong to one server.
 
 The contract every backend keeps: a turn is committed atomically (all of its
 messages and its terminal event, or nothing), and committing costs the

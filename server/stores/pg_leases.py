@@ -2,10 +2,6 @@
 ``LeaseStore``): a session's owner token, swapped only from the one
 expected, and each member's lease and its hold on its address.
 
-Kept, tested, and not yet used: the store is not ``shared`` until the
-ownership tests run on it (a server SIGKILLed or frozen past its lease);
-until then one server holds the database (``postgres``).
-
 A lease is a row with an expiry, compared with the database's clock
 (``now()``) when written and when read: every server measures a lease by
 that one clock, so servers' clocks never meet. Not advisory locks: a

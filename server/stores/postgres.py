@@ -4,15 +4,12 @@ the database teams already back up, replicate and query.
 Its schema and migrations are ``pg_schema``'s (applied by ``open``), its
 pool and error mapping ``pg_client``'s, its webhook outbox ``pg_outbox``,
 its A2A records ``pg_tasks``, push configs ``pg_push`` and what leases
-need of it ``pg_leases`` (kept, not yet used).
+need of it ``pg_leases``.
 
-One server per database for now: leases (``server.mesh.leases``) are not
-kept here yet, so the store is not ``shared``, and ``open`` takes a
-session-level advisory lock on a connection of its own, held while the
-store is open: a second server on the same database refuses to start
-(StoreInUse) instead of running two owners of every session. (The lock
-goes with that connection: if the database restarts, it is taken again
-by whichever server asks first.)
+Shared by every server of a mesh: a session's owner is the server whose
+lease token its row carries (``pg_leases``: member leases and owner swaps
+on the database's clock, as ``server.mesh.leases`` needs), and a commit is
+fenced by it, so a server that lost a session can never write to it.
 
 Every write is one transaction. A commit locks its session's row (FOR
 UPDATE): a commit and a delete of the session serialize, so a late commit
@@ -42,16 +39,13 @@ from turnmesh.server.stores.base import (
     IDEMPOTENCY_KEYS_PER_SESSION,
     TURN_RECORDS_PER_SESSION,
     SessionRecord,
-    StoreInUse,
     TurnAbandoned,
     TurnCommits,
     session_quota_exceeded,
 )
 from turnmesh.server.stores.listing import Page, Position, position
 from turnmesh.server.stores.pg_client import (
-    CONNECT_SECONDS,
     pool,
-    redacted,
     settings,
     unavailable_when_down,
 )
@@ -60,8 +54,6 @@ from turnmesh.server.stores.pg_outbox import PostgresOutbox
 from turnmesh.server.stores.pg_push import PostgresPushConfigs
 from turnmesh.v1 import event_pb2, message_pb2
 
-# The advisory lock the server holding the store keeps ("tm" "server").
-SERVER_LOCK = 0x746D_0073_6572_7665
 # Transaction-scoped locks on a principal (two-key form: its own key space):
 # creates racing at a quota count one at a time.
 PRINCIPAL_LOCKS = 0x746D
@@ -100,30 +92,17 @@ class PostgresStore(TurnCommits, PostgresLeases):
         self._settings = settings(url)
         self._pool = pool(self._settings)
         self._event_ttl = event_ttl_seconds
-        self._lock: Connection | None = None
 
     @property
     def shared(self) -> bool:
-        return False
+        return True
 
     async def open(self) -> None:
-        """Connect, apply pending migrations, and take the server lock."""
+        """Connect and apply pending migrations (once, under a lock, whichever
+        server starts first)."""
         await self._pool.open(wait=True, timeout=self._settings.checkout_seconds)
         async with self._pool.connection() as conn:
             await pg_schema.migrate(conn)
-        lock = await psycopg.AsyncConnection.connect(
-            self._settings.conninfo, autocommit=True, connect_timeout=CONNECT_SECONDS
-        )
-        cur = await lock.execute("SELECT pg_try_advisory_lock(%s)", (SERVER_LOCK,))
-        row = await cur.fetchone()
-        if row is None or not row[0]:
-            await lock.close()
-            raise StoreInUse(
-                f"the PostgreSQL store {redacted(self._url)} is in use by another server;"
-                " until PostgreSQL keeps session leases it serves one server"
-                " (use Redis to run several)"
-            )
-        self._lock = lock
 
     # Sessions ---------------------------------------------------------------
 
@@ -492,9 +471,6 @@ class PostgresStore(TurnCommits, PostgresLeases):
         return PostgresPushConfigs(self._pool)
 
     async def close(self) -> None:
-        if self._lock is not None:
-            await self._lock.close()  # the server lock goes with its connection
-            self._lock = None
         await self._pool.close()
 
 

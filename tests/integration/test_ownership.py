@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import uuid
 from pathlib import Path
 
 import grpc
@@ -19,6 +20,7 @@ from tests.support.mesh import (
     session_owned_by,
     until,
 )
+from tests.support.postgres import PostgresServer
 from tests.support.redis_cluster import RedisCluster
 from turnmesh.client import (
     AsyncClient,
@@ -47,8 +49,19 @@ def _open_gate(mesh: Mesh, gate: str) -> None:
     (mesh.probe_dir / f"gate-{gate}").write_text("open")
 
 
+@pytest.fixture(params=["redis", "postgres"])
+def shared_store(request: pytest.FixtureRequest) -> str:
+    """The URL of a store every server shares: Redis, or a database of its own
+    on the run's PostgreSQL."""
+    if request.param == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        return redis.url
+    postgres: PostgresServer = request.getfixturevalue("postgres_server")
+    return postgres.database(f"own_{uuid.uuid4().hex[:12]}")
+
+
 async def test_with_the_router_down_a_session_keeps_its_one_owner(
-    mesh_factory: Mesh, redis_server: RedisServer
+    mesh_factory: Mesh, shared_store: str
 ) -> None:
     """The router dies while a turn runs on server A. Calls reaching server B
     for A's session are forwarded to A (the store's lease names it), never run
@@ -57,7 +70,7 @@ async def test_with_the_router_down_a_session_keeps_its_one_owner(
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
-    a, b = (mesh.spawn_server(name, "--store", redis_server.url) for name in ("a", "b"))
+    a, b = (mesh.spawn_server(name, "--store", shared_store) for name in ("a", "b"))
     mesh.wait_ready(worker, a, b)
     async with AsyncClient(a.address) as on_a, AsyncClient(b.address) as on_b:
         sid = await session_owned_by(on_b, mesh, a, "probe")
@@ -108,19 +121,27 @@ async def test_with_the_router_down_a_session_keeps_its_one_owner(
         assert "owner_lost" not in server.log()
 
 
-@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("store", ["memory", "redis", "postgres"])
 async def test_a_stalled_server_keeps_its_sessions_or_hands_them_over_whole(
-    mesh_factory: Mesh, redis_server: RedisServer, store: str
+    mesh_factory: Mesh, request: pytest.FixtureRequest, store: str
 ) -> None:
     """SIGSTOP a server past its heartbeats (and lease), then SIGCONT.
     Memory store: its sessions are nobody else's, so they answer UNAVAILABLE
     while it is away and are its own again when it returns, never 404.
-    Redis: another server takes them over once the lease lapses, and the
-    returning server serves them from there (forwarding), never twice."""
+    Redis and PostgreSQL: another server takes them over once the lease
+    lapses, and the returning server serves them from there (forwarding),
+    never twice."""
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("echo", "echo")
-    flags = ("--store", redis_server.url, "--lease-seconds", "2") if store == "redis" else ()
+    flags: tuple[str, ...] = ()
+    if store == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        flags = ("--store", redis.url, "--lease-seconds", "2")
+    elif store == "postgres":
+        postgres: PostgresServer = request.getfixturevalue("postgres_server")
+        url = postgres.database(f"stall_{uuid.uuid4().hex[:12]}")
+        flags = ("--store", url, "--lease-seconds", "2")
     a, b = (mesh.spawn_server(name, *flags) for name in ("a", "b"))
     mesh.wait_ready(worker, a, b)
     async with AsyncClient(a.address) as on_a, AsyncClient(b.address) as on_b:
@@ -150,7 +171,7 @@ async def test_a_stalled_server_keeps_its_sessions_or_hands_them_over_whole(
 
         await eventually(back, timeout=60, what="the stalled server to re-register")
         expected = ["before", "before"]
-        if store == "redis":
+        if store != "memory":
             expected += ["during", "during"]
         for client in (on_a, on_b):
             assert [m.content for m in await client.history(sid)] == expected

@@ -19,7 +19,7 @@ from turnmesh.cli.main import main
 from turnmesh.client import AsyncClient
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.server.stores import open_store, pg_schema
-from turnmesh.server.stores.base import SessionRecord, StoreInUse, TurnAbandoned
+from turnmesh.server.stores.base import SessionRecord, TurnAbandoned
 from turnmesh.server.stores.postgres import PostgresStore
 from turnmesh.v1 import event_pb2, message_pb2
 
@@ -91,19 +91,17 @@ async def test_a_database_of_a_newer_turnmesh_is_refused(fresh_url: str) -> None
         await store.close()
 
 
-async def test_a_database_serves_one_server(fresh_url: str) -> None:
-    first = _store(fresh_url)
+async def test_servers_share_a_database(fresh_url: str) -> None:
+    """Leases, not a lock, decide who owns a session: several stores open one
+    database at once, and the schema is migrated once."""
+    first, second = _store(fresh_url), _store(fresh_url)
     await first.open()
-    second = _store(fresh_url)
+    await second.open()
     try:
-        with pytest.raises(StoreInUse, match="in use by another server"):
-            await second.open()
+        assert first.shared and second.shared
     finally:
         await second.close()
-    await first.close()
-    third = _store(fresh_url + "?pool_min=0&pool_max=2")  # free again once the first closed
-    await third.open()
-    await third.close()
+        await first.close()
 
 
 async def test_a_statement_past_its_timeout_is_the_store_unavailable(fresh_url: str) -> None:

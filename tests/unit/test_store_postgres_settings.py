@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from turnmesh.cli._up_config import UpConfig
-from turnmesh.cli.up import UpError, _preflight
+from turnmesh.cli.up import _preflight
 from turnmesh.server import ServerConfig
 from turnmesh.server.stores import open_store
 from turnmesh.server.stores.pg_client import MAX_CONNECTIONS, redacted, settings
@@ -52,7 +52,6 @@ def test_mesh_wide_limits_are_refused_on_postgresql(limits: dict[str, float]) ->
         assert config.store == store
 
 
-def test_up_refuses_several_servers_on_one_postgresql_database() -> None:
-    with pytest.raises(UpError, match="a PostgreSQL store serves one server for now, not 2"):
-        _preflight(UpConfig.model_validate({"servers": 2, "store": "postgresql://tm@db/t"}))
-    _preflight(UpConfig.model_validate({"servers": 1, "port": 0, "store": "postgres://tm@db/t"}))
+def test_up_runs_several_servers_on_one_postgresql_database() -> None:
+    """Leases share the database between servers (unlike SQLite's one file)."""
+    _preflight(UpConfig.model_validate({"servers": 2, "port": 0, "store": "postgresql://tm@db/t"}))
