@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -118,6 +119,17 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     """A database of this test process's own (one per xdist worker)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     return postgres_server.database(f"turnmesh_{worker}")
+
+
+@pytest.fixture(params=["redis", "postgres"])
+def shared_store(request: pytest.FixtureRequest) -> str:
+    """The URL of a store every server of a mesh shares: the run's Redis, or
+    a new database of its own on the run's PostgreSQL."""
+    if request.param == "redis":
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        return redis.url
+    postgres: PostgresServer = request.getfixturevalue("postgres_server")
+    return postgres.database(f"mesh_{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture(params=BINDINGS)

@@ -55,8 +55,8 @@ async def test_sqlite_sessions_survive_a_server_restart(mesh_factory: Mesh, tmp_
         assert "What is 12*(3+4)?" in again.text
 
 
-async def test_redis_sessions_survive_the_loss_of_their_owner(
-    mesh_factory: Mesh, redis_server: RedisServer
+async def test_shared_sessions_survive_the_loss_of_their_owner(
+    mesh_factory: Mesh, shared_store: str
 ) -> None:
     mesh = mesh_factory
     mesh.start_router()
@@ -66,8 +66,7 @@ async def test_redis_sessions_survive_the_loss_of_their_owner(
     ]
     # Short leases: a killed owner's sessions move within 2 s, not 6.
     servers = [
-        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
-        for i in (1, 2)
+        mesh.spawn_server(f"s{i}", "--store", shared_store, "--lease-seconds", "2") for i in (1, 2)
     ]
     mesh.wait_ready(*workers, *servers)
     victim, survivor = servers
@@ -96,16 +95,13 @@ async def test_redis_sessions_survive_the_loss_of_their_owner(
         assert [m.content for m in await client.history(sid)][-2:] == ["three", "part0 "]
 
 
-async def test_a_retried_turn_never_runs_twice(
-    mesh_factory: Mesh, redis_server: RedisServer
-) -> None:
+async def test_a_retried_turn_never_runs_twice(mesh_factory: Mesh, shared_store: str) -> None:
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("echo", "echo")
     # Short leases: a killed owner's sessions move within 2 s, not 6.
     servers = [
-        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
-        for i in (1, 2)
+        mesh.spawn_server(f"s{i}", "--store", shared_store, "--lease-seconds", "2") for i in (1, 2)
     ]
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers
@@ -205,7 +201,7 @@ async def test_a_retry_of_a_failed_turn_runs_it_again(client: AsyncClient) -> No
 
 
 async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
-    mesh_factory: Mesh, redis_server: RedisServer
+    mesh_factory: Mesh, shared_store: str
 ) -> None:
     """The owner freezes mid-turn (SIGSTOP: a partition, as its peers see it);
     the caller retries with its key on another server, which gives the turn up
@@ -216,8 +212,7 @@ async def test_a_cut_off_owner_cannot_commit_a_turn_retried_elsewhere(
     worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
     # Short leases: a killed owner's sessions move within 2 s, not 6.
     servers = [
-        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
-        for i in (1, 2)
+        mesh.spawn_server(f"s{i}", "--store", shared_store, "--lease-seconds", "2") for i in (1, 2)
     ]
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers

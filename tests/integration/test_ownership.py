@@ -49,17 +49,6 @@ def _open_gate(mesh: Mesh, gate: str) -> None:
     (mesh.probe_dir / f"gate-{gate}").write_text("open")
 
 
-@pytest.fixture(params=["redis", "postgres"])
-def shared_store(request: pytest.FixtureRequest) -> str:
-    """The URL of a store every server shares: Redis, or a database of its own
-    on the run's PostgreSQL."""
-    if request.param == "redis":
-        redis: RedisServer = request.getfixturevalue("redis_server")
-        return redis.url
-    postgres: PostgresServer = request.getfixturevalue("postgres_server")
-    return postgres.database(f"own_{uuid.uuid4().hex[:12]}")
-
-
 async def test_with_the_router_down_a_session_keeps_its_one_owner(
     mesh_factory: Mesh, shared_store: str
 ) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.mesh import Mesh, RedisServer, session_owned_by
+from tests.support.mesh import Mesh, session_owned_by
 from turnmesh.client import AsyncClient, NotWaitingError
 from turnmesh.v1 import message_pb2
 
@@ -54,16 +54,15 @@ async def test_a_pause_survives_a_sqlite_server_crash(mesh_factory: Mesh, tmp_pa
         assert "Approved: calculator returned 42." in approved.text
 
 
-async def test_a_pause_survives_the_death_of_its_redis_owner(
-    mesh_factory: Mesh, redis_server: RedisServer
+async def test_a_pause_survives_the_death_of_its_owner(
+    mesh_factory: Mesh, shared_store: str
 ) -> None:
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("demo", "demo")
     # Short leases: a killed owner's sessions move within 2 s, not 6.
     servers = [
-        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2")
-        for i in (1, 2)
+        mesh.spawn_server(f"s{i}", "--store", shared_store, "--lease-seconds", "2") for i in (1, 2)
     ]
     mesh.wait_ready(worker, *servers)
     victim, survivor = servers

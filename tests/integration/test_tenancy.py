@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.certs import TestCA
-from tests.support.mesh import Component, Mesh, RedisServer, until
+from tests.support.mesh import Component, Mesh, until
 from turnmesh.client import (
     AsyncClient,
     NotFoundError,
@@ -576,15 +576,15 @@ async def test_isolation_survives_a_sqlite_server_restart(
     await _each_sees_only_its_own(second.address, "same-name")
 
 
-async def test_isolation_survives_failover_on_redis(
-    mesh_factory: Mesh, tmp_path: Path, redis_server: RedisServer
+async def test_isolation_survives_failover_on_a_shared_store(
+    mesh_factory: Mesh, tmp_path: Path, shared_store: str
 ) -> None:
     keys = _keys_file(tmp_path / "keys")
     mesh = mesh_factory
     mesh.common_args = ("--mesh-key", MESH_KEY)
     router = mesh.start_router()
     worker = mesh.spawn_worker("worker-echo", "echo")
-    flags = ("--store", redis_server.url, "--lease-seconds", "2", "--api-keys-file", str(keys))
+    flags = ("--store", shared_store, "--lease-seconds", "2", "--api-keys-file", str(keys))
     servers = [mesh.spawn_server(f"server-{i}", *flags) for i in (1, 2)]
     mesh.wait_ready(worker, *servers)
     sid = f"failover-{uuid.uuid4().hex[:8]}"
