@@ -1,6 +1,6 @@
 """Does committing a turn cost the same with 2 or 2,000 messages of history?
 
-For each store (memory, SQLite, a real Redis), time committing a turn to a
+For each store (memory, SQLite, a real Redis, a real PostgreSQL), time committing a turn to a
 session whose history holds 2 messages and to one holding 2,000, in the same
 run, and report the ratio (1.0 = no dependence on history length).
 
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from tests.support.mesh import RedisServer
+from tests.support.postgres import PostgresServer
 from turnmesh.server.stores import open_store
 from turnmesh.server.stores.base import SessionRecord, SessionStore
 from turnmesh.v1 import event_pb2, message_pb2
@@ -50,16 +51,19 @@ async def _compare(store: SessionStore, turns: int) -> tuple[float, float]:
 async def main(turns: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp))
+        postgres = PostgresServer()
         try:
             urls = {
                 "memory": "memory",
                 "sqlite": f"sqlite:{Path(tmp) / 'bench.db'}",
                 "redis": redis.url,
+                "postgres": postgres.database("bench_store_append"),
             }
             print(f"median ms to commit a 2-message turn, {turns} turns each")
             print(f"{'store':8} {'history 2':>10} {'history 2000':>13} {'ratio':>6}")
             for name, url in urls.items():
                 store = open_store(url, 600)
+                await store.open()
                 await _seeded(store, "short", 2)
                 await _seeded(store, "long", 2000)
                 await _compare(store, 20)  # warm up
@@ -68,6 +72,7 @@ async def main(turns: int) -> None:
                 await store.close()
         finally:
             redis.stop()
+            postgres.stop()
 
 
 if __name__ == "__main__":
