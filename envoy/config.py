@@ -278,6 +278,8 @@ def _read_paths() -> tuple[str, ...]:
     paths = []
     for module, name in (
         (session_service_pb2, "SessionService"),
+        # REST's SubscribeTurn (StreamSubscribeTurn) is a read too.
+        (event_stream_pb2, "EventStreamService"),
         (compat_service_pb2, "CompatService"),
         (a2a_pb2, "A2AService"),
     ):
@@ -449,12 +451,12 @@ def _openai_unserved_routes() -> list[dict[str, Any]]:
     ]
 
 
-# The REST paths whose answer is a stream of Events (Turn, SubscribeTurn,
-# ChatStream). With every zero field printed an event would carry `role: ""`
-# and the like, which the real AG-UI client rejects (AGUI-NOTES.md).
 # The REST event streams: EventStreamService binds the same paths as Turn
 # and SubscribeTurn, and prints the events itself (several to a message).
 EVENT_STREAM_PATHS = r"^/v1/sessions/[^/]+/turns(/[^/]+/events)?/?$"
+# The other REST paths whose answer is a stream of Events (ChatStream),
+# transcoded. With every zero field printed an event would carry `role: ""`
+# and the like, which the real AG-UI client rejects (AGUI-NOTES.md).
 STREAMED_PATHS = r"^/v1/chat:stream/?$|^/agent/[^/]+/chat/stream/?$"
 
 

@@ -328,6 +328,9 @@ def test_a_servers_death_is_retried_elsewhere_within_a_budget() -> None:
     reads = {r["match"].get("path"): r for r in routes if r["match"].get("path") in READ_PATHS}
     assert set(reads) == set(READ_PATHS)
     assert "/turnmesh.v1.SessionService/GetHistory" in reads
+    # REST's resume of a turn is a read (its SSE form), as SubscribeTurn is.
+    assert "/turnmesh.v1.EventStreamService/StreamSubscribeTurn" in reads
+    assert "/turnmesh.v1.EventStreamService/StreamTurn" not in reads
     assert not any(p.rsplit("/", 1)[1] == "Turn" or "Create" in p for p in READ_PATHS)
     for route in reads.values():
         assert "reset" in route["route"]["retry_policy"]["retry_on"].split(",")
