@@ -103,10 +103,12 @@ bench: install
 	$(PY) -m bench.edge_uploads
 
 # 64 conversations for 90 s while workers, a server and the router are killed
-# and a server is frozen (SIGSTOP, then SIGCONT); writes chaos-report.json and
-# fails if a turn was lost or duplicated, or a caller got an unexplained 503.
+# and a server is frozen (SIGSTOP, then SIGCONT), on Redis, then on PostgreSQL;
+# writes chaos-report.json (and -postgres.json) and fails if a turn was lost or
+# duplicated, or a caller got an unexplained 503.
 chaos: install
 	$(PY) -m tests.support.chaos --seconds 90 --conversations 64 --report chaos-report.json
+	$(PY) -m tests.support.chaos --seconds 90 --conversations 64 --store postgres --report chaos-report-postgres.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -25,9 +25,10 @@ def cpu_hog() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("cpu_hog")
-async def test_chaos_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+async def test_chaos_loses_and_duplicates_nothing(tmp_path: Path, store: str) -> None:
     report = tmp_path / "chaos.json"
-    counts = await chaos(seconds=12, conversations=64, report=report)
+    counts = await chaos(seconds=12, conversations=64, report=report, store=store)
     assert report.exists()
     assert counts.turns_finished > 64, counts
     assert counts.hung == 0, counts

@@ -6,6 +6,7 @@ accounted for.
 `make chaos` runs it long; `tests/integration/test_chaos.py` runs it short.
 Loopback only, bounded in time, stops by itself, ends only processes it
 started. Usage: python -m tests.support.chaos [--seconds N] [--conversations N]
+[--store redis|postgres] (the store every server shares).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from tests.support.mesh import Component, Mesh, RedisServer
+from tests.support.postgres import PostgresServer
 from turnmesh.client import AsyncClient, TurnmeshClientError
 from turnmesh.runtime.serving import insecure_channel
 from turnmesh.v1 import router_service_pb2 as rpb
@@ -123,13 +125,19 @@ class Conversation:
 
 
 class ChaosRun:
-    def __init__(self, workdir: Path, seconds: float, conversations: int) -> None:
+    def __init__(
+        self, workdir: Path, seconds: float, conversations: int, store: str = "redis"
+    ) -> None:
         self.workdir = workdir
         self.seconds = seconds
         self.conversations = conversations
         self.counts = Counts()
         self.mesh = Mesh(workdir / "mesh")
+        # The store every server shares: a Redis or a PostgreSQL of the run's own.
+        self.store = store
         self.redis: RedisServer | None = None
+        self.postgres: PostgresServer | None = None
+        self.store_url = ""
         self.rng = random.Random(7)
         # Set once every fault of the plan happened (or the fault loop ended).
         self.plan_done = asyncio.Event()
@@ -139,12 +147,17 @@ class ChaosRun:
     # The mesh ----------------------------------------------------------------
 
     def start(self) -> None:
-        self.redis = RedisServer(self.workdir)
+        if self.store == "postgres":
+            self.postgres = PostgresServer()
+            self.store_url = self.postgres.database("chaos")
+        else:
+            self.redis = RedisServer(self.workdir)
+            self.store_url = self.redis.url
         mesh = self.mesh
         mesh.start_router()
         self.workers = [mesh.spawn_worker(f"worker-{i}", "echo") for i in range(3)]
         self.servers = [
-            mesh.spawn_server(f"server-{i}", "--store", self.redis.url, "--grace-seconds", "2")
+            mesh.spawn_server(f"server-{i}", "--store", self.store_url, "--grace-seconds", "2")
             for i in range(2)
         ]
         mesh.wait_ready(*self.workers, *self.servers)
@@ -155,6 +168,8 @@ class ChaosRun:
         self.mesh.stop()
         if self.redis is not None:
             self.redis.stop()
+        if self.postgres is not None:
+            self.postgres.stop()
 
     async def faults(self, deadline: float) -> None:
         """Every fault of the plan, in order, each once the previous one took
@@ -241,7 +256,6 @@ class ChaosRun:
         port = int(server.address.rsplit(":", 1)[1])
         self.mesh.kill(server, signal.SIGKILL)
         self.counts.faults.append(f"{time.monotonic() - start:.1f}s SIGKILL {server.name}")
-        assert self.redis is not None
         # Same port: Envoy's upstream list is static.
         fresh = self.mesh.spawn(
             f"{server.name}-again",
@@ -249,7 +263,7 @@ class ChaosRun:
             "--router",
             self.mesh.router.address if self.mesh.router else "",
             "--store",
-            self.redis.url,
+            self.store_url,
             "--grace-seconds",
             "2",
             port=port,
@@ -477,9 +491,11 @@ def _event_dict(event: Any) -> dict[str, Any]:
     return {"type": event_pb2.EventType.Name(event.type), "seq": event.seq, "runId": event.run_id}
 
 
-async def chaos(seconds: float, conversations: int, report: Path | None) -> Counts:
+async def chaos(
+    seconds: float, conversations: int, report: Path | None, store: str = "redis"
+) -> Counts:
     with tempfile.TemporaryDirectory(prefix="turnmesh-chaos-") as tmp:
-        run = ChaosRun(Path(tmp), seconds, conversations)
+        run = ChaosRun(Path(tmp), seconds, conversations, store)
         try:
             await asyncio.to_thread(run.start)
             counts = await run.run()
@@ -496,8 +512,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--conversations", type=int, default=64)
     parser.add_argument("--report", type=Path, default=Path("chaos-report.json"))
+    parser.add_argument("--store", choices=["redis", "postgres"], default="redis")
     args = parser.parse_args()
-    counts = asyncio.run(chaos(args.seconds, args.conversations, args.report))
+    counts = asyncio.run(chaos(args.seconds, args.conversations, args.report, args.store))
     print(json.dumps({**asdict(counts), "ok": counts.ok}, indent=2))
     raise SystemExit(0 if counts.ok else 1)
 
