@@ -368,12 +368,14 @@ async def test_the_card_says_so_and_no_log_holds_a_secret(
 STORE_DB = 6  # a database of its own on the shared Redis, emptied per test
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "redis-cluster", "postgres"])
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, redis_server: RedisServer
 ) -> AsyncIterator[SessionStore]:
     if request.param == "redis-cluster":
         url = request.getfixturevalue("redis_cluster").url
+    elif request.param == "postgres":
+        url = request.getfixturevalue("postgres_server").database(f"push_{uuid.uuid4().hex[:12]}")
     elif request.param == "redis":
         url = redis_server.url.rpartition("/")[0] + f"/{STORE_DB}"
         raw = redis.Redis.from_url(url)

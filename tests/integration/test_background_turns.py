@@ -20,7 +20,7 @@ from httpx_sse import aconnect_sse
 from standardwebhooks import Webhook
 
 from tests.conftest import SharedMesh
-from tests.support.mesh import Mesh, RedisServer, eventually, session_owned_by
+from tests.support.mesh import Mesh, eventually, session_owned_by
 from tests.support.webhooks import SECRET, Receiver, receiving
 from turnmesh.client import (
     AsyncClient,
@@ -31,7 +31,7 @@ from turnmesh.client import (
     NotWaitingError,
     SessionBusyError,
 )
-from turnmesh.server.stores.redis import RedisStore
+from turnmesh.server.stores import open_store
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 
@@ -392,15 +392,13 @@ async def test_the_record_outlives_the_turns_events(keyed: Keyed) -> None:
 
 
 async def test_a_background_turn_whose_owner_dies_is_failed_owner_lost(
-    mesh_factory: Mesh, redis_server: RedisServer, tmp_path: Path
+    mesh_factory: Mesh, shared_store: str, tmp_path: Path
 ) -> None:
     async with receiving() as hooks:
-        await _owner_dies(mesh_factory, redis_server, tmp_path, hooks)
+        await _owner_dies(mesh_factory, shared_store, tmp_path, hooks)
 
 
-async def _owner_dies(
-    mesh: Mesh, redis_server: RedisServer, tmp_path: Path, hooks: Receiver
-) -> None:
+async def _owner_dies(mesh: Mesh, shared_store: str, tmp_path: Path, hooks: Receiver) -> None:
     mesh.start_router()
     workers = [mesh.spawn_worker("probe", "probe_agent:ProbeAgent")]
     secret = tmp_path / "webhook.secret"
@@ -415,12 +413,13 @@ async def _owner_dies(
     ]
     # Short leases: a killed owner's sessions move within 2 s, not 6.
     servers = [
-        mesh.spawn_server(f"s{i}", "--store", redis_server.url, "--lease-seconds", "2", *webhooks)
+        mesh.spawn_server(f"s{i}", "--store", shared_store, "--lease-seconds", "2", *webhooks)
         for i in (1, 2)
     ]
     mesh.wait_ready(*workers, *servers)
     victim, survivor = servers
-    store = RedisStore(redis_server.url, event_ttl_seconds=600)
+    store = open_store(shared_store, event_ttl_seconds=600)
+    await store.open()
     async with AsyncClient(survivor.address) as client:
         sid = await session_owned_by(client, mesh, victim, "probe")
         # A turn that committed, whose record (as if its owner died between
