@@ -45,6 +45,8 @@ IDLE_CHECK_SECONDS = 2.0
 # ...) until this, then starts over at the next call: the delay after a long
 # outage stays short, so a database back serves again within seconds.
 RECONNECT_SECONDS = 10.0
+# What a caller is told to wait when the database cannot be reached (Retry-After).
+STORE_RETRY_AFTER = 2
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -163,7 +165,10 @@ def unavailable_when_down(cls: type[T]) -> type[T]:
                         type(exc).__name__,
                         getattr(exc, "sqlstate", None) or "no sqlstate",
                     )
-                    raise Unavailable("the session store is unavailable") from exc
+                    # Retry-After: a restarting database is back in seconds.
+                    raise Unavailable(
+                        "the session store is unavailable", retry_after=STORE_RETRY_AFTER
+                    ) from exc
 
             return guarded
 

@@ -16,7 +16,7 @@ import pytest
 from tests.support.mesh import Mesh, eventually
 from tests.support.postgres import PostgresServer
 from turnmesh.cli.main import main
-from turnmesh.client import AsyncClient
+from turnmesh.client import AsyncClient, UnavailableError
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.server.stores import open_store, pg_schema
 from turnmesh.server.stores.base import SessionRecord, TurnAbandoned
@@ -235,3 +235,57 @@ async def test_sessions_on_postgresql_survive_a_server_restart(
         assert replay == done.events
         again = await client.send(sid, "What did I ask first?")
         assert "What is 12*(3+4)?" in again.text
+
+
+async def test_a_mesh_whose_database_restarts_mid_turn_fails_it_cleanly_and_recovers(
+    mesh_factory: Mesh,
+) -> None:
+    """Two servers on a database that goes away while a turn runs: the turn
+    ends with a clean error and writes nothing, calls meanwhile are retryable
+    503s, and once the database is back the same sessions take turns again,
+    their histories whole."""
+    server = PostgresServer()  # its own: the shared one stays up for the others
+    try:
+        url = server.database("mesh_restart") + "?pool_timeout_ms=500"
+        mesh = mesh_factory
+        mesh.start_router()
+        worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
+        servers = [
+            mesh.spawn_server(name, "--store", url, "--lease-seconds", "2") for name in ("a", "b")
+        ]
+        mesh.wait_ready(worker, *servers)
+        gate = f"pg-{uuid.uuid4().hex[:8]}"
+        async with AsyncClient(servers[0].address) as client:
+            sid = (await client.create_session(agent="probe")).session_id
+            first = await client.send(sid, "one", metadata={"deltas": 1, "delay_ms": 1})
+            async with client.stream_turn(
+                sid, "two", metadata={"deltas": 2, "delay_ms": 1, "gate": gate}
+            ) as stream:
+                async for event in stream:
+                    if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
+                        break
+                server.halt()
+                (mesh.probe_dir / f"gate-{gate}").write_text("open")
+                rest = [event async for event in stream]
+            # The turn could not commit: it ends with an error, not RUN_FINISHED.
+            assert rest[-1].type == event_pb2.RUN_ERROR, rest[-1]
+            with pytest.raises(UnavailableError) as refused:
+                await client.send(sid, "while it is down", metadata={"deltas": 1})
+            assert refused.value.retry_after is not None
+            server.start()
+
+            async def served() -> bool:
+                try:
+                    return bool(await client.history(sid))
+                except UnavailableError:
+                    return False  # pools and leases still coming back
+
+            await eventually(served, timeout=60, what="the mesh to serve the session again")
+            assert [m.content for m in await client.history(sid)] == ["one", "part0 "]
+            again = await client.send(sid, "three", metadata={"deltas": 1, "delay_ms": 1})
+            assert again.text == "part0 "
+            history = [m.content for m in await client.history(sid)]
+            assert history == ["one", "part0 ", "three", "part0 "]
+            assert first.turn_id != again.turn_id
+    finally:
+        server.stop()
