@@ -275,3 +275,18 @@ def test_a_bad_variable_of_one_command_is_no_other_commands_traceback(
             build_parser().parse_args([command])
         assert exited.value.code == 2
         assert f"argument {flag}: invalid" in capsys.readouterr().err
+
+
+def test_a_postgresql_store_comes_from_the_file_or_the_environment(
+    no_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`store` in turnmesh.toml or TURNMESH_STORE names a PostgreSQL database
+    as any other store, and every server `up` starts gets it."""
+    url = "postgresql://tm@db.internal/turnmesh?pool_max=4"
+    no_env.setenv("TURNMESH_STORE", url)
+    assert _up([]).server_args()[-2:] == ["--store", url]
+    toml = tmp_path / "turnmesh.toml"
+    toml.write_text("[up]\nstore = 'postgres://tm@other/turnmesh'\nservers = 2\n")
+    config = _up([], toml)
+    assert (config.store, config.servers) == ("postgres://tm@other/turnmesh", 2)
+    assert config.server_args()[-2:] == ["--store", "postgres://tm@other/turnmesh"]
