@@ -27,6 +27,31 @@ MIGRATION_LOCK = 0x746D_7363_6865_6D61
 
 # (version, name, statements): a step is never edited once released; a
 # change is a new step.
+# Sessions counted as they are made and deleted, by a trigger in the same
+# transaction: `--max-sessions` is checked on every create, and count(*) over
+# the table grows with it. The trigger comes first: it locks the table, so no
+# session is made between the backfill and the count taking over.
+SESSION_COUNTS = """
+CREATE TABLE session_counts (
+    principal text COLLATE "C" PRIMARY KEY,
+    sessions bigint NOT NULL
+);
+CREATE FUNCTION turnmesh_count_sessions() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO session_counts (principal, sessions) VALUES (NEW.principal, 1)
+        ON CONFLICT (principal) DO UPDATE SET sessions = session_counts.sessions + 1;
+    ELSE
+        UPDATE session_counts SET sessions = sessions - 1 WHERE principal = OLD.principal;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER sessions_counted AFTER INSERT OR DELETE ON sessions
+    FOR EACH ROW EXECUTE FUNCTION turnmesh_count_sessions();
+INSERT INTO session_counts (principal, sessions)
+    SELECT principal, count(*) FROM sessions GROUP BY principal;
+"""
+
 STEPS: list[tuple[int, str, str]] = [
     (
         1,
@@ -139,6 +164,7 @@ CREATE INDEX a2a_tasks_by_principal ON a2a_tasks (principal, created_ns, task_id
 """,
     ),
     (2, "member leases and address holds", pg_leases.TABLES),
+    (3, "session counts per principal", SESSION_COUNTS),
 ]
 LATEST = STEPS[-1][0]
 TABLE = "turnmesh_schema"

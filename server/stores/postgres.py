@@ -310,7 +310,8 @@ class PostgresStore(TurnCommits, PostgresLeases):
 
     async def count(self) -> int:
         async with self._pool.connection() as conn:
-            cur = await conn.execute("SELECT count(*) FROM sessions")
+            # Kept by a trigger (schema step 3): not a scan of every session.
+            cur = await conn.execute("SELECT coalesce(sum(sessions), 0) FROM session_counts")
             row = await cur.fetchone()
         return int(row[0]) if row else 0
 
@@ -493,7 +494,9 @@ def _record(row: tuple[Any, ...]) -> SessionRecord:
 
 
 async def _count_of(conn: Connection, principal: str) -> int:
-    cur = await conn.execute("SELECT count(*) FROM sessions WHERE principal = %s", (principal,))
+    cur = await conn.execute(
+        "SELECT sessions FROM session_counts WHERE principal = %s", (principal,)
+    )
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 

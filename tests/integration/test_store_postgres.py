@@ -289,3 +289,29 @@ async def test_a_mesh_whose_database_restarts_mid_turn_fails_it_cleanly_and_reco
             assert first.turn_id != again.turn_id
     finally:
         server.stop()
+
+
+async def test_session_counts_are_kept_and_backfilled_by_the_migration(fresh_url: str) -> None:
+    """`--max-sessions` reads a count kept by a trigger, not a scan: it follows
+    creates and deletes per principal, and schema step 3 counts the sessions
+    a database already held."""
+    store = _store(fresh_url)
+    await store.open()
+    try:
+        for sid in ("acme/a", "acme/b", "zed/c"):
+            await store.create(SessionRecord(sid, "demo", 1.0, 1.0))
+        await store.delete("acme/b")
+        assert (await store.count(), await store.count_of("acme")) == (2, 1)
+        # A database from before step 3, holding sessions: the step counts them.
+        async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as conn:
+            await conn.execute(
+                b"DROP TRIGGER sessions_counted ON sessions;"
+                b" DROP FUNCTION turnmesh_count_sessions(); DROP TABLE session_counts;"
+                b" DELETE FROM turnmesh_schema WHERE version = 3"
+            )
+            await store.create(SessionRecord("zed/d", "demo", 1.0, 1.0))  # uncounted
+            assert [v for v, _ in await pg_schema.migrate(conn)] == [3]
+        assert (await store.count(), await store.count_of("zed")) == (3, 2)
+        assert await store.count_of("nobody") == 0
+    finally:
+        await store.close()
