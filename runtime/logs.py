@@ -23,19 +23,39 @@ from typing import Any
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 
 
-# A key in a query (`token=`) or a header line as libraries log them
-# (`authorization: Bearer …`, `< Authorization: …`, `x-api-key: …`).
-_SECRET = re.compile(r"(?i)(\btoken=|\bauthorization:\s*(?:bearer\s+)?|\bx-api-key:\s*)[^\s&\"',]+")
+# A key in a query (`token=`, `access_token=`, `api_key=`) or a header as
+# libraries log it: a line (`< Authorization: Basic …`), a dict or a gRPC
+# metadata tuple (`'authorization', 'Bearer …'`); the scheme word is kept.
+_SECRET = re.compile(
+    r"(?i)((?<![a-z0-9])(?:[a-z]+_)?(?:token|api_?key)="
+    r"|\b(?:authorization|x-api-key|api-key|x-turnmesh-mesh-key)[\"']?\s*[:=,]\s*[\"']?"
+    r"(?:(?:bearer|basic|token)\s+)?)"
+    r"[^\s&\"',)\]}]+"
+)
+_EXCEPTION = logging.Formatter()
+
+
+def _redacted(text: str) -> str:
+    return _SECRET.sub(r"\1[redacted]", text)
 
 
 class RedactSecrets(logging.Filter):
-    """Replaces credentials in a record's message with ``[redacted]``."""
+    """Replaces credentials in a record's message and its traceback with
+    ``[redacted]``; never raises (a record it cannot format passes as it is,
+    for the handler to report, as logging does)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
         if _SECRET.search(message) is not None:
-            record.msg = _SECRET.sub(r"\1[redacted]", message)
+            record.msg = _redacted(message)
             record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _EXCEPTION.formatException(record.exc_info)
+        if record.exc_text and _SECRET.search(record.exc_text) is not None:
+            record.exc_text = _redacted(record.exc_text)
         return True
 
 
@@ -56,7 +76,7 @@ class JsonFormatter(logging.Formatter):
         }
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
 
 

@@ -54,13 +54,18 @@ async def coalesced(
     the next (at most about ``MAX_BODY_BYTES`` a message)."""
     held: list[httpbody_pb2.HttpBody] = []
     size = 0
-    async for body in bodies:
-        held.append(body)
-        size += len(body.data)
-        if ready() and size < MAX_BODY_BYTES:
-            continue
-        yield _joined(held)
-        held, size = [], 0
+    try:
+        async for body in bodies:
+            held.append(body)
+            size += len(body.data)
+            if ready() and size < MAX_BODY_BYTES:
+                continue
+            yield _joined(held)
+            held, size = [], 0
+    except Exception:
+        if held:  # what the client was owed before the surface failed
+            yield _joined(held)
+        raise
     if held:
         yield _joined(held)
 

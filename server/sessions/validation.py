@@ -27,6 +27,8 @@ from turnmesh.v1 import session_service_pb2 as spb
 MAX_MESSAGE_CHARS = 10_000
 MAX_FILENAME_CHARS = 255
 MAX_IDEMPOTENCY_KEY_CHARS = 256
+# Characters no identifier of a client's carries (C0 controls and DEL).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_METADATA_BYTES = 64 * 1024
 MAX_SEED_MESSAGES = 10_000
 MAX_SEED_MESSAGE_CHARS = 100_000
@@ -255,6 +257,9 @@ def validate_turn(request: spb.TurnRequest) -> None:
                 "idempotency_key", f"must be at most {MAX_IDEMPOTENCY_KEY_CHARS} characters"
             )
         )
+    elif _CONTROL.search(request.idempotency_key):
+        # A key is an identifier; NUL is one no PostgreSQL text column holds.
+        violations.append(FieldViolation("idempotency_key", "must not contain control characters"))
     if request.metadata.ByteSize() > MAX_METADATA_BYTES:
         violations.append(FieldViolation("metadata", f"must be at most {MAX_METADATA_BYTES} bytes"))
     _raise_if(violations)

@@ -28,7 +28,7 @@ import psycopg
 import psycopg_pool
 from psycopg import errors
 
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import FieldViolation, InvalidArgument, Unavailable
 
 MIN_CONNECTIONS = 2
 # Turns commit in one short transaction each: ten connections carry a
@@ -73,15 +73,20 @@ class Settings:
     max_size: int = MAX_CONNECTIONS
     statement_timeout_ms: int = STATEMENT_TIMEOUT_MS
     checkout_seconds: float = CHECKOUT_SECONDS
+    # The URL's own libpq `options` (a `search_path`, say), kept beside the
+    # statement timeout the pool adds, and its `connect_timeout` if given.
+    options: str = ""
+    connect_timeout: int = CONNECT_SECONDS
 
 
 def settings(url: str) -> Settings:
     """The URL without turnmesh's own parameters, and those parameters."""
     parts = urlsplit(url)
     ours = {"pool_min", "pool_max", "pool_timeout_ms", "statement_timeout_ms"}
+    merged = {"options", "connect_timeout"}  # given to the pool with its own
     query = parse_qsl(parts.query, keep_blank_values=True)
-    given = {k: v for k, v in query if k in ours}
-    rest = urlencode([(k, v) for k, v in query if k not in ours])
+    given = {k: v for k, v in query if k in ours | merged}
+    rest = urlencode([(k, v) for k, v in query if k not in ours | merged])
     conninfo = urlunsplit(parts._replace(query=rest))
     try:
         found = Settings(
@@ -90,6 +95,8 @@ def settings(url: str) -> Settings:
             int(given.get("pool_max", MAX_CONNECTIONS)),
             int(given.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS)),
             int(given.get("pool_timeout_ms", CHECKOUT_SECONDS * 1000)) / 1000,
+            given.get("options", ""),
+            int(given.get("connect_timeout", CONNECT_SECONDS)),
         )
     except ValueError:
         raise ValueError(f"the store URL's {sorted(given)} must be integers") from None
@@ -123,8 +130,8 @@ def pool(found: Settings) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConne
         reset=_returned,
         kwargs={
             "autocommit": True,
-            "connect_timeout": CONNECT_SECONDS,
-            "options": f"-c statement_timeout={found.statement_timeout_ms}",
+            "connect_timeout": found.connect_timeout,
+            "options": f"{found.options} -c statement_timeout={found.statement_timeout_ms}".strip(),
         },
         open=False,
         name="turnmesh-store",
@@ -159,6 +166,13 @@ def unavailable_when_down(cls: type[T]) -> type[T]:
             async def guarded(*args: Any, **kwargs: Any) -> Any:
                 try:
                     return await method(*args, **kwargs)
+                except psycopg.DataError as exc:
+                    # A value no column of its type holds (a NUL in text):
+                    # the caller's, refused; the transaction wrote nothing.
+                    log.info("the session store refused a value: %s", type(exc).__name__)
+                    raise InvalidArgument(
+                        [FieldViolation("request", "holds a value the session store cannot keep")]
+                    ) from exc
                 except DOWN as exc:
                     log.warning(
                         "the session store failed: %s (%s)",

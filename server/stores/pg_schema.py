@@ -165,6 +165,12 @@ CREATE INDEX a2a_tasks_by_principal ON a2a_tasks (principal, created_ns, task_id
     ),
     (2, "member leases and address holds", pg_leases.TABLES),
     (3, "session counts per principal", SESSION_COUNTS),
+    # The expiry pass deletes push configs past their time: not a scan.
+    (
+        4,
+        "push configs by expiry",
+        "CREATE INDEX a2a_push_configs_by_expiry ON a2a_push_configs (expire_at);",
+    ),
 ]
 LATEST = STEPS[-1][0]
 TABLE = "turnmesh_schema"
@@ -193,6 +199,9 @@ async def migrate(conn: AsyncConnection[Any]) -> list[tuple[int, str]]:
     """Apply the pending steps (the connection in autocommit mode): the ones
     applied, in order."""
     async with conn.transaction():
+        # A step may rewrite or count a large table: not bound by the pool's
+        # statement timeout (a server would fail to start on every try).
+        await conn.execute("SET LOCAL statement_timeout = 0")
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         await conn.execute(
             sql.SQL(

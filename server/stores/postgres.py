@@ -9,7 +9,7 @@ need of it ``pg_leases``.
 Shared by every server of a mesh: a session's owner is the server whose
 lease token its row carries (``pg_leases``: member leases and owner swaps
 on the database's clock, as ``server.mesh.leases`` needs), and a commit is
-fenced by it, so a server that lost a session can never write to it.
+fenced by it, so a server that lost a session can never commit a turn to it.
 
 Every write is one transaction. A commit locks its session's row (FOR
 UPDATE): a commit and a delete of the session serialize, so a late commit
@@ -64,18 +64,20 @@ READ_COLUMNS = (
     "session_id, agent_name, created_at, last_activity, metadata, message_count,"
     " pause, webhook_url, owner"
 )
-# Every table keyed by session, emptied with it (one statement: the CTEs
-# all run).
-DELETE = """
+# Every table keyed by session but the session's own row, emptied (one
+# statement: the CTEs all run). Run after the row is deleted, in a later
+# statement of the same transaction: READ COMMITTED gives it a snapshot taken
+# once every writer holding the row (a commit's FOR UPDATE, a record's FOR
+# SHARE) has finished, so nothing such a writer added is left behind.
+DELETE_CHILDREN = """
 WITH m AS (DELETE FROM messages WHERE session_id = %(s)s),
      c AS (DELETE FROM checkpoints WHERE session_id = %(s)s),
      e AS (DELETE FROM events WHERE session_id = %(s)s),
      k AS (DELETE FROM idempotency_keys WHERE session_id = %(s)s),
      st AS (DELETE FROM turn_status WHERE session_id = %(s)s),
      r AS (DELETE FROM turn_records WHERE session_id = %(s)s),
-     p AS (DELETE FROM a2a_push_configs WHERE session_id = %(s)s),
-     t AS (DELETE FROM a2a_tasks WHERE session_id = %(s)s)
-DELETE FROM sessions WHERE session_id = %(s)s RETURNING 1
+     p AS (DELETE FROM a2a_push_configs WHERE session_id = %(s)s)
+DELETE FROM a2a_tasks WHERE session_id = %(s)s
 """
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 
@@ -154,9 +156,15 @@ class PostgresStore(TurnCommits, PostgresLeases):
         return None if row is None else _record(row)
 
     async def delete(self, session_id: str) -> bool:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(DELETE, {"s": session_id})
-            return await cur.fetchone() is not None
+        async with self._pool.connection() as conn, conn.transaction():
+            # The row first: this waits for any writer holding it; the rest
+            # then sees what those writers committed (DELETE_CHILDREN).
+            cur = await conn.execute(
+                "DELETE FROM sessions WHERE session_id = %(s)s RETURNING 1", {"s": session_id}
+            )
+            gone = await cur.fetchone() is not None
+            await conn.execute(DELETE_CHILDREN, {"s": session_id})
+            return gone
 
     async def history(self, session_id: str, start: int = 0) -> list[message_pb2.Message]:
         async with self._pool.connection() as conn:

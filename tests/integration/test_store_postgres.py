@@ -17,7 +17,7 @@ from tests.support.mesh import Mesh, eventually
 from tests.support.postgres import PostgresServer
 from turnmesh.cli.main import main
 from turnmesh.client import AsyncClient, UnavailableError
-from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.errors import InvalidArgument, Unavailable
 from turnmesh.server.stores import open_store, pg_schema
 from turnmesh.server.stores.base import SessionRecord, TurnAbandoned
 from turnmesh.server.stores.postgres import PostgresStore
@@ -307,11 +307,65 @@ async def test_session_counts_are_kept_and_backfilled_by_the_migration(fresh_url
             await conn.execute(
                 b"DROP TRIGGER sessions_counted ON sessions;"
                 b" DROP FUNCTION turnmesh_count_sessions(); DROP TABLE session_counts;"
-                b" DELETE FROM turnmesh_schema WHERE version = 3"
+                b" DROP INDEX a2a_push_configs_by_expiry;"
+                b" DELETE FROM turnmesh_schema WHERE version >= 3"
             )
             await store.create(SessionRecord("zed/d", "demo", 1.0, 1.0))  # uncounted
-            assert [v for v, _ in await pg_schema.migrate(conn)] == [3]
+            assert [v for v, _ in await pg_schema.migrate(conn)] == [3, 4]
         assert (await store.count(), await store.count_of("zed")) == (3, 2)
         assert await store.count_of("nobody") == 0
+    finally:
+        await store.close()
+
+
+async def test_a_delete_racing_a_commit_leaves_nothing_of_the_session(fresh_url: str) -> None:
+    """A commit holds the session's row and writes its messages and checkpoint
+    while a delete waits for the row: once the commit is in, the delete takes
+    everything the commit wrote, so the id made again starts empty."""
+    store = _store(fresh_url)
+    await store.open()
+    try:
+        await store.create(SessionRecord("acme/s", "demo", 1.0, 1.0))
+        async with await psycopg.AsyncConnection.connect(fresh_url) as writer:
+            await writer.execute("SELECT 1 FROM sessions WHERE session_id = 'acme/s' FOR UPDATE")
+            await writer.execute("INSERT INTO messages VALUES ('acme/s', 0, 'x')")
+            await writer.execute("INSERT INTO checkpoints VALUES ('acme/s', 'cp')")
+            deleting = asyncio.ensure_future(store.delete("acme/s"))
+            async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as seen:
+
+                async def waiting() -> bool:
+                    cur = await seen.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    )
+                    row = await cur.fetchone()
+                    return bool(row and row[0])
+
+                await eventually(waiting, what="the delete to wait for the row")
+            await writer.commit()
+        assert await deleting is True
+        async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as conn:
+            for table in ("messages", "checkpoints"):
+                cur = await conn.execute(
+                    f"SELECT count(*) FROM {table} WHERE session_id = 'acme/s'"
+                )
+                assert await cur.fetchone() == (0,), table
+        await store.create(SessionRecord("acme/s", "demo", 2.0, 2.0))
+        assert await store.history("acme/s") == []
+        assert await store.checkpoint("acme/s") == b""
+    finally:
+        await store.close()
+
+
+async def test_a_value_no_column_holds_is_invalid_and_writes_nothing(fresh_url: str) -> None:
+    """Past validation (a caller of the store itself), a NUL in text is the
+    caller's 400, not a driver's error."""
+    store = _store(fresh_url)
+    await store.open()
+    try:
+        await store.create(SessionRecord("acme/s", "demo", 1.0, 1.0))
+        with pytest.raises(InvalidArgument):
+            await store.get_key("acme/s", "a\x00b")
+        assert await store.get_key("acme/s", "ab") is None
     finally:
         await store.close()

@@ -65,3 +65,19 @@ async def test_a_message_stops_growing_at_the_size_bound(in_hand: int) -> None:
     assert sum(len(b.data) for b in sent) == 10 * len(big.data)
     assert all(len(b.data) <= MAX_BODY_BYTES for b in sent)
     assert len(sent) == 3  # four a message, then four, then the two left
+
+
+async def test_frames_held_when_the_surface_fails_go_out_before_the_error() -> None:
+    async def failing() -> AsyncIterator[httpbody_pb2.HttpBody]:
+        yield httpbody_pb2.HttpBody(data=b"data: one\n\n")
+        raise RuntimeError("the surface failed")
+
+    sent: list[bytes] = []
+
+    async def read() -> None:
+        async for body in coalesced(failing(), lambda: 3):  # more always in hand
+            sent.append(body.data)
+
+    with pytest.raises(RuntimeError):
+        await read()
+    assert sent == [b"data: one\n\n"]

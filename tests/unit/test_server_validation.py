@@ -263,6 +263,16 @@ def test_turn_idempotency_key_length(length: int, expected: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("key", "expected"),
+    [("job-1 é✓", []), ("a\x00b", ["idempotency_key"]), ("a\nb", ["idempotency_key"]),
+     ("a\x7f", ["idempotency_key"])],
+)  # fmt: skip
+def test_turn_idempotency_key_has_no_control_characters(key: str, expected: list[str]) -> None:
+    """A NUL no PostgreSQL text column holds: refused for every store alike."""
+    assert turn_fields(idempotency_key=key) == expected
+
+
+@pytest.mark.parametrize(
     ("size", "expected"), [(MAX_METADATA_BYTES, []), (MAX_METADATA_BYTES + 1, ["metadata"])]
 )
 def test_turn_metadata_size(size: int, expected: list[str]) -> None:

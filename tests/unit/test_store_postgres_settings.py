@@ -10,7 +10,7 @@ from turnmesh.cli._up_config import UpConfig
 from turnmesh.cli.up import _preflight
 from turnmesh.server import ServerConfig
 from turnmesh.server.stores import open_store
-from turnmesh.server.stores.pg_client import MAX_CONNECTIONS, redacted, settings
+from turnmesh.server.stores.pg_client import MAX_CONNECTIONS, pool, redacted, settings
 from turnmesh.server.stores.postgres import PostgresStore
 
 
@@ -26,6 +26,20 @@ def test_pool_and_timeouts_come_from_the_url_and_libpq_sees_the_rest() -> None:
     for bad in ("pool_max=x", "pool_min=5&pool_max=2", "pool_max=0", "pool_timeout_ms=0"):
         with pytest.raises(ValueError, match="store URL"):
             settings(f"postgresql://tm@db/turns?{bad}")
+
+
+def test_the_urls_own_options_and_connect_timeout_are_kept() -> None:
+    """A `search_path` in libpq's `options` joins the pool's statement timeout
+    instead of being replaced by it."""
+    found = settings(
+        "postgresql://tm@db/turns?options=-csearch_path%3Dtm&connect_timeout=2&pool_max=3"
+    )
+    assert found.conninfo == "postgresql://tm@db/turns"
+    assert (found.options, found.connect_timeout, found.max_size) == ("-csearch_path=tm", 2, 3)
+    kwargs = pool(found).kwargs
+    assert isinstance(kwargs, dict)
+    assert kwargs["options"] == "-csearch_path=tm -c statement_timeout=10000"
+    assert kwargs["connect_timeout"] == 2
 
 
 def test_a_password_never_reaches_a_message() -> None:
