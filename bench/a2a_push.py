@@ -13,12 +13,8 @@ Usage: python -m bench.a2a_push [--turns N] [--stores memory sqlite redis]
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
-import os
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,15 +23,10 @@ from typing import Any
 import grpc
 from a2a.types import a2a_pb2, a2a_pb2_grpc
 
-from bench.listing import machine_speed
+from bench import per_store
 from tests.support.mesh import Mesh, RedisServer
 from tests.support.webhooks import SECRET, Receiver, receiving
 from turnmesh.client import AsyncClient
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
 def _request(context_id: str, url: str = "") -> a2a_pb2.SendMessageRequest:
@@ -136,15 +127,15 @@ async def measure(store: str, turns: int, workdir: Path) -> dict[str, Any]:
             "a2a_task_p50_ms": round(baseline, 2),
             "a2a_task_with_push_p50_ms": round(statistics.median(pushed), 2),
             "ratio_to_task": round(statistics.median(pushed) / baseline, 2),
-            "push_after_answer_p50_ms": _p(push_lag, 0.5),
-            "push_after_answer_p99_ms": _p(push_lag, 0.99),
+            "push_after_answer_p50_ms": per_store.quantile(push_lag, 0.5),
+            "push_after_answer_p99_ms": per_store.quantile(push_lag, 0.99),
             "native_turn_p50_ms": round(statistics.median(native_plain), 2),
             "native_turn_with_webhook_p50_ms": round(statistics.median(native), 2),
             "native_ratio_to_turn": round(
                 statistics.median(native) / statistics.median(native_plain), 2
             ),
-            "notice_after_answer_p50_ms": _p(notice_lag, 0.5),
-            "notice_after_answer_p99_ms": _p(notice_lag, 0.99),
+            "notice_after_answer_p50_ms": per_store.quantile(notice_lag, 0.5),
+            "notice_after_answer_p99_ms": per_store.quantile(notice_lag, 0.99),
         }
     finally:
         mesh.stop()
@@ -152,24 +143,8 @@ async def measure(store: str, turns: int, workdir: Path) -> dict[str, Any]:
             redis.stop()
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
-    for store in args.stores:
-        with tempfile.TemporaryDirectory(prefix=f"turnmesh-a2a-push-{store}-") as tmp:
-            row = await measure(store, args.turns, Path(tmp))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    return rows
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"])
-    args = parser.parse_args()
-    speed = machine_speed()
-    print(f"machine: {os.cpu_count()} cores, {speed} M loop iterations/s", flush=True)
-    asyncio.run(main_async(args))
+    per_store.main(__doc__ or "", "a2a-push", ("turns", 200), measure)
 
 
 if __name__ == "__main__":

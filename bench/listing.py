@@ -11,17 +11,14 @@ Usage: python -m bench.listing [--sessions N] [--stores memory sqlite redis]
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench import per_store
 from tests.support.mesh import Mesh, RedisServer
 from turnmesh.client import AsyncClient
 
@@ -111,34 +108,8 @@ async def measure(store: str, sessions: int, workdir: Path) -> dict[str, Any]:
             redis.stop()
 
 
-def machine_speed() -> float:
-    """Pure-Python loop iterations per microsecond: a rough speed of this
-    machine, printed beside the figures."""
-    started = time.perf_counter()
-    total = 0
-    for i in range(2_000_000):
-        total += i
-    return round(2.0 / (time.perf_counter() - started), 1)
-
-
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
-    for store in args.stores:
-        with tempfile.TemporaryDirectory(prefix=f"turnmesh-listing-{store}-") as tmp:
-            row = await measure(store, args.sessions, Path(tmp))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    return rows
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=10_000)
-    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"])
-    args = parser.parse_args()
-    speed = machine_speed()
-    print(f"machine: {os.cpu_count()} cores, {speed} M loop iterations/s", flush=True)
-    asyncio.run(main_async(args))
+    per_store.main(__doc__ or "", "listing", ("sessions", 10_000), measure)
 
 
 if __name__ == "__main__":

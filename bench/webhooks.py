@@ -10,25 +10,15 @@ Usage: python -m bench.webhooks [--turns N] [--stores memory sqlite redis]
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.listing import machine_speed
+from bench import per_store
 from tests.support.mesh import Mesh, RedisServer
 from tests.support.webhooks import SECRET, receiving
 from turnmesh.client import AsyncClient
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
 async def measure(store: str, turns: int, workdir: Path) -> dict[str, Any]:
@@ -75,8 +65,8 @@ async def measure(store: str, turns: int, workdir: Path) -> dict[str, Any]:
             "turn_p50_ms": round(baseline, 2),
             "turn_with_webhook_p50_ms": round(statistics.median(hooked), 2),
             "ratio_to_turn": round(statistics.median(hooked) / baseline, 2),
-            "notice_after_end_p50_ms": _p(lag, 0.5),
-            "notice_after_end_p99_ms": _p(lag, 0.99),
+            "notice_after_end_p50_ms": per_store.quantile(lag, 0.5),
+            "notice_after_end_p99_ms": per_store.quantile(lag, 0.99),
         }
     finally:
         mesh.stop()
@@ -84,24 +74,8 @@ async def measure(store: str, turns: int, workdir: Path) -> dict[str, Any]:
             redis.stop()
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
-    for store in args.stores:
-        with tempfile.TemporaryDirectory(prefix=f"turnmesh-webhooks-{store}-") as tmp:
-            row = await measure(store, args.turns, Path(tmp))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    return rows
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=300)
-    parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"])
-    args = parser.parse_args()
-    speed = machine_speed()
-    print(f"machine: {os.cpu_count()} cores, {speed} M loop iterations/s", flush=True)
-    asyncio.run(main_async(args))
+    per_store.main(__doc__ or "", "webhooks", ("turns", 300), measure)
 
 
 if __name__ == "__main__":
