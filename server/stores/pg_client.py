@@ -14,14 +14,11 @@ parameters override them (taken out before libpq reads the URL).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -29,6 +26,7 @@ import psycopg_pool
 from psycopg import errors
 
 from turnmesh.runtime.errors import FieldViolation, InvalidArgument, Unavailable
+from turnmesh.server.stores._guard import translating
 
 MIN_CONNECTIONS = 2
 # Turns commit in one short transaction each: ten connections carry a
@@ -47,7 +45,6 @@ IDLE_CHECK_SECONDS = 2.0
 RECONNECT_SECONDS = 10.0
 # What a caller is told to wait when the database cannot be reached (Retry-After).
 STORE_RETRY_AFTER = 2
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # Failures that say the database is not serving us now (not our mistake):
@@ -153,38 +150,24 @@ async def _check_if_idle(conn: psycopg.AsyncConnection[Any]) -> None:
         await psycopg_pool.AsyncConnectionPool.check_connection(conn)
 
 
-def unavailable_when_down(cls: type[T]) -> type[T]:
-    """Every public coroutine of ``cls`` turns the database being down or
-    refusing us into Unavailable, not an internal error."""
-    members = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
-    for name, member in members.items():
-        if not inspect.iscoroutinefunction(member):
-            continue
+def _translated(exc: Exception) -> Exception | None:
+    """The database down or refusing us: Unavailable (Retry-After: it is back
+    in seconds when restarting); a value no column holds: the caller's 400."""
+    if isinstance(exc, psycopg.DataError):
+        # A NUL in text, say: refused, and the transaction wrote nothing.
+        log.info("the session store refused a value: %s", type(exc).__name__)
+        return InvalidArgument(
+            [FieldViolation("request", "holds a value the session store cannot keep")]
+        )
+    if isinstance(exc, DOWN):
+        log.warning(
+            "the session store failed: %s (%s)",
+            type(exc).__name__,
+            getattr(exc, "sqlstate", None) or "no sqlstate",
+        )
+        return Unavailable("the session store is unavailable", retry_after=STORE_RETRY_AFTER)
+    return None
 
-        def wrap(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-            @functools.wraps(method)
-            async def guarded(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await method(*args, **kwargs)
-                except psycopg.DataError as exc:
-                    # A value no column of its type holds (a NUL in text):
-                    # the caller's, refused; the transaction wrote nothing.
-                    log.info("the session store refused a value: %s", type(exc).__name__)
-                    raise InvalidArgument(
-                        [FieldViolation("request", "holds a value the session store cannot keep")]
-                    ) from exc
-                except DOWN as exc:
-                    log.warning(
-                        "the session store failed: %s (%s)",
-                        type(exc).__name__,
-                        getattr(exc, "sqlstate", None) or "no sqlstate",
-                    )
-                    # Retry-After: a restarting database is back in seconds.
-                    raise Unavailable(
-                        "the session store is unavailable", retry_after=STORE_RETRY_AFTER
-                    ) from exc
 
-            return guarded
-
-        setattr(cls, name, wrap(member))
-    return cls
+# Every public coroutine of a PostgreSQL store class translates so.
+unavailable_when_down = translating(_translated)

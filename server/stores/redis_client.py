@@ -6,11 +6,8 @@ or refusing service into ``Unavailable`` on a class's calls.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import redis.asyncio as redis
 from redis import exceptions
@@ -18,6 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from turnmesh.runtime.errors import Unavailable
+from turnmesh.server.stores._guard import translating
 
 # Redis refusing service (auth, protected mode, loading, a read-only replica,
 # a cluster that is down or resharding, out of memory): redis-py raises these
@@ -46,39 +44,27 @@ REFUSALS = (
     "TRYAGAIN",
     "OOM",
 )
-T = TypeVar("T")
 Client = redis.Redis | RedisCluster
 log = logging.getLogger(__name__)
 
 
-def unavailable_when_down(cls: type[T]) -> type[T]:
-    """Every public coroutine of ``cls`` turns Redis being unreachable or
-    refusing us into Unavailable (a retryable 503), not an internal error."""
-    # Inherited ones too (commit_turn and append_messages come from TurnCommits).
-    members = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
-    for name, member in members.items():
-        if not inspect.iscoroutinefunction(member):
-            continue
+def _translated(exc: Exception) -> Exception | None:
+    """Redis unreachable or refusing us: Unavailable (a retryable 503)."""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, redis.ResponseError)):
+        refused = isinstance(exc, REFUSED) or str(exc).startswith(REFUSALS)
+        if isinstance(exc, redis.ResponseError) and not refused:
+            return None  # our own mistake (a script error): internal, logged as such
+        log.warning("the session store failed: %s", type(exc).__name__)
+        return Unavailable("the session store is unavailable")
+    if isinstance(exc, (RedisClusterException, exceptions.ClusterError)):
+        log.warning("the session store's cluster failed: %s", exc)
+        return Unavailable("the session store is unavailable")
+    return None
 
-        def wrap(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-            @functools.wraps(method)
-            async def guarded(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await method(*args, **kwargs)
-                except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
-                    refused = isinstance(exc, REFUSED) or str(exc).startswith(REFUSALS)
-                    if isinstance(exc, redis.ResponseError) and not refused:
-                        raise  # our own mistake (a script error): internal, logged as such
-                    log.warning("the session store failed: %s", type(exc).__name__)
-                    raise Unavailable("the session store is unavailable") from exc
-                except (RedisClusterException, exceptions.ClusterError) as exc:
-                    log.warning("the session store's cluster failed: %s", exc)
-                    raise Unavailable("the session store is unavailable") from exc
 
-            return guarded
-
-        setattr(cls, name, wrap(member))
-    return cls
+# Every public coroutine of a Redis store class (inherited ones too:
+# commit_turn and append_messages come from TurnCommits) translates so.
+unavailable_when_down = translating(_translated)
 
 
 def connect(url: str) -> Client:
