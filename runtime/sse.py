@@ -219,10 +219,11 @@ async def bodies(
     ``MAX_BODY_BYTES``): one message for every event ready at once."""
     async with contextlib.aclosing(batches):
         async for batch in batches:
-            parts: list[str] = []
+            parts: list[bytes] = []
             size = 0
             for event in batch:
-                frame = f"data: {_event_json(event)}\n\n"
+                # Counted in bytes: the JSON keeps non-ASCII text as UTF-8.
+                frame = f"data: {_event_json(event)}\n\n".encode()
                 parts.append(frame)
                 size += len(frame)
                 if size >= MAX_BODY_BYTES:
@@ -232,5 +233,5 @@ async def bodies(
                 yield _body(parts)
 
 
-def _body(parts: list[str]) -> httpbody_pb2.HttpBody:
-    return httpbody_pb2.HttpBody(content_type=CONTENT_TYPE, data="".join(parts).encode())
+def _body(parts: list[bytes]) -> httpbody_pb2.HttpBody:
+    return httpbody_pb2.HttpBody(content_type=CONTENT_TYPE, data=b"".join(parts))

@@ -67,3 +67,14 @@ async def test_each_batch_is_one_message_until_the_size_bound() -> None:
     assert all(len(b.data) < sse.MAX_BODY_BYTES + 100_100 for b in rest)
     frames = b"".join(b.data for b in rest).split(b"\n\n")[:-1]
     assert [json.loads(f.removeprefix(b"data: "))["seq"] for f in frames] == list(range(4, 10))
+
+
+async def test_the_size_bound_counts_bytes_not_characters() -> None:
+    # 40,000 characters of three bytes each: 120 KB a frame, so a message of
+    # three frames would be past the bound in bytes though not in characters.
+    wide = [event_pb2.Event(seq=n, delta="\u20ac" * 40_000) for n in range(1, 7)]
+    bodies = [body async for body in sse.bodies(_batches(wide))]
+    assert len(bodies) == 2
+    assert all(len(b.data) < sse.MAX_BODY_BYTES + 120_100 for b in bodies)
+    frames = b"".join(b.data for b in bodies).split(b"\n\n")[:-1]
+    assert [json.loads(f.removeprefix(b"data: "))["seq"] for f in frames] == list(range(1, 7))
