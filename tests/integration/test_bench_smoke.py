@@ -110,3 +110,14 @@ def test_retention_bench_smoke_run() -> None:
     assert report["event_log_bytes_at_end"] >= 0
     assert report["event_log_bytes_after_window"] == 0  # every finished turn's events went
     assert "server_bytes_per_turn_after_window" in report
+
+
+def test_floors_bench_smoke_run() -> None:
+    """Every sender delivers every word (the bench exits non-zero if one is
+    lost) and each is reported."""
+    output = _run("bench.floors", "--smoke")
+    rows = [line for line in output.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows[1:]] == [
+        "grpc", "stream_layers", "tasks", "pump",
+    ]  # fmt: skip
+    assert "20 streams x 5 words" in output
