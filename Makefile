@@ -97,6 +97,7 @@ bench: install
 	$(PY) -m bench.paced
 	$(PY) -m bench.compat_cost
 	$(PY) -m bench.peers
+	$(PY) -m bench.floors
 	$(PY) -m bench.retention
 	$(PY) -m bench.webhooks
 	$(PY) -m bench.a2a_push

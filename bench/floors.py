@@ -3,7 +3,8 @@
 Each mode is a bare sender in a process of its own (uvloop) streaming paced
 words to one client process on loopback: ``--streams`` streams, a word every
 ``--pace-ms`` per stream (random phase), ``--words`` words each. Reported:
-the sender's CPU per word, from /proc, with nothing of turnmesh in it.
+the sender's CPU per word, from /proc, with nothing of turnmesh in it, and
+the receiving client's (grpc.aio, or asyncio streams for plain TCP).
 
 - ``grpc``: a grpc.aio server, each stream a handler that yields an HttpBody
   (one SSE frame) per word: one Python gRPC message per word, as every hop of
@@ -26,6 +27,7 @@ import asyncio
 import multiprocessing
 import os
 import random
+import resource
 import socket
 import sys
 import time
@@ -175,8 +177,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(mode: str, args: argparse.Namespace) -> tuple[float, int]:
-    """(the sender's CPU ms per word, words received) for one run of ``mode``."""
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(mode: str, args: argparse.Namespace) -> tuple[float, float, int]:
+    """(the sender's and the receiver's CPU ms per word, words received) for
+    one run of ``mode``."""
     port = _free_port()
     ours, theirs = multiprocessing.Pipe()
     sender = multiprocessing.Process(target=_sender, args=(mode, port, args, theirs))
@@ -187,13 +195,14 @@ def measure(mode: str, args: argparse.Namespace) -> tuple[float, int]:
         ours.recv()
         receive = _receive_grpc if mode in ("grpc", "stream_layers") else _receive_tcp
         assert sender.pid is not None
-        before = _cpu_seconds(sender.pid)
+        before, own_before = _cpu_seconds(sender.pid), _own_cpu_seconds()
         words = uvloop.run(receive(port, args.streams))
         spent = _cpu_seconds(sender.pid) - before
+        received = _own_cpu_seconds() - own_before
     finally:
         sender.kill()
         sender.join()
-    return spent * 1000 / max(words, 1), words
+    return spent * 1000 / max(words, 1), received * 1000 / max(words, 1), words
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,22 +217,24 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         args.streams, args.words, args.rounds = 20, 5, 1
-    results: dict[str, list[float]] = {mode: [] for mode in MODES}
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     started = time.time()
     for _ in range(args.rounds):
         for mode in MODES:  # interleaved, so a slow minute touches every mode
-            per_word, words = measure(mode, args)
+            sent, received, words = measure(mode, args)
             if words != args.streams * args.words:
                 sys.exit(f"{mode}: {words} words arrived of {args.streams * args.words}")
-            results[mode].append(per_word)
+            results[mode].append((sent, received))
     print(
         f"{args.streams} streams x {args.words} words, one every {args.pace_ms:g} ms,"
         f" {args.rounds} rounds, {time.time() - started:.0f} s"
     )
-    print("| sender | CPU ms per word, each round |")
-    print("|---|---|")
+    print("| sender | its CPU ms per word, each round | the receiver's, each round |")
+    print("|---|---|---|")
     for mode, values in results.items():
-        print(f"| {mode} | {' / '.join(f'{v:.4f}' for v in values)} |")
+        sent_text = " / ".join(f"{v[0]:.4f}" for v in values)
+        received_text = " / ".join(f"{v[1]:.4f}" for v in values)
+        print(f"| {mode} | {sent_text} | {received_text} |")
 
 
 if __name__ == "__main__":
