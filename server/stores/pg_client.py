@@ -107,12 +107,17 @@ def settings(url: str) -> Settings:
 
 
 def redacted(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its password (in the user part or, as libpq also
+    takes it, a ``password`` parameter), for messages."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+    if parts.password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(name == "password" for name, _ in query):
+        kept = [(name, "***" if name == "password" else value) for name, value in query]
+        parts = parts._replace(query=urlencode(kept, safe="*"))
+    return urlunsplit(parts)
 
 
 def pool(found: Settings) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]:

@@ -45,6 +45,11 @@ def test_the_urls_own_options_and_connect_timeout_are_kept() -> None:
 def test_a_password_never_reaches_a_message() -> None:
     assert redacted("postgresql://tm:hunter2@db:5432/t") == "postgresql://tm:***@db:5432/t"
     assert redacted("postgresql://tm@db/t") == "postgresql://tm@db/t"
+    assert redacted("postgresql://:hunter2@db/t") == "postgresql://:***@db/t"
+    assert (
+        redacted("postgresql://db/t?sslmode=require&password=hunter2")
+        == "postgresql://db/t?sslmode=require&password=***"
+    )
 
 
 def test_open_store_picks_postgresql_without_connecting() -> None:
