@@ -31,6 +31,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -268,22 +269,22 @@ class Mesh:
             self._member(f"server-{i + 1}", "server", port, *server_args, *ws_flags[i])
             for i, port in enumerate(ports.servers)
         ]
-        for member in [*workers, *servers]:
-            member.wait_ready(deadline)
         ws_upstreams = [f"127.0.0.1:{ws}" for ws in ports.websockets]
-        self._start_envoy([s.address for s in servers], ws_upstreams, deadline)
+        # The edge's config needs only the servers' addresses: it is written
+        # and checked (an Envoy run of its own) while they start.
+        with ThreadPoolExecutor(1, thread_name_prefix="edge-config") as pool:
+            checked = pool.submit(self._edge_config, [s.address for s in servers], ws_upstreams)
+            for member in [*workers, *servers]:
+                member.wait_ready(deadline)
+            config_path = checked.result()
+        self._start_envoy(config_path, deadline)
         self.state = "running"
         self.write_status()
 
-    def _start_envoy(self, upstreams: list[str], ws_upstreams: list[str], deadline: float) -> None:
+    def _edge_config(self, upstreams: list[str], ws_upstreams: list[str]) -> Path:
+        """The edge's config file, written and checked."""
         from turnmesh.envoy import EdgeConfig
-        from turnmesh.envoy.process import (
-            EnvoyError,
-            bound_listener,
-            envoy_argv,
-            validate,
-            write_config,
-        )
+        from turnmesh.envoy.process import EnvoyError, validate, write_config
 
         c = self.config
         edge = EdgeConfig(
@@ -305,6 +306,12 @@ class Mesh:
             validate(path)
         except EnvoyError as exc:
             raise UpError(str(exc)) from exc
+        return path
+
+    def _start_envoy(self, path: Path, deadline: float) -> None:
+        from turnmesh.envoy.process import bound_listener, envoy_argv
+
+        c = self.config
         admin_file = self.run_dir / "envoy-admin-address"
         argv = envoy_argv(path, admin_file)
 

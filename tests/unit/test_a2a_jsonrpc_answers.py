@@ -99,3 +99,39 @@ def test_a2a_rows_take_the_sdks_codes() -> None:
     assert errors.ContentTypeNotSupported.jsonrpc_code() == -32005
     assert errors.InvalidArgument.jsonrpc_code() == -32602
     assert errors.RateLimited.jsonrpc_code() == -32058
+
+
+def test_v03_method_names_are_the_pinned_sdks() -> None:
+    """The v0.3 names written out in the binding are a2a-sdk's own list."""
+    from typing import get_args
+
+    from a2a.compat.v0_3 import types as v03
+
+    names = {
+        str(request.model_fields["method"].default)
+        for request in get_args(v03.A2ARequest.model_fields["root"].annotation)
+    }
+    assert names == jsonrpc.V03_METHODS
+
+
+def test_error_responses_are_written_as_the_sdks_server_writes_them() -> None:
+    """Each JSON-RPC error the binding writes by hand, against a2a-sdk's
+    models and response helper: codes, members and their order."""
+    from a2a.server import jsonrpc_models as sdk
+    from a2a.server.request_handlers.response_helpers import build_error_response
+
+    cases: list[tuple[jsonrpc.RpcError, Any]] = [
+        (jsonrpc.RpcError(jsonrpc.PARSE_ERROR, "p"), sdk.JSONParseError(message="p")),
+        (jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "r"), sdk.InvalidRequestError(message="r")),
+        (jsonrpc.RpcError(jsonrpc.METHOD_NOT_FOUND, "m"), sdk.MethodNotFoundError(message="m")),
+        (jsonrpc.RpcError(jsonrpc.INVALID_PARAMS, "a"), sdk.InvalidParamsError(message="a")),
+        (
+            jsonrpc.RpcError(-32050, "d", [{"reason": "X"}]),
+            sdk.JSONRPCError(code=-32050, message="d", data=[{"reason": "X"}]),
+        ),
+        (jsonrpc.RpcError(-32050, "e", []), sdk.JSONRPCError(code=-32050, message="e", data=[])),
+    ]
+    for ours, theirs in cases:
+        for request_id in (7, "a", None):
+            expected = build_error_response(request_id, theirs)
+            assert json.dumps(ours.response(request_id)) == json.dumps(expected)

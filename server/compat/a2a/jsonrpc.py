@@ -22,12 +22,9 @@ import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, cast, get_args
+from typing import Any, cast
 
 import grpc
-from a2a.compat.v0_3 import types as v03
-from a2a.server import jsonrpc_models
-from a2a.server.request_handlers.response_helpers import build_error_response
 from a2a.types import a2a_pb2
 from google.api import httpbody_pb2
 from google.protobuf import descriptor, empty_pb2, json_format, message, message_factory
@@ -51,12 +48,29 @@ VERSION = "2.0"
 STATUS_HEADER = "x-turnmesh-jsonrpc-status"
 RETRY_AFTER_HEADER = "retry-after"
 _SERVICE = a2a_pb2.DESCRIPTOR.services_by_name["A2AService"]
-# a2a-sdk's v0.3 names (message/send, tasks/get …), answered "not found"
-# with the v1.0 name to use.
+# A2A v0.3's method names, answered "not found" with the v1.0 names to use.
+# Written out, not read from a2a-sdk's v0.3 models: importing those (and the
+# SDK's JSON-RPC models, with its whole server package) cost every server
+# about 0.2 s and 5 MiB at start; a unit test holds the list to the SDK's.
 V03_METHODS = frozenset(
-    str(request.model_fields["method"].default)
-    for request in get_args(v03.A2ARequest.model_fields["root"].annotation)
+    {
+        "agent/getAuthenticatedExtendedCard",
+        "message/send",
+        "message/stream",
+        "tasks/cancel",
+        "tasks/get",
+        "tasks/pushNotificationConfig/delete",
+        "tasks/pushNotificationConfig/get",
+        "tasks/pushNotificationConfig/list",
+        "tasks/pushNotificationConfig/set",
+        "tasks/resubscribe",
+    }
 )
+# JSON-RPC 2.0's own error codes (its specification, section 5.1).
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
 # A batch: a JSON array (named a batch however deep it is).
 _BATCH = re.compile(rb"\s*\[")
 # Longer texts (an echoed parse failure) are cut: an error never carries a body back.
@@ -66,11 +80,27 @@ Id = str | int | None
 Handler = Callable[[message.Message, ServicerContext], Any]
 
 
+@dataclass(frozen=True)
+class RpcError:
+    """A JSON-RPC error object (``data`` left out when None)."""
+
+    code: int
+    message: str
+    data: Any = None
+
+    def response(self, request_id: Id) -> dict[str, Any]:
+        """The error response for a request, as a2a-sdk's server writes it."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return {"error": error, "id": request_id, "jsonrpc": VERSION}
+
+
 class _Refused(Exception):
     """A request answered with a JSON-RPC error of its own (not a row of the
     error table): a parse error, an invalid request, an unknown method."""
 
-    def __init__(self, error: jsonrpc_models.JSONRPCError, request_id: Id = None) -> None:
+    def __init__(self, error: RpcError, request_id: Id = None) -> None:
         super().__init__(error.message)
         self.error = error
         self.request_id = request_id
@@ -108,7 +138,7 @@ async def answer(
         # between SSE and a plain JSON answer (as a2a-sdk's server does).
         first = await anext(stream, None)
     except _Refused as refused:
-        yield json_body(build_error_response(refused.request_id, refused.error))
+        yield json_body(refused.error.response(refused.request_id))
         return
     except Exception as exc:  # every failure is answered in JSON-RPC's words
         error = _error(exc)
@@ -140,16 +170,17 @@ async def _envelope(body: httpbody_pb2.HttpBody) -> tuple[dict[str, Any], Id]:
         # Read again only when refused (a large body is not copied twice).
         if _BATCH.match(body.data):
             raise _Refused(
-                jsonrpc_models.InvalidRequestError(
-                    message="batch requests are not served: send one JSON-RPC request per POST"
+                RpcError(
+                    INVALID_REQUEST,
+                    "batch requests are not served: send one JSON-RPC request per POST",
                 )
             ) from None
         why = exc.violations[0].description
         if why == "must be a JSON object":  # valid JSON, but no request object
             raise _Refused(
-                jsonrpc_models.InvalidRequestError(message="the body must be a JSON-RPC request")
+                RpcError(INVALID_REQUEST, "the body must be a JSON-RPC request")
             ) from None
-        raise _Refused(jsonrpc_models.JSONParseError(message=f"the body is {why}")) from None
+        raise _Refused(RpcError(PARSE_ERROR, f"the body is {why}")) from None
     return request, _request_id(request)
 
 
@@ -162,9 +193,7 @@ def _call(request: dict[str, Any], request_id: Id, agent: str) -> Call:
     method = _method(method_name, request_id)
     params = request.get("params", {})
     if not isinstance(params, dict):
-        raise _Refused(
-            jsonrpc_models.InvalidParamsError(message='"params" must be an object'), request_id
-        )
+        raise _Refused(RpcError(INVALID_PARAMS, '"params" must be an object'), request_id)
     return Call(request_id, method, _params(method, params, agent))
 
 
@@ -182,8 +211,8 @@ def _request_id(request: dict[str, Any]) -> Id:
     raise _Refused(_invalid_request('"id" must be a string, an integer or null'))
 
 
-def _invalid_request(why: str) -> jsonrpc_models.InvalidRequestError:
-    return jsonrpc_models.InvalidRequestError(message=f"invalid request: {why}")
+def _invalid_request(why: str) -> RpcError:
+    return RpcError(INVALID_REQUEST, f"invalid request: {why}")
 
 
 def _method(name: str, request_id: Id) -> descriptor.MethodDescriptor:
@@ -198,7 +227,7 @@ def _method(name: str, request_id: Id) -> descriptor.MethodDescriptor:
         )
     else:
         why = f"no method {shown}: A2A v1.0's are {', '.join(_SERVICE.methods_by_name)}"
-    raise _Refused(jsonrpc_models.MethodNotFoundError(message=why), request_id)
+    raise _Refused(RpcError(METHOD_NOT_FOUND, why), request_id)
 
 
 def _params(
@@ -245,7 +274,4 @@ def _error_response(request_id: Id, error: TurnmeshError) -> dict[str, Any]:
     google.rpc details (ErrorInfo: reason, domain and metadata, which
     a2a-sdk's client reads; BadRequest's field violations) as ``data``."""
     data = [json_format.MessageToDict(detail) for detail in error.details()]
-    rpc_error = jsonrpc_models.JSONRPCError(
-        code=type(error).jsonrpc_code(), message=error.detail, data=data
-    )
-    return build_error_response(request_id, rpc_error)
+    return RpcError(type(error).jsonrpc_code(), error.detail, data).response(request_id)
