@@ -597,8 +597,11 @@ class Unauthenticated(TurnmeshError):
 
 _BY_CODE[grpc.StatusCode.INTERNAL] = TurnmeshError
 
-# JSON-RPC 2.0's own codes for the rows they fit; the rest count down from here.
+# JSON-RPC 2.0's own codes (its specification, section 5.1) for the rows they
+# fit and for the envelope's own refusals; the rest count down from here.
+JSONRPC_PARSE_ERROR = -32700
 JSONRPC_INVALID_REQUEST = -32600
+JSONRPC_METHOD_NOT_FOUND = -32601
 JSONRPC_INVALID_PARAMS = -32602
 JSONRPC_INTERNAL_ERROR = -32603
 JSONRPC_SERVER_BASE = -32050

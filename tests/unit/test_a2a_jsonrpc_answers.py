@@ -120,16 +120,17 @@ def test_error_responses_are_written_as_the_sdks_server_writes_them() -> None:
     from a2a.server import jsonrpc_models as sdk
     from a2a.server.request_handlers.response_helpers import build_error_response
 
+    rpc = jsonrpc.RpcError
     cases: list[tuple[jsonrpc.RpcError, Any]] = [
-        (jsonrpc.RpcError(jsonrpc.PARSE_ERROR, "p"), sdk.JSONParseError(message="p")),
-        (jsonrpc.RpcError(jsonrpc.INVALID_REQUEST, "r"), sdk.InvalidRequestError(message="r")),
-        (jsonrpc.RpcError(jsonrpc.METHOD_NOT_FOUND, "m"), sdk.MethodNotFoundError(message="m")),
-        (jsonrpc.RpcError(jsonrpc.INVALID_PARAMS, "a"), sdk.InvalidParamsError(message="a")),
+        (rpc(errors.JSONRPC_PARSE_ERROR, "p"), sdk.JSONParseError(message="p")),
+        (rpc(errors.JSONRPC_INVALID_REQUEST, "r"), sdk.InvalidRequestError(message="r")),
+        (rpc(errors.JSONRPC_METHOD_NOT_FOUND, "m"), sdk.MethodNotFoundError(message="m")),
+        (rpc(errors.JSONRPC_INVALID_PARAMS, "a"), sdk.InvalidParamsError(message="a")),
         (
-            jsonrpc.RpcError(-32050, "d", [{"reason": "X"}]),
+            rpc(-32050, "d", [{"reason": "X"}]),
             sdk.JSONRPCError(code=-32050, message="d", data=[{"reason": "X"}]),
         ),
-        (jsonrpc.RpcError(-32050, "e", []), sdk.JSONRPCError(code=-32050, message="e", data=[])),
+        (rpc(-32050, "e", []), sdk.JSONRPCError(code=-32050, message="e", data=[])),
     ]
     for ours, theirs in cases:
         for request_id in (7, "a", None):

@@ -31,6 +31,10 @@ from google.protobuf import descriptor, empty_pb2, json_format, message, message
 
 from turnmesh.runtime import sanitize
 from turnmesh.runtime.errors import (
+    JSONRPC_INVALID_PARAMS,
+    JSONRPC_INVALID_REQUEST,
+    JSONRPC_METHOD_NOT_FOUND,
+    JSONRPC_PARSE_ERROR,
     FieldViolation,
     InvalidArgument,
     InvalidParams,
@@ -66,11 +70,6 @@ V03_METHODS = frozenset(
         "tasks/resubscribe",
     }
 )
-# JSON-RPC 2.0's own error codes (its specification, section 5.1).
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
 # A batch: a JSON array (named a batch however deep it is).
 _BATCH = re.compile(rb"\s*\[")
 # Longer texts (an echoed parse failure) are cut: an error never carries a body back.
@@ -171,16 +170,16 @@ async def _envelope(body: httpbody_pb2.HttpBody) -> tuple[dict[str, Any], Id]:
         if _BATCH.match(body.data):
             raise _Refused(
                 RpcError(
-                    INVALID_REQUEST,
+                    JSONRPC_INVALID_REQUEST,
                     "batch requests are not served: send one JSON-RPC request per POST",
                 )
             ) from None
         why = exc.violations[0].description
         if why == "must be a JSON object":  # valid JSON, but no request object
             raise _Refused(
-                RpcError(INVALID_REQUEST, "the body must be a JSON-RPC request")
+                RpcError(JSONRPC_INVALID_REQUEST, "the body must be a JSON-RPC request")
             ) from None
-        raise _Refused(RpcError(PARSE_ERROR, f"the body is {why}")) from None
+        raise _Refused(RpcError(JSONRPC_PARSE_ERROR, f"the body is {why}")) from None
     return request, _request_id(request)
 
 
@@ -193,7 +192,7 @@ def _call(request: dict[str, Any], request_id: Id, agent: str) -> Call:
     method = _method(method_name, request_id)
     params = request.get("params", {})
     if not isinstance(params, dict):
-        raise _Refused(RpcError(INVALID_PARAMS, '"params" must be an object'), request_id)
+        raise _Refused(RpcError(JSONRPC_INVALID_PARAMS, '"params" must be an object'), request_id)
     return Call(request_id, method, _params(method, params, agent))
 
 
@@ -212,7 +211,7 @@ def _request_id(request: dict[str, Any]) -> Id:
 
 
 def _invalid_request(why: str) -> RpcError:
-    return RpcError(INVALID_REQUEST, f"invalid request: {why}")
+    return RpcError(JSONRPC_INVALID_REQUEST, f"invalid request: {why}")
 
 
 def _method(name: str, request_id: Id) -> descriptor.MethodDescriptor:
@@ -227,7 +226,7 @@ def _method(name: str, request_id: Id) -> descriptor.MethodDescriptor:
         )
     else:
         why = f"no method {shown}: A2A v1.0's are {', '.join(_SERVICE.methods_by_name)}"
-    raise _Refused(RpcError(METHOD_NOT_FOUND, why), request_id)
+    raise _Refused(RpcError(JSONRPC_METHOD_NOT_FOUND, why), request_id)
 
 
 def _params(
