@@ -25,7 +25,7 @@ from turnmesh.runtime.principals import principal_of, public_id
 PUSH_TASKS_PER_SESSION = 100
 # Tasks with configs the memory store keeps in all, and their configs'
 # bytes (each at most a few configs of a few KiB: ``compat.a2a.push_configs``
-# bounds them); past either the writer's own least recently written go first.
+# bounds them); past either, the biggest holder's least recently written go.
 MAX_MEMORY_PUSH_TASKS = 10_000
 MAX_MEMORY_PUSH_BYTES = 32 * 2**20
 
@@ -68,10 +68,13 @@ class _Task:
 class MemoryPushConfigs:
     """Configs in this process's memory, lost with it as the sessions are.
 
-    Bounded in tasks and bytes for the whole server. A write past either
-    makes room from its own principal's least recently written tasks, never
-    from another principal's (one tenant's flood must not drop another's
-    pushes); a principal with nothing left to give is refused (429)."""
+    Bounded in tasks and bytes for the whole server, shared between
+    principals: a write past either bound makes room from the principal that
+    holds the most tasks (its least recently written first), another's only
+    while that one holds more than the writer will, else the writer's own. So
+    a tenant's flood recycles its own configs and never keeps another tenant
+    from its share, and nobody loses configs to a bigger holder. A write
+    with nothing to take is refused (429), nothing dropped."""
 
     def __init__(
         self,
@@ -129,25 +132,42 @@ class MemoryPushConfigs:
         return True
 
     def _make_room(self, key: tuple[str, str], size: int) -> None:
-        """Room for ``key``'s configs at ``size`` bytes: the writer's own
-        other tasks go, least recently written first; ResourceExhausted when
-        they are not enough (nothing is dropped then)."""
+        """Room for ``key``'s configs at ``size`` bytes, taken as the class
+        says; ResourceExhausted when there is none to take (nothing is
+        dropped then)."""
         held = self._tasks.get(key)
         tasks = len(self._tasks) + (held is None)
         needed = self._bytes + size - (held.size() if held else 0)
-        mine = [k for k in self._mine.get(principal_of(key[0]), ()) if k != key]
-        victims = 0
+        if tasks <= self._max_tasks and needed <= self._max_bytes:
+            return
+        writer = principal_of(key[0])
+        # How many tasks each principal holds (the writer's after its write)
+        # and, read lazily, those that may go, least recently written first.
+        holds = {p: len(mine) for p, mine in self._mine.items()}
+        holds[writer] = holds.get(writer, 0) + (held is None)
+        givable = {p: len(mine) - (key in mine) for p, mine in self._mine.items()}
+        queues = {p: (k for k in mine if k != key) for p, mine in self._mine.items()}
+        victims: list[tuple[str, str]] = []
         while tasks > self._max_tasks or needed > self._max_bytes:
-            if victims == len(mine):
+            others = (p for p in givable if p != writer and givable[p])
+            biggest = max(others, key=holds.__getitem__, default=None)
+            if biggest is not None and holds[biggest] > holds[writer]:
+                giver = biggest
+            elif givable.get(writer):
+                giver = writer
+            else:
                 raise ResourceExhausted(
                     "this server holds as many push notification configs as it may; "
                     "delete some of yours, or retry when older ones expire",
                     retry_after=60,
                 )
+            victim = next(queues[giver])
+            holds[giver] -= 1
+            givable[giver] -= 1
+            victims.append(victim)
             tasks -= 1
-            needed -= self._tasks[mine[victims]].size()
-            victims += 1
-        for victim in mine[:victims]:
+            needed -= self._tasks[victim].size()
+        for victim in victims:
             self._drop(victim)
 
     def _expire(self, at: float) -> None:

@@ -493,33 +493,42 @@ async def test_the_memory_store_serves_and_pushes_configs(memory_mesh: Pushing) 
         await agents.close()
 
 
-async def test_a_principal_past_the_memory_stores_bounds_drops_only_its_own_configs() -> None:
-    """One tenant's flood never drops another's configs: past the server's
-    bound a write makes room from its own principal's oldest tasks, and with
-    none of its own left it is refused (429), nothing dropped."""
-    configs = MemoryPushConfigs(lambda _: True, max_tasks=3, max_bytes=1_000)
-    assert await configs.put("alice/s", "a1", "c", b"a" * 10, limit=5, ttl_seconds=600)
-    assert await configs.put("alice/s", "a2", "c", b"a" * 10, limit=5, ttl_seconds=600)
-    assert await configs.put("mallory/s", "m1", "c", b"m" * 10, limit=5, ttl_seconds=600)
-    # Full (3 tasks): mallory's next write drops mallory's oldest, not alice's.
-    assert await configs.put("mallory/s", "m2", "c", b"m" * 10, limit=5, ttl_seconds=600)
-    assert await configs.of_task("mallory/s", "m1") == []
-    assert await configs.of_task("alice/s", "a1") == [b"a" * 10]
-    # A principal with nothing of its own to give is refused; nothing changes.
+async def test_the_memory_stores_bounds_are_shared_between_principals() -> None:
+    """Past the server's bound a write takes room from the principal holding
+    the most (a flood recycles its own configs), another's only while that
+    one holds more than the writer will; with nothing to take it is refused
+    (429) and nothing is dropped."""
+    configs = MemoryPushConfigs(lambda _: True, max_tasks=4, max_bytes=1_000)
+
+    async def put(principal: str, task: str, data: bytes = b"x" * 10, config: str = "c") -> bool:
+        return await configs.put(f"{principal}/s", task, config, data, limit=5, ttl_seconds=600)
+
+    async def held(principal: str, *tasks: str) -> list[bool]:
+        return [bool(await configs.of_task(f"{principal}/s", t)) for t in tasks]
+
+    for n in range(4):  # mallory's flood fills the server
+        assert await put("mallory", f"m{n}")
+    assert await put("mallory", "m4")  # and recycles her own oldest
+    assert await held("mallory", "m0", "m1", "m4") == [False, True, True]
+    # alice takes from mallory, the biggest holder, down to parity ...
+    assert await put("alice", "a1")
+    assert await put("alice", "a2")
+    assert await held("mallory", "m1", "m2", "m3", "m4") == [False, False, True, True]
+    # ... and no further: past it alice recycles her own, as mallory does.
+    assert await put("alice", "a3")
+    assert await held("alice", "a1", "a2", "a3") == [False, True, True]
+    assert await put("mallory", "m5")
+    assert await held("mallory", "m3", "m4", "m5") == [False, True, True]
+    # A write that needs more bytes than anyone may give it is refused whole.
     with pytest.raises(ResourceExhausted):
-        await configs.put("bob/s", "b1", "c", b"b" * 10, limit=5, ttl_seconds=600)
-    assert await configs.of_task("bob/s", "b1") == []
-    assert [await configs.of_task(*key) for key in (("alice/s", "a1"), ("mallory/s", "m2"))] == [
-        [b"a" * 10],
-        [b"m" * 10],
-    ]
-    # Bytes likewise: mallory's one big write may not push alice's out.
-    with pytest.raises(ResourceExhausted):
-        await configs.put("mallory/s", "m2", "c", b"m" * 990, limit=5, ttl_seconds=600)
-    assert await configs.of_task("mallory/s", "m2") == [b"m" * 10]  # the old one stays
+        await put("bob", "b1", b"b" * 990)
+    assert await held("bob", "b1") == [False]
+    assert await held("alice", "a2", "a3") == [True, True]
+    assert await held("mallory", "m4", "m5") == [True, True]
     # Another config of a task already held adds bytes, not a task.
-    assert await configs.put("alice/s", "a2", "d", b"a" * 10, limit=5, ttl_seconds=600)
-    assert await configs.of_task("alice/s", "a2") == [b"a" * 10, b"a" * 10]
+    assert await put("alice", "a3", config="d")
+    assert await configs.of_task("alice/s", "a3") == [b"x" * 10, b"x" * 10]
+    assert await held("mallory", "m4", "m5") == [True, True]
 
 
 async def test_the_memory_store_bounds_its_configs_bytes() -> None:
