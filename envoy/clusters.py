@@ -7,19 +7,16 @@ from typing import Any
 
 from turnmesh.envoy import ext_authz, ws_route
 from turnmesh.envoy.edge_config import EdgeConfig
-from turnmesh.envoy.outliers import outlier_detection
+from turnmesh.envoy.outliers import health_check, outlier_detection
 from turnmesh.envoy.sockets import address, is_ip, split, upstream_tls
 
 # The key check (ext_authz) asks the same cluster as the calls go to.
 SESSION_SERVERS = ext_authz.CLUSTER
 TRACE_COLLECTOR = "opentelemetry_collector"
-HEALTH_CHECK_TIMEOUT = "5s"
-# Failures to connect in a row that leave a server out (outlier detection).
 # Retries in flight: up to this share of the calls in flight, and at least
 # this many (a server's death retries everything it held at once).
 RETRY_BUDGET_PERCENT = 100.0
 MIN_RETRY_CONCURRENCY = 256
-UNHEALTHY_THRESHOLD = 3
 
 
 def clusters(config: EdgeConfig) -> list[dict[str, Any]]:
@@ -69,22 +66,7 @@ def session_servers(config: EdgeConfig) -> dict[str, Any]:
             ],
         },
         # A draining server answers NOT_SERVING and stops receiving new calls.
-        # A slow answer is not a dead server: a check may take HEALTH_CHECK_TIMEOUT
-        # and a server is removed only after UNHEALTHY_THRESHOLD failures in a
-        # row, so one check lost on a saturated server (the only one, maybe)
-        # never turns every call into "no healthy upstream".
-        "health_checks": [
-            {
-                "timeout": HEALTH_CHECK_TIMEOUT,
-                "interval": f"{config.health_check_interval_ms / 1000:.3f}s",
-                "unhealthy_threshold": UNHEALTHY_THRESHOLD,
-                "healthy_threshold": 1,
-                "grpc_health_check": {},
-                # Keep checking at full rate while no traffic flows (default 60 s),
-                # so a server that just started is used at once.
-                "no_traffic_interval": f"{config.health_check_interval_ms / 1000:.3f}s",
-            }
-        ],
+        "health_checks": [health_check(config.health_check_interval_ms, {"grpc_health_check": {}})],
         # No panic routing: with every server unhealthy, answer 503 at once.
         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "outlier_detection": outlier_detection(),

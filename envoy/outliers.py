@@ -1,5 +1,6 @@
 """How the edge leaves out an upstream that fails: the session servers'
-gRPC ports and their /ws listeners alike."""
+gRPC ports and their /ws listeners alike (outlier detection, and the active
+health checks)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,28 @@ from typing import Any
 
 # Failures to connect in a row that leave a server out (outlier detection).
 LOCAL_FAILURES_TO_EJECT = 3
+HEALTH_CHECK_TIMEOUT = "5s"
+UNHEALTHY_THRESHOLD = 3
+
+
+def health_check(interval_ms: int, checker: dict[str, Any]) -> dict[str, Any]:
+    """An active health check (``checker``: its ``grpc_health_check`` or
+    ``http_health_check`` member). A slow answer is not a dead server: a
+    check may take HEALTH_CHECK_TIMEOUT and a server is left out only after
+    UNHEALTHY_THRESHOLD failures in a row, so one check lost on a saturated
+    server (the only one, maybe) never turns every call into "no healthy
+    upstream"."""
+    interval = f"{interval_ms / 1000:.3f}s"
+    return {
+        "timeout": HEALTH_CHECK_TIMEOUT,
+        "interval": interval,
+        "unhealthy_threshold": UNHEALTHY_THRESHOLD,
+        "healthy_threshold": 1,
+        **checker,
+        # Keep checking at full rate while no traffic flows (default 60 s),
+        # so a server that just started is used at once.
+        "no_traffic_interval": interval,
+    }
 
 
 def outlier_detection() -> dict[str, Any]:

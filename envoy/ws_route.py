@@ -15,10 +15,13 @@ from typing import Any
 
 from turnmesh.envoy import ext_authz
 from turnmesh.envoy.edge_config import EdgeConfig
-from turnmesh.envoy.outliers import outlier_detection
+from turnmesh.envoy.outliers import health_check, outlier_detection
 from turnmesh.envoy.sockets import address, is_ip, split, upstream_tls
 
 PATH = "/ws"
+# Each listener's own health check (server/compat/areal_ws/gateway.py): 200
+# while it takes sockets. Envoy asks it directly; no route leads there.
+HEALTH_PATH = "/ws/ready"
 CLUSTER = "session_websockets"
 _DISABLED = {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}
 
@@ -72,7 +75,8 @@ def routes(config: EdgeConfig) -> list[dict[str, Any]]:
 
 def cluster(config: EdgeConfig) -> dict[str, Any]:
     """The servers' WebSocket listeners: HTTP/1.1, round robin, a listener
-    that refuses connections left out at once."""
+    that refuses connections left out at once, one that stops answering its
+    health check (frozen, full, stopping) after a few checks."""
     result: dict[str, Any] = {
         "name": CLUSTER,
         "type": "STATIC" if all(is_ip(split(a)[0]) for a in config.ws_upstreams) else "STRICT_DNS",
@@ -89,6 +93,14 @@ def cluster(config: EdgeConfig) -> dict[str, Any]:
                 }
             ],
         },
+        "health_checks": [
+            health_check(
+                config.health_check_interval_ms,
+                {"http_health_check": {"path": HEALTH_PATH, "codec_client_type": "HTTP1"}},
+            )
+        ],
+        # No panic routing: with every listener unhealthy, answer 503 at once.
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
         "outlier_detection": outlier_detection(),
     }
     if config.upstream_tls is not None:

@@ -378,6 +378,7 @@ class SessionServer:
             self.api_keys,
             max_connections=c.ws_max_connections,
             rates=request_rates(self.store, c.rate_limit, c.rate_burst),
+            ready=lambda: self.state == spb.LIFECYCLE_STATE_READY,
         )
         port = await gateway.start(c.host, c.ws_port, c.tls)
         self._opened.push_async_callback(gateway.stop)

@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.support.a2a_clients import open_gate
 from tests.support.mesh import Mesh, eventually
 from turnmesh.envoy.process import RunningEnvoy
+from turnmesh.server.compat.areal_ws import gateway
 from turnmesh.server.compat.areal_ws.gateway import MAX_QUEUED
 
 MESH_KEY = "ws-mesh-key-0123456789abcdef"
@@ -382,6 +383,26 @@ async def test_ws_without_an_upgrade_is_426(ws_mesh: WsMesh) -> None:
         answer = await rest.get("/ws")
     assert answer.status_code == 426
     assert "WebSocket" in answer.text
+
+
+async def test_the_edge_health_checks_each_ws_listener(ws_mesh: WsMesh) -> None:
+    """Each listener answers its health path (the route to it is Envoy's
+    checker's own: through the edge it is no /ws), and Envoy's checks of
+    every listener pass."""
+    servers = [c for c in ws_mesh.mesh.components if c.name.startswith("server-")]
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        for server in servers:
+            answer = await http.get(f"http://{server.info['ws_address']}{gateway.HEALTH_PATH}")
+            assert (answer.status_code, answer.text) == (200, "ok\n")
+        async with ws_mesh.rest() as rest:
+            assert (await rest.get(gateway.HEALTH_PATH)).status_code == 404
+    clusters = ws_mesh.envoy.admin("/clusters")
+    hosts = [line for line in clusters.splitlines() if line.startswith("session_websockets::")]
+    flags = [line for line in hosts if "::health_flags::" in line]
+    assert len(flags) == len(servers)
+    assert all(line.endswith("::health_flags::healthy") for line in flags), flags
+    stats = ws_mesh.envoy.admin("/stats?filter=^cluster.session_websockets.health_check.success$")
+    assert int(stats.split(":")[1]) >= len(servers)
 
 
 def test_ready_file_names_the_ws_listener(ws_mesh: WsMesh) -> None:

@@ -4,6 +4,7 @@ from the mesh CA."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import subprocess
@@ -11,11 +12,13 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from websockets.asyncio.client import connect as ws_connect
 
 from tests.support.certs import Issued, TestCA
 from tests.support.mesh import Component, Mesh
@@ -65,7 +68,15 @@ def tls_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsMesh]:
             "worker", "worker", "--router", router.address, "--agent", "demo", *member("worker")
         )
         servers = [
-            mesh.spawn(f"server-{i}", "server", "--router", router.address, *member(f"server-{i}"))
+            mesh.spawn(
+                f"server-{i}",
+                "server",
+                "--router",
+                router.address,
+                "--ws-port",
+                "0",  # AReaL's /ws, behind the edge over mutual TLS too
+                *member(f"server-{i}"),
+            )
             for i in (1, 2)
         ]
         mesh.wait_ready(worker, *servers)
@@ -134,6 +145,31 @@ async def test_a_conversation_over_https_and_grpc_tls_through_envoy(tls_mesh: Tl
         "What did I ask first?",
         *(f"hello from {s.name}" for s in tls_mesh.servers),
     ]
+
+
+async def test_areal_ws_over_wss_to_listeners_behind_mutual_tls(tls_mesh: TlsMesh) -> None:
+    """/ws over wss at the edge, on to the servers' listeners over mutual TLS,
+    which the edge's health checks reach the same way (with no check
+    passing, every upgrade would be 503)."""
+    params = {"message": "hi tls", "sessionKey": "tls-ws-session"}
+    request = {"type": "req", "id": "r1", "method": "agent", "params": params}
+    context = ssl.create_default_context(cafile=tls_mesh.ca.ca_file)
+    async with ws_connect(f"wss://{tls_mesh.edge}/ws", ssl=context) as ws:
+        await ws.send(json.dumps(request))
+        frames: list[dict[str, Any]] = []
+        async with asyncio.timeout(30):
+            while not _final(frames):
+                frames.append(json.loads(await ws.recv()))
+    assert frames[-1]["payload"]["status"] == "complete", frames
+
+
+def _final(frames: list[dict[str, Any]]) -> bool:
+    """Whether the last frame ends the request (a ``res`` past ``accepted``)."""
+    return (
+        bool(frames)
+        and frames[-1]["type"] == "res"
+        and (frames[-1]["payload"]["status"] != "accepted")
+    )
 
 
 def test_envoy_listener_refuses_plaintext(tls_mesh: TlsMesh) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import http
 import logging
 import ssl
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -38,6 +39,9 @@ from turnmesh.v1 import session_service_pb2 as spb
 log = logging.getLogger(__name__)
 
 PATH = "/ws"
+# Answered 200 while this listener takes sockets: the edge's health check
+# (envoy/ws_route.py), asked directly, never routed from outside.
+HEALTH_PATH = "/ws/ready"
 # The seed's close for a wrong admin key.
 INVALID_KEY_CODE = 4001
 INVALID_KEY_REASON = "Invalid admin key"
@@ -58,6 +62,15 @@ def _server_tls(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+def health(ready: bool, open_sockets: int, max_connections: int) -> tuple[http.HTTPStatus, str]:
+    """The answer to ``HEALTH_PATH``: 200 while the listener takes sockets."""
+    if not ready:
+        return http.HTTPStatus.SERVICE_UNAVAILABLE, "not ready\n"
+    if open_sockets >= max_connections:
+        return http.HTTPStatus.SERVICE_UNAVAILABLE, "full\n"
+    return http.HTTPStatus.OK, "ok\n"
+
+
 class Gateway:
     """The ``/ws`` listener of one session server."""
 
@@ -68,11 +81,13 @@ class Gateway:
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         rates: RequestRates | None = None,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self._mesh = mesh
         self._keys = keys
         self._max_connections = max_connections
         self._rates = rates
+        self._ready = ready
         self._open = 0
         self._server: Server | None = None
 
@@ -107,8 +122,13 @@ class Gateway:
         return self._open
 
     def _admit(self, connection: ServerConnection, request: Request) -> Response | None:
-        """Only ``/ws``, and only while this server has room for a socket."""
-        if urlsplit(request.path).path != PATH:
+        """Only ``/ws``, and only while this server has room for a socket;
+        ``HEALTH_PATH`` (the edge's health check) says whether it has and is
+        ready (not starting, not draining)."""
+        path = urlsplit(request.path).path
+        if path == HEALTH_PATH:
+            return connection.respond(*health(self._ready(), self._open, self._max_connections))
+        if path != PATH:
             return connection.respond(http.HTTPStatus.NOT_FOUND, f"only {PATH} is served here\n")
         if _policy(request) is None:
             return connection.respond(
