@@ -38,8 +38,10 @@ class PostgresOutbox:
             cur = await conn.execute("SELECT 1 FROM webhook_outbox WHERE id = %s", (delivery.id,))
             if await cur.fetchone() is not None:
                 return True  # kept already, as it is
+            # Kept by a trigger (schema step 5): a row per owner, not a scan.
             cur = await conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE owner = %s) FROM webhook_outbox",
+                "SELECT coalesce(sum(waiting), 0),"
+                " coalesce(sum(waiting) FILTER (WHERE owner = %s), 0) FROM webhook_counts",
                 (delivery.owner,),
             )
             row = await cur.fetchone()

@@ -52,6 +52,62 @@ INSERT INTO session_counts (principal, sessions)
     SELECT principal, count(*) FROM sessions GROUP BY principal;
 """
 
+# Step 3's count rows, one per principal, were one row for every create and
+# delete of a keyless mesh (all of it the anonymous principal's): each held
+# its row's lock to its commit, so creates queued on it. Each principal's
+# count is now SESSION_COUNT_SHARDS rows (the session id's hash picks one),
+# recounted from the sessions under a lock that keeps creates and deletes
+# out meanwhile. The outbox's size, read on every add under the outbox
+# lock, was a count(*) over it (a backlog made each add slower as it grew):
+# now rows per owner kept by a trigger, counted from the outbox once here.
+SESSION_COUNT_SHARDS = 16
+COUNTS_SHARDED = f"""
+LOCK TABLE sessions IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE webhook_outbox IN SHARE ROW EXCLUSIVE MODE;
+DROP TABLE session_counts;
+CREATE TABLE session_counts (
+    principal text COLLATE "C" NOT NULL,
+    shard smallint NOT NULL,
+    sessions bigint NOT NULL,
+    PRIMARY KEY (principal, shard)
+);
+CREATE OR REPLACE FUNCTION turnmesh_count_sessions() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO session_counts (principal, shard, sessions)
+        VALUES (NEW.principal, hashtext(NEW.session_id) & {SESSION_COUNT_SHARDS - 1}, 1)
+        ON CONFLICT (principal, shard) DO UPDATE SET sessions = session_counts.sessions + 1;
+    ELSE
+        UPDATE session_counts SET sessions = sessions - 1
+        WHERE principal = OLD.principal
+            AND shard = hashtext(OLD.session_id) & {SESSION_COUNT_SHARDS - 1};
+    END IF;
+    RETURN NULL;
+END $$;
+INSERT INTO session_counts (principal, shard, sessions)
+    SELECT principal, hashtext(session_id) & {SESSION_COUNT_SHARDS - 1}, count(*)
+    FROM sessions GROUP BY 1, 2;
+CREATE TABLE webhook_counts (
+    owner text COLLATE "C" PRIMARY KEY,
+    waiting bigint NOT NULL
+);
+CREATE FUNCTION turnmesh_count_webhooks() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO webhook_counts (owner, waiting) VALUES (NEW.owner, 1)
+        ON CONFLICT (owner) DO UPDATE SET waiting = webhook_counts.waiting + 1;
+    ELSE
+        UPDATE webhook_counts SET waiting = waiting - 1 WHERE owner = OLD.owner;
+        DELETE FROM webhook_counts WHERE owner = OLD.owner AND waiting = 0;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER webhooks_counted AFTER INSERT OR DELETE ON webhook_outbox
+    FOR EACH ROW EXECUTE FUNCTION turnmesh_count_webhooks();
+INSERT INTO webhook_counts (owner, waiting)
+    SELECT owner, count(*) FROM webhook_outbox GROUP BY owner;
+"""
+
 STEPS: list[tuple[int, str, str]] = [
     (
         1,
@@ -171,6 +227,7 @@ CREATE INDEX a2a_tasks_by_principal ON a2a_tasks (principal, created_ns, task_id
         "push configs by expiry",
         "CREATE INDEX a2a_push_configs_by_expiry ON a2a_push_configs (expire_at);",
     ),
+    (5, "session counts sharded, outbox counted", COUNTS_SHARDED),
 ]
 LATEST = STEPS[-1][0]
 TABLE = "turnmesh_schema"

@@ -318,7 +318,7 @@ class PostgresStore(TurnCommits, PostgresLeases):
 
     async def count(self) -> int:
         async with self._pool.connection() as conn:
-            # Kept by a trigger (schema step 3): not a scan of every session.
+            # Kept by a trigger (schema steps 3 and 5): not a scan of every session.
             cur = await conn.execute("SELECT coalesce(sum(sessions), 0) FROM session_counts")
             row = await cur.fetchone()
         return int(row[0]) if row else 0
@@ -503,7 +503,8 @@ def _record(row: tuple[Any, ...]) -> SessionRecord:
 
 async def _count_of(conn: Connection, principal: str) -> int:
     cur = await conn.execute(
-        "SELECT sessions FROM session_counts WHERE principal = %s", (principal,)
+        "SELECT coalesce(sum(sessions), 0) FROM session_counts WHERE principal = %s",
+        (principal,),
     )
     row = await cur.fetchone()
     return int(row[0]) if row else 0

@@ -21,6 +21,7 @@ from turnmesh.runtime.errors import InvalidArgument, Unavailable
 from turnmesh.server.stores import open_store, pg_schema
 from turnmesh.server.stores.base import SessionRecord, TurnAbandoned
 from turnmesh.server.stores.postgres import PostgresStore
+from turnmesh.server.webhooks.outbox import Delivery
 from turnmesh.v1 import event_pb2, message_pb2
 
 
@@ -305,15 +306,62 @@ async def test_session_counts_are_kept_and_backfilled_by_the_migration(fresh_url
         # A database from before step 3, holding sessions: the step counts them.
         async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as conn:
             await conn.execute(
-                b"DROP TRIGGER sessions_counted ON sessions;"
+                b"DROP TRIGGER webhooks_counted ON webhook_outbox;"
+                b" DROP FUNCTION turnmesh_count_webhooks(); DROP TABLE webhook_counts;"
+                b" DROP TRIGGER sessions_counted ON sessions;"
                 b" DROP FUNCTION turnmesh_count_sessions(); DROP TABLE session_counts;"
                 b" DROP INDEX a2a_push_configs_by_expiry;"
                 b" DELETE FROM turnmesh_schema WHERE version >= 3"
             )
             await store.create(SessionRecord("zed/d", "demo", 1.0, 1.0))  # uncounted
-            assert [v for v, _ in await pg_schema.migrate(conn)] == [3, 4]
+            assert [v for v, _ in await pg_schema.migrate(conn)] == [3, 4, 5]
         assert (await store.count(), await store.count_of("zed")) == (3, 2)
         assert await store.count_of("nobody") == 0
+    finally:
+        await store.close()
+
+
+async def test_step_5_shards_the_session_counts_and_counts_the_outbox(
+    fresh_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database of step 4, holding sessions and queued webhooks, upgraded:
+    each principal's count is spread over the shards and sums to its
+    sessions, the outbox's bounds count what was queued before, and both
+    follow creates, deletes, adds and deliveries after."""
+    monkeypatch.setattr(pg_schema, "STEPS", pg_schema.STEPS[:4])
+    monkeypatch.setattr(pg_schema, "LATEST", 4)
+    store = _store(fresh_url)
+    await store.open()
+    try:
+        for n in range(40):
+            await store.create(SessionRecord(f"acme/s{n}", "demo", 1.0, 1.0))
+        await store.create(SessionRecord("zed/only", "demo", 1.0, 1.0))
+        async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as conn:
+            for n in range(3):  # queued by a server of step 4 (count(*) then)
+                await conn.execute(
+                    "INSERT INTO webhook_outbox (id, url, body, attempts, due, owner)"
+                    " VALUES (%s, 'http://127.0.0.1:9/h', '', 0, 0, %s)",
+                    (f"d{n}", "acme" if n else "zed"),
+                )
+            monkeypatch.undo()
+            assert [v for v, _ in await pg_schema.migrate(conn)] == [5]
+            cur = await conn.execute(
+                "SELECT count(*), sum(sessions) FROM session_counts WHERE principal = 'acme'"
+            )
+            rows, counted = await cur.fetchone() or (0, 0)
+            assert counted == 40 and rows > 4  # 40 sessions over 16 shards
+        assert (await store.count(), await store.count_of("acme")) == (41, 40)
+        await store.delete("acme/s7")
+        await store.create(SessionRecord("zed/two", "demo", 1.0, 1.0))
+        assert (await store.count_of("acme"), await store.count_of("zed")) == (39, 2)
+        outbox = store.outbox()
+        # 3 queued: a bound of 4 takes one more, acme's own bound of 2 none.
+        assert not await outbox.add(Delivery("d9", "http://127.0.0.1:9/h", b"", owner="acme"), 9, 2)
+        assert await outbox.add(Delivery("d3", "http://127.0.0.1:9/h", b"", owner="zed"), 4)
+        assert not await outbox.add(Delivery("d4", "http://127.0.0.1:9/h", b"", owner="zed"), 4)
+        await outbox.settle(Delivery("d1", "http://127.0.0.1:9/h", b"", owner="acme"), None)
+        assert await outbox.add(Delivery("d4", "http://127.0.0.1:9/h", b"", owner="zed"), 4)
+        assert await outbox.add(Delivery("d5", "http://127.0.0.1:9/h", b"", owner="acme"), 9, 2)
     finally:
         await store.close()
 
