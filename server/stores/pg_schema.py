@@ -15,9 +15,10 @@ the store contract passes them (``double precision`` round-trips them);
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, errors, sql
 
 from turnmesh.server.stores import pg_leases
 
@@ -62,6 +63,7 @@ INSERT INTO session_counts (principal, sessions)
 # now rows per owner kept by a trigger, counted from the outbox once here.
 SESSION_COUNT_SHARDS = 16
 COUNTS_SHARDED = f"""
+LOCK TABLE session_counts IN ACCESS EXCLUSIVE MODE;
 LOCK TABLE sessions IN SHARE ROW EXCLUSIVE MODE;
 LOCK TABLE webhook_outbox IN SHARE ROW EXCLUSIVE MODE;
 DROP TABLE session_counts;
@@ -230,6 +232,8 @@ CREATE INDEX a2a_tasks_by_principal ON a2a_tasks (principal, created_ns, task_id
     (5, "session counts sharded, outbox counted", COUNTS_SHARDED),
 ]
 LATEST = STEPS[-1][0]
+LOCK_TIMEOUT = "2s"
+MIGRATION_ATTEMPTS = 10
 TABLE = "turnmesh_schema"
 
 
@@ -254,12 +258,29 @@ async def pending(conn: AsyncConnection[Any]) -> list[tuple[int, str]]:
 
 async def migrate(conn: AsyncConnection[Any]) -> list[tuple[int, str]]:
     """Apply the pending steps (the connection in autocommit mode): the ones
-    applied, in order."""
+    applied, in order. A step that locks tables servers still write (a
+    rolling upgrade: older servers run meanwhile) may meet them in a deadlock
+    or wait past ``LOCK_TIMEOUT``; the whole migration is then rolled back and
+    tried again, ``MIGRATION_ATTEMPTS`` times in all."""
+    for attempt in range(1, MIGRATION_ATTEMPTS + 1):
+        try:
+            return await _migrate_once(conn)
+        except (errors.DeadlockDetected, errors.LockNotAvailable):
+            if attempt == MIGRATION_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+async def _migrate_once(conn: AsyncConnection[Any]) -> list[tuple[int, str]]:
     async with conn.transaction():
         # A step may rewrite or count a large table: not bound by the pool's
         # statement timeout (a server would fail to start on every try).
         await conn.execute("SET LOCAL statement_timeout = 0")
+        # Servers starting together wait here for the one migrating, however long.
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        # A table lock's wait is bounded, though: writes queue behind it.
+        await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'".encode())
         await conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY,"

@@ -366,6 +366,58 @@ async def test_step_5_shards_the_session_counts_and_counts_the_outbox(
         await store.close()
 
 
+async def test_step_5_goes_through_while_an_older_server_writes(
+    fresh_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolling upgrade: an older server's transaction holds the sessions
+    table (a write) when step 5 starts, then deletes a session, whose count
+    the step holds: a deadlock. The migration is rolled back and tried
+    again until it goes through; the counts then hold exactly the sessions
+    there are."""
+    monkeypatch.setattr(pg_schema, "STEPS", pg_schema.STEPS[:4])
+    monkeypatch.setattr(pg_schema, "LATEST", 4)
+    store = _store(fresh_url)
+    await store.open()
+    monkeypatch.undo()
+    try:
+        for n in range(3):
+            await store.create(SessionRecord(f"acme/s{n}", "demo", 1.0, 1.0))
+        async with await psycopg.AsyncConnection.connect(fresh_url) as old:
+            await old.execute("UPDATE sessions SET last_activity = 2 WHERE session_id = 'acme/s0'")
+
+            async def migrating() -> list[tuple[int, str]]:
+                async with await psycopg.AsyncConnection.connect(
+                    fresh_url, autocommit=True
+                ) as conn:
+                    return await pg_schema.migrate(conn)
+
+            migration = asyncio.ensure_future(migrating())
+            async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as seen:
+
+                async def waiting() -> bool:
+                    cur = await seen.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()"
+                    )
+                    row = await cur.fetchone()
+                    return bool(row and row[0])
+
+                await eventually(waiting, what="the migration to wait for the older write")
+            try:
+                await old.execute("DELETE FROM sessions WHERE session_id = 'acme/s1'")
+                await old.commit()
+            except psycopg.errors.DeadlockDetected:
+                await old.rollback()  # the older server's write failed instead
+            assert [v for v, _ in await migration] == [5]
+        async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT count(*) FROM sessions WHERE principal = 'acme'")
+            row = await cur.fetchone()
+        assert row is not None and row[0] in (2, 3)
+        assert await store.count_of("acme") == row[0]
+    finally:
+        await store.close()
+
+
 async def test_a_delete_racing_a_commit_leaves_nothing_of_the_session(fresh_url: str) -> None:
     """A commit holds the session's row and writes its messages and checkpoint
     while a delete waits for the row: once the commit is in, the delete takes
