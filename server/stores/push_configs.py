@@ -70,8 +70,9 @@ class MemoryPushConfigs:
 
     Bounded in tasks and bytes for the whole server, shared between
     principals: a write past either bound makes room from the principal that
-    holds the most tasks (its least recently written first), another's only
-    while that one holds more than the writer will, else the writer's own. So
+    holds the most tasks (past the bytes alone, the most bytes; its least
+    recently written first), another's only while that one holds more than
+    the writer will, else the writer's own. So
     a tenant's flood recycles its own configs and never keeps another tenant
     from its share, and nobody loses configs to a bigger holder. A write
     with nothing to take is refused (429), nothing dropped."""
@@ -89,8 +90,9 @@ class MemoryPushConfigs:
         # Least recently written first (so the first to expire).
         self._tasks: OrderedDict[tuple[str, str], _Task] = OrderedDict()
         self._of: dict[str, dict[str, None]] = {}
-        # Each principal's tasks, least recently written first.
+        # Each principal's tasks, least recently written first, and their bytes.
         self._mine: dict[str, OrderedDict[tuple[str, str], None]] = {}
+        self._bytes_of: dict[str, int] = {}
 
     async def put(
         self,
@@ -113,15 +115,23 @@ class MemoryPushConfigs:
             return False
         configs[config_id] = (at + ttl_seconds, config)
         size = sum(len(data) for _, data in configs.values())
-        self._make_room(key, size)
+        # A new task past the session's cap pushes out its oldest: room too.
+        order = self._of.get(session_id, {})
+        going = None
+        if task_id not in order and len(order) >= PUSH_TASKS_PER_SESSION:
+            going = (session_id, next(iter(order)))
+        for victim in self._room(key, size, going):
+            self._drop(victim)
         if task is None:
             task = _Task(at + ttl_seconds)
+        writer = principal_of(session_id)
         self._bytes += size - task.size()
+        self._bytes_of[writer] = self._bytes_of.get(writer, 0) + size - task.size()
         task.configs = configs
         task.expires = at + ttl_seconds
         self._tasks[key] = task
         self._tasks.move_to_end(key)
-        mine = self._mine.setdefault(principal_of(session_id), OrderedDict())
+        mine = self._mine.setdefault(writer, OrderedDict())
         mine[key] = None
         mine.move_to_end(key)
         order = self._of.setdefault(session_id, {})
@@ -131,27 +141,38 @@ class MemoryPushConfigs:
             self._drop((session_id, next(iter(order))))
         return True
 
-    def _make_room(self, key: tuple[str, str], size: int) -> None:
-        """Room for ``key``'s configs at ``size`` bytes, taken as the class
-        says; ResourceExhausted when there is none to take (nothing is
+    def _room(
+        self, key: tuple[str, str], size: int, going: tuple[str, str] | None
+    ) -> list[tuple[str, str]]:
+        """The tasks that go so that ``key``'s configs fit at ``size`` bytes
+        (``going`` first, the session's oldest past its cap), taken as the
+        class says: past the task bound from the principal holding the most
+        tasks, past the bytes alone from the one holding the most bytes.
+        ResourceExhausted when there is not enough to take (nothing is
         dropped then)."""
         held = self._tasks.get(key)
-        tasks = len(self._tasks) + (held is None)
-        needed = self._bytes + size - (held.size() if held else 0)
+        grows = size - (held.size() if held else 0)
+        victims = [going] if going is not None else []
+        freed = sum(self._tasks[v].size() for v in victims)
+        tasks = len(self._tasks) + (held is None) - len(victims)
+        needed = self._bytes + grows - freed
         if tasks <= self._max_tasks and needed <= self._max_bytes:
-            return
+            return victims
         writer = principal_of(key[0])
-        # How many tasks each principal holds (the writer's after its write)
-        # and, read lazily, those that may go, least recently written first.
+        taken = {key, *victims}
+        # What each principal holds (the writer's after its write), and what
+        # it may give, read lazily, least recently written first.
         holds = {p: len(mine) for p, mine in self._mine.items()}
-        holds[writer] = holds.get(writer, 0) + (held is None)
-        givable = {p: len(mine) - (key in mine) for p, mine in self._mine.items()}
-        queues = {p: (k for k in mine if k != key) for p, mine in self._mine.items()}
-        victims: list[tuple[str, str]] = []
+        holds[writer] = holds.get(writer, 0) + (held is None) - len(victims)
+        weighs = dict(self._bytes_of)
+        weighs[writer] = weighs.get(writer, 0) + grows - freed
+        givable = {p: len(mine) - sum(k in mine for k in taken) for p, mine in self._mine.items()}
+        queues = {p: (k for k in mine if k not in taken) for p, mine in self._mine.items()}
         while tasks > self._max_tasks or needed > self._max_bytes:
+            measure = holds if tasks > self._max_tasks else weighs
             others = (p for p in givable if p != writer and givable[p])
-            biggest = max(others, key=holds.__getitem__, default=None)
-            if biggest is not None and holds[biggest] > holds[writer]:
+            biggest = max(others, key=lambda p: measure.get(p, 0), default=None)
+            if biggest is not None and measure.get(biggest, 0) > measure.get(writer, 0):
                 giver = biggest
             elif givable.get(writer):
                 giver = writer
@@ -162,13 +183,14 @@ class MemoryPushConfigs:
                     retry_after=60,
                 )
             victim = next(queues[giver])
+            weight = self._tasks[victim].size()
             holds[giver] -= 1
+            weighs[giver] = weighs.get(giver, 0) - weight
             givable[giver] -= 1
             victims.append(victim)
             tasks -= 1
-            needed -= self._tasks[victim].size()
-        for victim in victims:
-            self._drop(victim)
+            needed -= weight
+        return victims
 
     def _expire(self, at: float) -> None:
         # Written least recently first, with one TTL: the expired are in front.
@@ -190,6 +212,7 @@ class MemoryPushConfigs:
         if task is None or (gone := task.configs.pop(config_id, None)) is None:
             return False
         self._bytes -= len(gone[1])
+        self._bytes_of[principal_of(session_id)] -= len(gone[1])
         return True
 
     def drop_session(self, session_id: str) -> None:
@@ -204,14 +227,16 @@ class MemoryPushConfigs:
         return task
 
     def _drop(self, key: tuple[str, str]) -> None:
+        principal = principal_of(key[0])
         if (gone := self._tasks.pop(key, None)) is not None:
             self._bytes -= gone.size()
-        principal = principal_of(key[0])
+            self._bytes_of[principal] -= gone.size()
         mine = self._mine.get(principal)
         if mine is not None:
             mine.pop(key, None)
             if not mine:
                 del self._mine[principal]
+                self._bytes_of.pop(principal, None)
         order = self._of.get(key[0])
         if order is not None:
             order.pop(key[1], None)

@@ -531,6 +531,39 @@ async def test_the_memory_stores_bounds_are_shared_between_principals() -> None:
     assert await held("mallory", "m4", "m5") == [True, True]
 
 
+async def test_past_the_bytes_alone_the_biggest_byte_holder_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Short of bytes (not of tasks), room comes from whoever holds the most
+    bytes: one large task, not a tenant's many small ones. A new task past
+    its session's cap counts the session's oldest, which goes anyway, as
+    room: nobody else loses anything for it."""
+    configs = MemoryPushConfigs(lambda _: True, max_tasks=100, max_bytes=1_000)
+
+    async def put(session: str, task: str, size: int) -> bool:
+        return await configs.put(session, task, "c", b"x" * size, limit=5, ttl_seconds=600)
+
+    async def held(session: str, *tasks: str) -> list[bool]:
+        return [bool(await configs.of_task(session, t)) for t in tasks]
+
+    for n in range(2):
+        assert await put("frank/s", f"f{n}", 300)
+    for n in range(20):
+        assert await put("carol/s", f"c{n}", 10)
+    assert await put("eve/s", "e0", 300)  # 1,100 bytes: frank's oldest goes
+    assert await held("frank/s", "f0", "f1") == [False, True]
+    assert all(await held("carol/s", *(f"c{n}" for n in range(20))))
+    # The session's cap: its oldest goes and makes the room.
+    monkeypatch.setattr("turnmesh.server.stores.push_configs.PUSH_TASKS_PER_SESSION", 3)
+    for n in range(3):
+        assert await put("eve/t", f"t{n}", 60)  # 980 bytes
+    assert await put("eve/t", "t3", 60)  # t0 goes: 980 again, nothing else taken
+    assert await held("eve/t", "t0", "t1", "t2", "t3") == [False, True, True, True]
+    assert await held("eve/s", "e0") == [True]
+    assert await held("frank/s", "f1") == [True]
+    assert all(await held("carol/s", *(f"c{n}" for n in range(20))))
+
+
 async def test_the_memory_store_bounds_its_configs_bytes() -> None:
     """Past its bytes the memory store drops the least recently written tasks' configs."""
     configs = MemoryPushConfigs(lambda _: True, max_bytes=100)
