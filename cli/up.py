@@ -272,11 +272,14 @@ class Mesh:
         ws_upstreams = [f"127.0.0.1:{ws}" for ws in ports.websockets]
         # The edge's config needs only the servers' addresses: it is written
         # and checked (an Envoy run of its own) while they start.
-        with ThreadPoolExecutor(1, thread_name_prefix="edge-config") as pool:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="edge-config")
+        try:
             checked = pool.submit(self._edge_config, [s.address for s in servers], ws_upstreams)
             for member in [*workers, *servers]:
                 member.wait_ready(deadline)
             config_path = checked.result()
+        finally:
+            pool.shutdown(wait=False)  # a member that failed is told at once
         self._start_envoy(config_path, deadline)
         self.state = "running"
         self.write_status()

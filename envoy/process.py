@@ -16,6 +16,9 @@ from typing import IO
 from turnmesh.envoy.config import render
 from turnmesh.envoy.edge_config import EdgeConfig
 
+# How long checking a config may take (an Envoy run of its own).
+VALIDATE_SECONDS = 60
+
 
 class EnvoyError(RuntimeError):
     """Envoy is missing, its config is invalid, or it did not start."""
@@ -39,22 +42,27 @@ def write_config(config: EdgeConfig, path: Path) -> Path:
 
 
 def validate(path: Path) -> None:
-    result = subprocess.run(
-        [
-            envoy_binary(),
-            "--mode",
-            "validate",
-            "-c",
-            str(path),
-            "-l",
-            "error",
-            "--use-dynamic-base-id",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            [
+                envoy_binary(),
+                "--mode",
+                "validate",
+                "-c",
+                str(path),
+                "-l",
+                "error",
+                "--use-dynamic-base-id",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=VALIDATE_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise EnvoyError(
+            f"checking the Envoy config {path} took over {VALIDATE_SECONDS} s"
+        ) from None
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
         raise EnvoyError(f"invalid Envoy config {path}: {lines[-1] if lines else 'unknown error'}")
