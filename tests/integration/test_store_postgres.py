@@ -37,6 +37,21 @@ def _store(url: str) -> PostgresStore:
     return store
 
 
+async def _until_a_lock_is_waited_for(url: str, what: str) -> None:
+    """Until a session of the database waits for a lock (``what`` does)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as seen:
+
+        async def waiting() -> bool:
+            cur = await seen.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            )
+            row = await cur.fetchone()
+            return bool(row and row[0])
+
+        await eventually(waiting, what=what)
+
+
 def _migrate(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     with pytest.raises(SystemExit) as exited:
         main(["store", "migrate", *args])
@@ -392,17 +407,7 @@ async def test_step_5_goes_through_while_an_older_server_writes(
                     return await pg_schema.migrate(conn)
 
             migration = asyncio.ensure_future(migrating())
-            async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as seen:
-
-                async def waiting() -> bool:
-                    cur = await seen.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND datname = current_database()"
-                    )
-                    row = await cur.fetchone()
-                    return bool(row and row[0])
-
-                await eventually(waiting, what="the migration to wait for the older write")
+            await _until_a_lock_is_waited_for(fresh_url, "the migration to wait for the write")
             try:
                 await old.execute("DELETE FROM sessions WHERE session_id = 'acme/s1'")
                 await old.commit()
@@ -431,17 +436,7 @@ async def test_a_delete_racing_a_commit_leaves_nothing_of_the_session(fresh_url:
             await writer.execute("INSERT INTO messages VALUES ('acme/s', 0, 'x')")
             await writer.execute("INSERT INTO checkpoints VALUES ('acme/s', 'cp')")
             deleting = asyncio.ensure_future(store.delete("acme/s"))
-            async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as seen:
-
-                async def waiting() -> bool:
-                    cur = await seen.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND datname = current_database()"
-                    )
-                    row = await cur.fetchone()
-                    return bool(row and row[0])
-
-                await eventually(waiting, what="the delete to wait for the row")
+            await _until_a_lock_is_waited_for(fresh_url, "the delete to wait for the row")
             await writer.commit()
         assert await deleting is True
         async with await psycopg.AsyncConnection.connect(fresh_url, autocommit=True) as conn:
