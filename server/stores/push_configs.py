@@ -72,10 +72,10 @@ class MemoryPushConfigs:
     principals: a write past either bound makes room from the principal that
     holds the most tasks (past the bytes alone, the most bytes; its least
     recently written first), another's only while that one holds more than
-    the writer will, else the writer's own. So
-    a tenant's flood recycles its own configs and never keeps another tenant
-    from its share, and nobody loses configs to a bigger holder. A write
-    with nothing to take is refused (429), nothing dropped."""
+    the writer will, else the writer's own. So a tenant's flood recycles its
+    own configs and never keeps another tenant from its share, and nobody
+    loses configs to a bigger holder. A write with nothing to take is
+    refused (429), nothing dropped."""
 
     def __init__(
         self,
