@@ -333,6 +333,9 @@ async def test_the_cancel_header_cancels_a_closed_sockets_turn(ws_mesh: WsMesh) 
     async with connect(ws_mesh.url(), additional_headers=headers) as socket:
         await socket.send(req("gate:ws-cancelled", session, "held"))
         assert (await frame(socket))["payload"]["status"] == "accepted"
+        # "accepted" can come before the agent runs; its first delta means
+        # it is in the part that notes a cancellation (and waits at the gate).
+        assert (await frame(socket))["payload"].get("delta") == "part0 "
     await eventually(
         lambda: _async_true(bool(set(probe.glob("*.cancelled")) - cancelled_before)),
         TIMEOUT,
