@@ -23,6 +23,7 @@ from tests.support.mesh import (
 )
 from turnmesh.client import AsyncClient, TurnFailedError, TurnOptions
 from turnmesh.runtime.serving import insecure_channel
+from turnmesh.server.stores import SessionStore, open_store
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
@@ -79,6 +80,16 @@ async def test_shared_sessions_survive_the_loss_of_their_owner(
                 if event.type == event_pb2.TEXT_MESSAGE_CONTENT:
                     lost_turn = event.run_id
                     break
+        # Its events are written behind the stream: the store has its start
+        # before the owner dies (else the turn is one the store never heard of).
+        store = open_store(shared_store, event_ttl_seconds=600)
+        await store.open()
+        try:
+            await eventually(
+                lambda: _stored(store, sid, lost_turn), 30, "the turn's start to be stored"
+            )
+        finally:
+            await store.close()
         mesh.kill(victim, signal.SIGKILL)
 
         # Full history on the survivor; the finished turn replays; the lost
@@ -93,6 +104,10 @@ async def test_shared_sessions_survive_the_loss_of_their_owner(
         result = await client.send(sid, "three", metadata={"deltas": 1, "delay_ms": 1})
         assert result.text == "part0 "
         assert [m.content for m in await client.history(sid)][-2:] == ["three", "part0 "]
+
+
+async def _stored(store: SessionStore, session_id: str, turn_id: str) -> bool:
+    return bool(await store.read_events(session_id, turn_id))
 
 
 async def test_a_retried_turn_never_runs_twice(mesh_factory: Mesh, shared_store: str) -> None:

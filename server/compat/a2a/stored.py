@@ -106,10 +106,23 @@ async def read(mesh: Mesh, session_id: str, first_turn: str, agent: str) -> Read
             state = S.TASK_STATE_INPUT_REQUIRED
         else:
             state = S.TASK_STATE_FAILED
+    elif state == S.TASK_STATE_COMPLETED and not any(m.turn_id == turn.turn_id for m in history):
+        # It finished after the history was read (a turn's messages are
+        # committed before it reads finished): read again for its answer.
+        history = [m for m in await _committed(mesh, session_id, missing) if m.turn_id in chain]
     found = Read(record, session, turn, state, history)
     if state in TERMINAL and record.created:
         await _keep_end(mesh, found)
     return found
+
+
+async def _committed(
+    mesh: Mesh, session_id: str, missing: TurnmeshError
+) -> list[message_pb2.Message]:
+    try:
+        return await mesh.history(session_id)
+    except (NotFound, InvalidArgument):
+        raise missing from None
 
 
 async def _keep_end(mesh: Mesh, found: Read) -> None:
