@@ -23,7 +23,8 @@ from tests.support.mesh import (
 )
 from turnmesh.client import AsyncClient, TurnFailedError, TurnOptions
 from turnmesh.runtime.serving import insecure_channel
-from turnmesh.server.stores import SessionStore, open_store
+from turnmesh.server.stores import open_store
+from turnmesh.server.stores.base import SessionStore
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
