@@ -11,10 +11,11 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from tests.conftest import SharedMesh
-from tests.support.mesh import Mesh, until
+from tests.support.mesh import Component, Mesh, until
 from turnmesh.client import AsyncClient
 from turnmesh.envoy.process import RunningEnvoy
 from turnmesh.runtime.serving import insecure_channel
+from turnmesh.server.compat.areal_ws import gateway
 from turnmesh.v1 import router_service_pb2 as rpb
 from turnmesh.v1.router_service_pb2_grpc import RouterServiceStub
 
@@ -29,14 +30,24 @@ def _unhealthy_hosts(envoy: RunningEnvoy) -> set[str]:
     }
 
 
+async def _ws_ready(server: Component) -> int:
+    """What the server's /ws listener answers the edge's health check."""
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"http://{server.info['ws_address']}{gateway.HEALTH_PATH}")
+    return answer.status_code
+
+
 async def test_a_draining_server_gets_no_new_calls(mesh_factory: Mesh) -> None:
     mesh = mesh_factory
     mesh.start_router()
     worker = mesh.spawn_worker("probe", "probe_agent:ProbeAgent")
-    servers = [mesh.spawn_server(f"server-{i}", "--grace-seconds", "30") for i in (1, 2)]
+    servers = [
+        mesh.spawn_server(f"server-{i}", "--grace-seconds", "30", "--ws-port", "0") for i in (1, 2)
+    ]
     mesh.wait_ready(worker, *servers)
     envoy = mesh.start_envoy(servers)
     draining, other = servers
+    assert await _ws_ready(draining) == await _ws_ready(other) == 200
 
     assert mesh.router is not None
     router = RouterServiceStub(insecure_channel(mesh.router.address))
@@ -61,6 +72,8 @@ async def test_a_draining_server_gets_no_new_calls(mesh_factory: Mesh) -> None:
                 response = await rest.post("/v1/sessions", json={"agentName": "probe"})
                 assert response.status_code == 200, response.text
         assert other.address not in _unhealthy_hosts(envoy)
+        # Its /ws listener says so too: the edge sends it no new sockets.
+        assert (await _ws_ready(draining), await _ws_ready(other)) == (503, 200)
         assert draining.proc.poll() is None, "still draining its turn"
         await direct.cancel_turn(sid, event.run_id)
 
