@@ -37,7 +37,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from turnmesh.runtime import errors
+from turnmesh.runtime import error_decoding, errors
 from turnmesh.v1 import event_pb2
 
 
@@ -198,8 +198,8 @@ def client_class(kind: type[errors.TurnmeshError]) -> type[TurnmeshClientError]:
 
 def from_rpc_error(exc: grpc.RpcError) -> TurnmeshClientError:
     """A failed call as the client error of its row in the error table."""
-    code, message, trailers = errors.call_status(exc)
-    details = errors.status_details(trailers)
+    code, message, trailers = error_decoding.call_status(exc)
+    details = error_decoding.status_details(trailers)
     error = client_class(errors.kind_for(code, details.reason))(message or code.name, code)
     error.reason = details.reason
     error.metadata = dict(details.metadata)

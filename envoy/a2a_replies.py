@@ -4,7 +4,7 @@ error shape, which the a2a-sdk REST client parses into its error classes:
 ``{"error": {"code": <HTTP status>, "status": "NOT_FOUND", "message",
 "details": [google.rpc.ErrorInfo]}}`` (problem.lua gives the servers' own
 errors the same shape). Reasons and domains come from the one error table
-(``errors.edge_a2a_errors``)."""
+(``edge_rows.edge_a2a_errors``)."""
 
 from __future__ import annotations
 

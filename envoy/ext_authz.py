@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turnmesh.envoy import a2a_replies
+from turnmesh.envoy import a2a_replies, edge_rows
 from turnmesh.runtime import errors
 
 FILTER = "envoy.filters.http.ext_authz"
@@ -197,7 +197,7 @@ def reply_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
     mappers = []
     for r, detail, headers in cases:
         code = status(r.http_status)
-        a2a = a2a_replies.a2a_error(*errors.edge_a2a_errors()[r.http_status], detail)
+        a2a = a2a_replies.a2a_error(*edge_rows.edge_a2a_errors()[r.http_status], detail)
         mappers += [
             mapper([openai_paths, code], openai(r, detail), "application/json", headers),
             mapper([a2a_paths, code], a2a, "application/json", headers),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from turnmesh.envoy import a2a_replies, ext_authz, guards
+from turnmesh.envoy import a2a_replies, edge_rows, ext_authz, guards
 from turnmesh.runtime import errors
 
 # Envoy's id of a request from outside: in the access log, a problem's
@@ -60,7 +60,7 @@ def _jsonrpc_mappers() -> list[dict[str, Any]]:
     def mapper(code: int) -> dict[str, Any]:
         value = {"default_value": code, "runtime_key": f"turnmesh.jsonrpc_{code}"}
         found = {"status_code_filter": {"comparison": {"op": "EQ", "value": value}}}
-        rpc_code, reason = errors.edge_jsonrpc_error(code)
+        rpc_code, reason = edge_rows.edge_jsonrpc_error(code)
         info = {"@type": ERROR_INFO_TYPE, "reason": reason, "domain": errors.ERROR_DOMAIN}
         body = {
             "jsonrpc": "2.0",
@@ -81,7 +81,7 @@ def _jsonrpc_mappers() -> list[dict[str, Any]]:
             code,
         )
 
-    return [mapper(code) for code in errors.edge_problems()]
+    return [mapper(code) for code in edge_rows.edge_problems()]
 
 
 ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
@@ -161,7 +161,7 @@ def _problem_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
 
     # OpenAI's clients get OpenAI's error shape for Envoy's own replies too;
     # everyone's problem type and title come from the one error table.
-    problems = errors.edge_problems()
+    problems = edge_rows.edge_problems()
     mappers = [
         guards.shed(_never_retried(openai_mapper(status("EQ", code), error_type), code), code)
         for code, (_, _, error_type) in problems.items()
@@ -175,7 +175,9 @@ def _problem_mappers(openai_paths: dict[str, Any]) -> list[dict[str, Any]]:
         guards.shed(mapper(status("EQ", code), title, slug), code)
         for code, (slug, title, _) in problems.items()
     ]
-    mappers.append(mapper(status("GE", 400), errors.EDGE_FALLBACK[1], errors.EDGE_FALLBACK[0]))
+    mappers.append(
+        mapper(status("GE", 400), edge_rows.EDGE_FALLBACK[1], edge_rows.EDGE_FALLBACK[0])
+    )
     return mappers
 
 
@@ -189,7 +191,7 @@ def _a2a_mappers(status: Callable[[str, int], dict[str, Any]]) -> list[dict[str,
             "body_format_override": {"json_format": body, "content_type": "application/json"},
         }
 
-    shaped = errors.edge_a2a_errors()
+    shaped = edge_rows.edge_a2a_errors()
     mappers = [
         guards.shed(
             mapper(status("EQ", code), a2a_replies.a2a_error(*row, "%LOCAL_REPLY_BODY%")), code

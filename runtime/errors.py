@@ -65,27 +65,24 @@ error's data.
 A row is found by its ``ErrorInfo.reason`` first (so ``RateLimited`` and
 ``ResourceExhausted`` stay distinct), then by the status code. Handlers raise
 these; ``turnmesh.runtime.interceptors.ErrorMappingInterceptor`` turns them
-into statuses at the one boundary, and ``from_rpc_error`` turns a status back
-into the same error (the compatibility surfaces, the worker's history miss).
-
-``TurnError`` is the smaller table of a turn's in-band ``RUN_ERROR`` problems.
+into statuses at the one boundary, and ``error_decoding.from_rpc_error`` turns
+a status back into the same error (the compatibility surfaces, the worker's
+history miss). ``turnmesh.envoy.edge_rows`` gives each status Envoy answers by
+itself its row; ``turn_errors.TurnError`` is the smaller table of a turn's
+in-band ``RUN_ERROR`` problems.
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, cast
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import grpc
 from a2a.utils.errors import A2A_REASON_TO_ERROR, JSON_RPC_ERROR_CODE_MAP
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
-
-from turnmesh.v1 import event_pb2
 
 ERROR_DOMAIN = "turnmesh.dev"
 # The ErrorInfo domain of A2A's own errors (TASK_NOT_FOUND …), as its spec and
@@ -635,221 +632,6 @@ def reason_rows() -> list[Row]:
 def rows() -> list[Row]:
     """Every row: one per status code, then one per reason of its own."""
     return code_rows() + reason_rows()
-
-
-# Envoy's own replies (it never asked a server): the row each HTTP status
-# takes, or one only the edge has.
-_EDGE_KINDS: dict[int, type[TurnmeshError]] = {
-    400: InvalidArgument,
-    401: Unauthenticated,
-    403: PermissionDenied,
-    404: NotFound,
-    429: ResourceExhausted,
-    499: Cancelled,
-    500: TurnmeshError,
-    501: Unimplemented,
-    503: Unavailable,
-    504: DeadlineExceeded,
-}
-_EDGE_ONLY: dict[int, tuple[str, str, str]] = {
-    405: ("method-not-allowed", "Method not allowed", "invalid_request_error"),
-    408: ("request-timeout", "Request timeout", "invalid_request_error"),
-    413: ("payload-too-large", "Payload too large", "invalid_request_error"),
-    # A cross-origin POST whose body is not JSON (envoy/guards.py).
-    415: ("unsupported-media-type", "Unsupported media type", "invalid_request_error"),
-    # A Host the edge does not answer to (envoy/guards.py).
-    421: ("misdirected-request", "Misdirected request", "invalid_request_error"),
-    431: (
-        "request-header-fields-too-large",
-        "Request header fields too large",
-        "invalid_request_error",
-    ),
-    502: ("bad-gateway", "Bad gateway", "server_error"),
-}
-# Any other status Envoy answers with.
-EDGE_FALLBACK = ("error", "Error")
-
-
-def edge_jsonrpc_error(status: int) -> tuple[int, str]:
-    """The JSON-RPC code and ErrorInfo reason of Envoy's own reply with this
-    HTTP status: its row's, or for a status only the edge answers (413 …)
-    JSON-RPC's invalid request (a 4xx) or internal error (a 5xx)."""
-    kind = _EDGE_KINDS.get(status)
-    if kind is not None:
-        return kind.jsonrpc_code(), kind.reason_name()
-    slug = _EDGE_ONLY.get(status, EDGE_FALLBACK)[0]
-    code = JSONRPC_INTERNAL_ERROR if status >= 500 else JSONRPC_INVALID_REQUEST
-    return code, slug.upper().replace("-", "_")
-
-
-# Envoy's own replies on A2A's HTTP+JSON paths: A2A's row where A2A has one
-# (a request the edge cannot read as one, a path that names no method), else
-# the mesh's row for the status (a refused key, a rate limit, no server: A2A
-# has no error for those, and its clients keep the HTTP status).
-_EDGE_A2A_KINDS: dict[int, type[TurnmeshError]] = {
-    **_EDGE_KINDS,
-    400: InvalidRequest,
-    404: MethodNotFound,
-    405: InvalidRequest,
-    408: DeadlineExceeded,
-    413: InvalidRequest,
-    415: InvalidRequest,
-    421: InvalidRequest,
-    431: InvalidRequest,
-    502: Unavailable,
-}
-
-
-def edge_a2a_errors() -> dict[int, tuple[str, str, str]]:
-    """(gRPC code name, ErrorInfo reason, domain) per HTTP status that Envoy
-    answers by itself on A2A's paths."""
-    return {
-        status: (kind.code.name, kind.reason_name(), kind.domain)
-        for status, kind in sorted(_EDGE_A2A_KINDS.items())
-    }
-
-
-def edge_problems() -> dict[int, tuple[str, str, str]]:
-    """(slug, title, OpenAI type) per HTTP status that Envoy answers by itself."""
-    problems = {s: (k.slug, k.title, k.openai_type) for s, k in _EDGE_KINDS.items()}
-    return dict(sorted({**problems, **_EDGE_ONLY}.items()))
-
-
-@dataclass(frozen=True)
-class StatusDetails:
-    """What a status's trailers say beyond its code and message."""
-
-    # google.rpc.ErrorInfo's reason ("" when the status had none) and metadata.
-    reason: str = ""
-    metadata: dict[str, str] = field(default_factory=dict)
-    # google.rpc.BadRequest's field violations.
-    violations: list[FieldViolation] = field(default_factory=list)
-    # The retry-after trailer, in seconds.
-    retry_after: int | None = None
-
-
-def status_details(trailing_metadata: Sequence[tuple[str, str | bytes]]) -> StatusDetails:
-    reason = ""
-    metadata: dict[str, str] = {}
-    violations: list[FieldViolation] = []
-    retry_after: int | None = None
-    for key, value in trailing_metadata:
-        if key == STATUS_DETAILS_KEY and isinstance(value, bytes):
-            with contextlib.suppress(Exception):  # unreadable details: the code still stands
-                for detail in status_pb2.Status.FromString(value).details:
-                    if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                        bad = error_details_pb2.BadRequest()
-                        detail.Unpack(bad)
-                        violations += [
-                            FieldViolation(v.field, v.description) for v in bad.field_violations
-                        ]
-                    elif detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                        info = error_details_pb2.ErrorInfo()
-                        detail.Unpack(info)
-                        reason, metadata = info.reason, dict(info.metadata)
-        elif key == RETRY_AFTER_KEY and isinstance(value, str) and value.isdigit():
-            retry_after = int(value)
-    return StatusDetails(reason, metadata, violations, retry_after)
-
-
-def from_status(
-    code: grpc.StatusCode,
-    message: str,
-    trailing_metadata: Sequence[tuple[str, str | bytes]] = (),
-) -> TurnmeshError:
-    """A status (code, message, trailers with google.rpc details) as the error
-    it was raised as: the inverse of ``TurnmeshError.to_status``."""
-    details = status_details(trailing_metadata)
-    kind = kind_for(code, details.reason)
-    # Built without the rows' own constructors (InvalidArgument's, HistoryMiss's):
-    # the error is rebuilt exactly as it was sent.
-    error = TurnmeshError.__new__(kind)
-    TurnmeshError.__init__(
-        error, message, reason=details.reason or None, metadata=dict(details.metadata)
-    )
-    if isinstance(error, InvalidArgument):
-        error.violations = list(details.violations)
-    # As sent: a RESOURCE_EXHAUSTED that gRPC raised itself (a message over
-    # the size limit) asks for no wait.
-    error.retry_after = details.retry_after
-    return error
-
-
-class _FailedCall(Protocol):
-    def code(self) -> grpc.StatusCode: ...
-    def details(self) -> str | None: ...
-    def trailing_metadata(self) -> Iterable[tuple[str, str | bytes]] | None: ...
-
-
-def call_status(
-    exc: grpc.RpcError,
-) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str | bytes], ...]]:
-    """A failed call's code, message and trailers."""
-    if not callable(getattr(exc, "code", None)):
-        return grpc.StatusCode.UNKNOWN, "the call failed without a status", ()
-    # Every RpcError grpc raises (sync and aio) carries its status like this.
-    call = cast(_FailedCall, exc)
-    return call.code(), call.details() or "", tuple(call.trailing_metadata() or ())
-
-
-def from_rpc_error(exc: grpc.RpcError) -> TurnmeshError:
-    """A failed call's status as the error the other side raised."""
-    return from_status(*call_status(exc))
-
-
-@contextlib.contextmanager
-def mapped_rpc_errors() -> Iterator[None]:
-    """Re-raise a failed call's status as a TurnmeshError (``raise … from``)."""
-    try:
-        yield
-    except grpc.RpcError as exc:
-        raise from_rpc_error(exc) from exc
-
-
-class TurnError(enum.Enum):
-    """Why a turn ended with RUN_ERROR: its ``code``, problem title and status.
-
-    Agents add their own codes (``AgentError``); these are the mesh's.
-    """
-
-    CANCELLED = ("cancelled", "Turn cancelled", 499)
-    INTERRUPTED = ("interrupted", "Turn interrupted by a newer turn", 499)
-    DISCONNECTED = ("disconnected", "Client disconnected", 499)
-    SESSION_DELETED = ("session_deleted", "Session deleted", 499)
-    SHUTDOWN = ("shutdown", "Server shutting down", 499)
-    WORKER_FAILED = ("worker_failed", "Worker failed", 502)
-    WORKER_UNAVAILABLE = ("worker_unavailable", "No worker available", 503)
-    OWNER_LOST = ("owner_lost", "Server lost", 503)
-    # A queued turn reached a session that a turn before it left waiting.
-    AWAITING_CLIENT = ("awaiting_client", "Session waits for the client", 409)
-    AGENT_ERROR = ("agent_error", "Agent error", 500)
-    INTERNAL = ("internal", "Internal error", 500)
-
-    def __init__(self, code: str, title: str, status: int) -> None:
-        self.code = code
-        self.title = title
-        self.status = status
-
-    def event(self, detail: str) -> event_pb2.Event:
-        """A RUN_ERROR event with this error's RFC 7807 problem."""
-        return error_event(self.code, self.title, self.status, detail)
-
-
-def problem(code: str, title: str, status: int, detail: str) -> event_pb2.Problem:
-    """An in-band RFC 7807 problem; its type is named after the code."""
-    return event_pb2.Problem(
-        type=PROBLEM_BASE + code.replace("_", "-"), title=title, status=status, detail=detail
-    )
-
-
-def error_event(code: str, title: str, status: int, detail: str) -> event_pb2.Event:
-    """A RUN_ERROR with an RFC 7807 problem."""
-    return event_pb2.Event(
-        type=event_pb2.RUN_ERROR,
-        message=detail,
-        code=code,
-        problem=problem(code, title, status, detail),
-    )
 
 
 @dataclass(frozen=True)

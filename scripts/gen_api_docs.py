@@ -11,7 +11,8 @@ from pathlib import Path
 from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor_pb2
 
-from turnmesh.runtime import errors
+from turnmesh.envoy import edge_rows
+from turnmesh.runtime import errors, turn_errors
 
 ROOT = Path(__file__).resolve().parent.parent
 # Paths into FileDescriptorProto for comments (descriptor.proto field numbers).
@@ -382,8 +383,10 @@ def _errors() -> list[str]:
     out += [
         "",
         "Envoy's own replies (it never asked a server) use the same types: "
-        + ", ".join(f"{status} `{slug}`" for status, (slug, _, _) in errors.edge_problems().items())
-        + f"; any other status `{errors.EDGE_FALLBACK[0]}`.",
+        + ", ".join(
+            f"{status} `{slug}`" for status, (slug, _, _) in edge_rows.edge_problems().items()
+        )
+        + f"; any other status `{edge_rows.EDGE_FALLBACK[0]}`.",
         "",
         "No error's text is Python's own: every status leaves a server through one boundary "
         "(`runtime/interceptors.py`), which sends a text that reads like an exception's "
@@ -402,7 +405,7 @@ def _errors() -> list[str]:
         "| code | problem type (slug) | title | status |",
         "|---|---|---|---|",
     ]
-    for error in errors.TurnError:
+    for error in turn_errors.TurnError:
         slug = error.code.replace("_", "-")
         out.append(f"| `{error.code}` | `{slug}` | {error.title} | {error.status} |")
     out += [
@@ -437,8 +440,8 @@ def _one_piece_errors() -> list[str]:
         "| RUN_ERROR code | HTTP | reason (OpenAI `code`) | `x-should-retry` |",
         "|---|---|---|---|",
     ]
-    codes = [(e.code, e.event("")) for e in errors.TurnError]
-    codes.append(("an agent's own", errors.error_event("model_error", "", 502, "")))
+    codes = [(e.code, e.event("")) for e in turn_errors.TurnError]
+    codes.append(("an agent's own", turn_errors.error_event("model_error", "", 502, "")))
     for code, event in codes:
         error = turn_error(event)
         retry = dict(error.trailers).get("x-should-retry", "(absent: retried)")

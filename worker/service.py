@@ -18,7 +18,8 @@ from opentelemetry import trace
 from turnmesh.agent import AgentError, AgentRequest, AgentResponse, AgentRunnable
 from turnmesh.files import Sandbox
 from turnmesh.runtime import metrics
-from turnmesh.runtime.errors import TurnError, Unavailable, problem
+from turnmesh.runtime.errors import Unavailable
+from turnmesh.runtime.turn_errors import TurnError, problem
 from turnmesh.v1 import event_pb2, message_pb2, worker_service_pb2, worker_service_pb2_grpc
 from turnmesh.worker import pause
 from turnmesh.worker import relay as worker_relay  # the servicer's Relay method shadows the class

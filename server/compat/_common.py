@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from turnmesh.runtime import bodies, receipts, wire
 from turnmesh.runtime.auth import bearer
+from turnmesh.runtime.error_decoding import from_status
 from turnmesh.runtime.errors import (
     AwaitingClient,
     Cancelled,
@@ -28,12 +29,11 @@ from turnmesh.runtime.errors import (
     ModelNotFound,
     NotFound,
     TurnCancelled,
-    TurnError,
     TurnFailed,
     TurnmeshError,
     Unavailable,
-    from_status,
 )
+from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.server.compat.coalesce import ReadyEvents
 from turnmesh.server.sessions import validation
 from turnmesh.v1 import event_pb2, message_pb2

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from turnmesh.runtime import wire
-from turnmesh.runtime.errors import HeldElsewhere, Unavailable, from_rpc_error
+from turnmesh.runtime.error_decoding import from_rpc_error
+from turnmesh.runtime.errors import HeldElsewhere, Unavailable
 from turnmesh.server.mesh.ownership import Forward, Owner, Placement, SessionOwnership
 
 if TYPE_CHECKING:

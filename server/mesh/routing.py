@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from turnmesh.runtime import tracing
-from turnmesh.runtime.errors import OwnerAway, Unavailable, from_rpc_error
+from turnmesh.runtime.error_decoding import from_rpc_error
+from turnmesh.runtime.errors import OwnerAway, Unavailable
 from turnmesh.runtime.membership import Membership
 from turnmesh.runtime.serving import mesh_channel
 from turnmesh.server.mesh.ownership import Owner

@@ -21,9 +21,10 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Protocol
 
-from turnmesh.runtime.errors import NotFound, OutOfRange, TurnError
+from turnmesh.runtime.errors import NotFound, OutOfRange
 from turnmesh.runtime.events import TERMINAL_TYPES, now_ms
 from turnmesh.runtime.principals import public_id
+from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb
 

@@ -22,9 +22,11 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from turnmesh.runtime import metrics, tracing, wire
-from turnmesh.runtime.errors import HistoryMiss, NotFound, TurnError, Unavailable, from_rpc_error
+from turnmesh.runtime.error_decoding import from_rpc_error
+from turnmesh.runtime.errors import HistoryMiss, NotFound, Unavailable
 from turnmesh.runtime.events import sum_usage
 from turnmesh.runtime.principals import principal_of
+from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.server.sessions import answers, pauses
 from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.sessions.history import HistoryBuilder

@@ -21,8 +21,9 @@ from typing import Any
 from google.protobuf import json_format, message, timestamp_pb2
 
 from turnmesh.runtime import metrics
-from turnmesh.runtime.errors import TurnError, Unavailable
+from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.principals import principal_of, public_id
+from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.stores.base import SessionStore
 from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES, OutboxUnavailable

@@ -29,9 +29,10 @@ from opentelemetry import trace
 
 from turnmesh.files import MAX_FILES, MAX_TOTAL_FILE_BYTES
 from turnmesh.runtime import metrics, requests
-from turnmesh.runtime.errors import NotFound, SessionBusy, TurnError
+from turnmesh.runtime.errors import NotFound, SessionBusy
 from turnmesh.runtime.ids import new_id
 from turnmesh.runtime.principals import principal_of, public_id
+from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.server.sessions import answers, pauses
 from turnmesh.server.sessions.admission import Admission
 from turnmesh.server.sessions.eventlog import EventLogs, TurnLog

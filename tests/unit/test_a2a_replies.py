@@ -9,7 +9,7 @@ import re
 from a2a.types import a2a_pb2
 from google.api import annotations_pb2
 
-from turnmesh.envoy import a2a_replies
+from turnmesh.envoy import a2a_replies, edge_rows
 from turnmesh.runtime import errors
 
 
@@ -57,8 +57,8 @@ def test_the_other_apis_paths_are_not() -> None:
 
 
 def test_every_edge_status_has_an_a2a_error() -> None:
-    shaped = errors.edge_a2a_errors()
-    assert set(shaped) == set(errors.edge_problems())
+    shaped = edge_rows.edge_a2a_errors()
+    assert set(shaped) == set(edge_rows.edge_problems())
     assert shaped[404] == ("NOT_FOUND", "METHOD_NOT_FOUND", errors.A2A_DOMAIN)
     assert shaped[413] == ("INVALID_ARGUMENT", "INVALID_REQUEST", errors.A2A_DOMAIN)
     assert shaped[401] == ("UNAUTHENTICATED", "UNAUTHENTICATED", errors.ERROR_DOMAIN)

@@ -13,11 +13,11 @@ from turnmesh.runtime.errors import (
     AwaitingClient,
     InvalidArgument,
     TurnCancelled,
-    TurnError,
     TurnFailed,
     TurnmeshError,
     Unavailable,
 )
+from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.server.compat import _common, _files, agui, openai_chat, openai_responses
 from turnmesh.server.compat.simple_chat import _Calls
 from turnmesh.v1 import compat_service_pb2 as cpb

@@ -13,9 +13,9 @@ import pytest
 
 import turnmesh.client as client_api
 from turnmesh.client.errors import CLIENT_CLASSES, TurnmeshClientError, client_class
-from turnmesh.envoy import EdgeConfig
+from turnmesh.envoy import EdgeConfig, edge_rows
 from turnmesh.envoy.config import lua_error_table, render
-from turnmesh.runtime import errors
+from turnmesh.runtime import error_decoding, errors, turn_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 # The folders of the turnmesh package (hand-written code).
@@ -81,7 +81,7 @@ def test_a_status_turns_back_into_the_error_it_was(row: errors.Row) -> None:
     error = _error(errors.kind_for(row.code, row.reason))
     status = error.to_status()
     assert status.code == row.code
-    back = errors.from_status(status.code, status.details, status.trailing_metadata)
+    back = error_decoding.from_status(status.code, status.details, status.trailing_metadata)
     assert type(back) is type(error)
     assert back.reason == row.reason
     assert back.detail == error.detail
@@ -96,7 +96,7 @@ def test_a_reason_without_a_row_keeps_its_code_row() -> None:
     # A newer server's reason, which this table does not know.
     error = errors.NotFound("no gadget", reason="GADGET_NOT_FOUND")
     status = error.to_status()
-    back = errors.from_status(status.code, status.details, status.trailing_metadata)
+    back = error_decoding.from_status(status.code, status.details, status.trailing_metadata)
     assert type(back) is errors.NotFound
     assert back.reason == "GADGET_NOT_FOUND"
     # A reason of another code's row does not change the row.
@@ -104,7 +104,7 @@ def test_a_reason_without_a_row_keeps_its_code_row() -> None:
 
 
 def test_a_status_with_unreadable_details_keeps_its_code() -> None:
-    back = errors.from_status(
+    back = error_decoding.from_status(
         grpc.StatusCode.ABORTED, "x", (("grpc-status-details-bin", b"\xff\xfe"),)
     )
     assert type(back) is errors.Aborted
@@ -160,7 +160,7 @@ def test_envoys_own_replies_use_the_table() -> None:
             match = re.search(r"'op': 'EQ', 'value': \{'default_value': (\d+)", comparison)
             if match is not None:
                 problems[int(match.group(1))] = (body["type"], body["title"])
-    edge = errors.edge_problems()
+    edge = edge_rows.edge_problems()
     for status, (slug, title, _) in edge.items():
         assert problems[status] == (errors.PROBLEM_BASE + slug, title)
     # Statuses a server can also send have the same type and title as the row.
@@ -172,7 +172,7 @@ def test_envoys_own_replies_use_the_table() -> None:
 
 
 def test_in_band_errors_are_problems_of_the_same_base() -> None:
-    event = errors.TurnError.WORKER_FAILED.event("it broke")
+    event = turn_errors.TurnError.WORKER_FAILED.event("it broke")
     assert event.code == "worker_failed"
     assert event.problem.type == errors.PROBLEM_BASE + "worker-failed"
     assert event.problem.status == 502

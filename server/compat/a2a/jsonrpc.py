@@ -30,6 +30,7 @@ from google.api import httpbody_pb2
 from google.protobuf import descriptor, empty_pb2, json_format, message, message_factory
 
 from turnmesh.runtime import sanitize
+from turnmesh.runtime.error_decoding import from_rpc_error
 from turnmesh.runtime.errors import (
     JSONRPC_INVALID_PARAMS,
     JSONRPC_INVALID_REQUEST,
@@ -39,7 +40,6 @@ from turnmesh.runtime.errors import (
     InvalidArgument,
     InvalidParams,
     TurnmeshError,
-    from_rpc_error,
 )
 from turnmesh.runtime.handlers import ServicerContext
 from turnmesh.runtime.interceptors import worded_for_callers

@@ -17,7 +17,7 @@ from typing import Any
 from a2a.types import a2a_pb2
 from google.protobuf import json_format, timestamp_pb2
 
-from turnmesh.runtime.errors import TurnError
+from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.server.compat.a2a.ids import task_id
 from turnmesh.server.compat.a2a.messages import data_part
 from turnmesh.v1 import event_pb2, message_pb2
