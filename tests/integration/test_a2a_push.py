@@ -28,12 +28,14 @@ from a2a.client.auth import CredentialService
 from a2a.types import a2a_pb2
 from a2a.utils.errors import InvalidParamsError, TaskNotFoundError
 from a2a.utils.proto_utils import parse_lenient
+from google.protobuf import json_format
 from standardwebhooks import Webhook
 
 from tests.support.a2a_clients import BINDINGS, Agents, S, answer, message, open_gate, sent
 from tests.support.mesh import Mesh, RedisServer
 from tests.support.webhooks import SECRET, Receiver, receiving
 from turnmesh.runtime.errors import NotFound, ResourceExhausted
+from turnmesh.server.compat.a2a import push_configs
 from turnmesh.server.compat.a2a.push_configs import TOKEN_HEADER
 from turnmesh.server.stores import open_store
 from turnmesh.server.stores.base import SessionRecord, SessionStore
@@ -282,6 +284,49 @@ async def test_a_task_waiting_for_input_is_pushed(pushing: Pushing, callers: Cal
         )
     ).configs
     assert kept.id == task.id  # none named: the task's own, as a2a-sdk's stores do
+
+
+async def test_a_config_given_with_an_answer_is_told_how_the_task_ends(
+    pushing: Pushing, callers: Callers
+) -> None:
+    """The config of a message that answers a task's question is kept for
+    the task, and gets its end; one past the task's bound is refused before
+    the answer is given (the task still waits)."""
+    asked = await sent(callers.acme, message("please ask me something"))
+    assert asked.status.state == S.TASK_STATE_INPUT_REQUIRED
+    full = await sent(callers.acme, message("please ask me something"))
+    for i in range(push_configs.MAX_CONFIGS_PER_TASK):
+        made = _config(full.id, pushing.hooks.url, f"c{i}", secrets=False)
+        await callers.acme.create_task_push_notification_config(made)
+    past = _answering(full, _config("", pushing.hooks.url, "one-more"))
+    with pytest.raises(InvalidParamsError):
+        await sent(callers.acme, past)
+    still = await callers.acme.get_task(a2a_pb2.GetTaskRequest(id=full.id))
+    assert still.status.state == S.TASK_STATE_INPUT_REQUIRED
+
+    answered = await sent(callers.acme, _answering(asked, _config("", pushing.hooks.url)))
+    assert answered.status.state == S.TASK_STATE_COMPLETED
+    ((headers, body),) = await _pushes(pushing.hooks, asked.id, "TASK_STATE_COMPLETED")
+    _has_secrets(headers)
+    assert 'You answered: "green"' in answer(body.task)
+    (kept,) = (
+        await callers.acme.list_task_push_notification_configs(
+            a2a_pb2.ListTaskPushNotificationConfigsRequest(task_id=asked.id)
+        )
+    ).configs
+    assert kept.id == asked.id
+
+
+def _answering(
+    task: a2a_pb2.Task, config: a2a_pb2.TaskPushNotificationConfig
+) -> a2a_pb2.SendMessageRequest:
+    """A message answering the task's question, with a push config."""
+    request = message("", task.context_id)
+    request.message.task_id = task.id
+    del request.message.parts[:]
+    json_format.ParseDict({"color": "green"}, request.message.parts.add().data)
+    request.configuration.task_push_notification_config.CopyFrom(config)
+    return request
 
 
 async def test_refusals_change_nothing(pushing: Pushing, callers: Callers) -> None:

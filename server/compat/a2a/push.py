@@ -173,6 +173,20 @@ class PushNotifications:
             f"push notification config {shown} of task {request.task_id!r} not found"
         )
 
+    async def check_room(
+        self, mesh: Mesh, config: a2a_pb2.TaskPushNotificationConfig, agent: str, where: str
+    ) -> None:
+        """Refuse a config its task has no room for (one with a kept id
+        replaces it): for a config given with an answer, before the answer."""
+        kept = await self._of_task(mesh, config.task_id, agent)
+        wanted = config.id or config.task_id  # as kept (push_configs.stored)
+        if len(kept) >= push_configs.MAX_CONFIGS_PER_TASK and all(c.id != wanted for c in kept):
+            raise invalid_params(
+                f"{where}id",
+                f"task {config.task_id!r} has {push_configs.MAX_CONFIGS_PER_TASK} push"
+                " notification configs already: delete one first",
+            )
+
     async def list_configs(
         self, mesh: Mesh, request: a2a_pb2.ListTaskPushNotificationConfigsRequest, agent: str
     ) -> a2a_pb2.ListTaskPushNotificationConfigsResponse:

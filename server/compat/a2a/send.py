@@ -124,10 +124,29 @@ async def open_task(
     written before it is returned, so any server finds it by its id."""
     message = incoming(request.message, request.metadata)
     configuration = request.configuration
+    config: a2a_pb2.TaskPushNotificationConfig | None = None
     if configuration.HasField("task_push_notification_config"):
         push.check(configuration.task_push_notification_config, PUSH_CONFIG)
+        config = a2a_pb2.TaskPushNotificationConfig()
+        config.CopyFrom(configuration.task_push_notification_config)
     if message.task_id:
-        return await _answer(mesh, message, agent)
+        if config is not None:
+            # Refused before the answer is given, not after: it changes nothing.
+            config.task_id = message.task_id
+            await push.check_room(mesh, config, agent, PUSH_CONFIG)
+        view, turn = await _answer(mesh, message, agent)
+    else:
+        view, turn = await _start(mesh, message, agent)
+    if config is not None:
+        # After its turn is accepted: a config set with an answer is told how
+        # the answer's turn ends (at once, if it has ended already).
+        config.task_id = view.id
+        await push.create(mesh, config, agent, PUSH_CONFIG)
+    return view, turn
+
+
+async def _start(mesh: Mesh, message: Incoming, agent: str) -> tuple[TaskView, spb.Turn]:
+    """A message naming no task: a new task, its record written first."""
     session_id, made, agent_name = await _context(mesh, message.context_id, agent)
     try:
         turn = await mesh.start_turn(
@@ -152,11 +171,6 @@ async def open_task(
     if turn.state == spb.TURN_STATE_RUNNING:
         view.state = a2a_pb2.TASK_STATE_WORKING
     view.history.append(user_message(message, session_id, view.id))
-    if configuration.HasField("task_push_notification_config"):
-        config = a2a_pb2.TaskPushNotificationConfig()
-        config.CopyFrom(configuration.task_push_notification_config)
-        config.task_id = view.id
-        await push.create(mesh, config, agent, PUSH_CONFIG)
     return view, turn
 
 
