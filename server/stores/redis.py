@@ -61,8 +61,11 @@ from turnmesh.server.stores.redis_scripts import (
 from turnmesh.server.stores.redis_tasks import RedisTasks
 from turnmesh.v1 import event_pb2, message_pb2
 
-# A create writes its listing entry just before its session: an entry without
-# a session is dropped only once it is older than this (clocks may differ).
+# An index entry is written just before what it indexes (another slot: no
+# script spans both): a create's listing entry before its session, put_turn's
+# open-turn entry before its record. One without it is dropped only once it
+# is older than this (clocks may differ): a reader between the two writes
+# must not drop it.
 DANGLING_AFTER_SECONDS = 300
 # Keys one DEL names at most (a session's turns' keys, deleted with it).
 DELETE_BATCH = 1_000
@@ -387,7 +390,8 @@ class RedisStore(TurnCommits):
         member = open_turn_member(session_id, turn_id)
         if not ended:
             # Indexed before the record is written (another slot: no script
-            # spans both): an entry without an open record is dropped when read.
+            # spans both): an entry without an open record is dropped when
+            # read, once older than DANGLING_AFTER_SECONDS.
             await self._redis.zadd(OPEN_TURNS, {member: time.time()}, nx=True)
         count = await self._put_turn_script(
             keys=[keys.record, keys.turn_record(turn_id), keys.turn_records],
@@ -415,29 +419,39 @@ class RedisStore(TurnCommits):
     async def open_turns(
         self, limit: int, cursor: int = 0
     ) -> tuple[list[tuple[str, str]], int | None]:
-        members = cast(
-            list[bytes], await self._redis.zrange(OPEN_TURNS, cursor, cursor + limit - 1)
+        scored = cast(
+            list[tuple[bytes, float]],
+            await self._redis.zrange(OPEN_TURNS, cursor, cursor + limit - 1, withscores=True),
         )
-        if not members:
+        if not scored:
             return [], None
-        keys = [_text(raw).partition("\n") for raw in members]
+        keys = [_text(raw).partition("\n") for raw, _ in scored]
         async with self._redis.pipeline(transaction=False) as pipe:
             for session_id, _, turn_id in keys:
                 pipe.hget(Keys(session_id).turn_record(turn_id), "ended")
             flags: list[bytes | None] = await pipe.execute()
         found: list[tuple[str, str]] = []
         stale: list[bytes] = []
-        for raw, (session_id, _, turn_id), ended in zip(members, keys, flags, strict=True):
+        kept = 0
+        young = time.time() - DANGLING_AFTER_SECONDS
+        for (raw, indexed), (session_id, _, turn_id), ended in zip(
+            scored, keys, flags, strict=True
+        ):
             if ended == b"0":
                 found.append((session_id, turn_id))
+            elif ended is None and indexed > young:
+                # Indexed a moment ago, its record still to be written
+                # (put_turn indexes first): dropped now, it would never be
+                # swept, and a notice that failed to queue never sent.
+                kept += 1
             else:  # its record ended, expired or went with its session
                 stale.append(raw)
         if stale:
             await self._redis.zrem(OPEN_TURNS, *stale)
         # The stale entries are gone: the next page starts that much sooner
         # (where this one did, if all were stale).
-        more = len(members) == limit
-        return found, cursor + len(found) if more else None
+        more = len(scored) == limit
+        return found, cursor + len(found) + kept if more else None
 
     async def put_task(
         self, session_id: str, task_id: str, record: bytes, created_at: float

@@ -461,6 +461,31 @@ async def test_a_sessions_turn_index_is_bounded_and_leaves_the_old_set_to_the_de
     )
 
 
+async def test_an_open_turn_indexed_before_its_record_is_not_dropped_by_a_sweep(
+    redis_store: RedisStore,
+) -> None:
+    """put_turn indexes an open turn, then writes its record: a sweep that
+    reads between the two keeps the entry (else the turn is never swept, and
+    a notice that failed to queue is never sent); one whose record never
+    came is dropped once old."""
+    raw = redis_store.client
+    sid = _sid()
+    await redis_store.create(_record(sid))
+    member = redis_keys.open_turn_member(sid, "t1")
+    await raw.zadd(redis_keys.OPEN_TURNS, {member: time.time()})  # put_turn's first step
+    assert await _open_of(redis_store, sid) == []  # not open yet: no record
+    assert await raw.zscore(redis_keys.OPEN_TURNS, member) is not None
+    assert await redis_store.put_turn(sid, "t1", b"running", ended=False, ttl_seconds=600)
+    assert await _open_of(redis_store, sid) == ["t1"]
+    # An entry whose record never came (its server died between the writes).
+    dangling = redis_keys.open_turn_member(sid, "t2")
+    old = time.time() - store_redis.DANGLING_AFTER_SECONDS - 1
+    await raw.zadd(redis_keys.OPEN_TURNS, {dangling: old})
+    assert await _open_of(redis_store, sid) == ["t1"]
+    assert await raw.zscore(redis_keys.OPEN_TURNS, dangling) is None
+    assert await redis_store.delete(sid)
+
+
 async def test_keys_written_before_their_times_are_kept_then_trimmed(
     redis_store: RedisStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
