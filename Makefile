@@ -28,7 +28,7 @@ install: system-deps $(STAMP) $(NODE_STAMPS) bytecode
 # them again: 0.2 s of CPU per member, and the tests start hundreds.
 # Up-to-date files are skipped; an edited one is compiled again here.
 bytecode: $(STAMP)
-	@$(PY) -m compileall -q -j 0 $(SOURCES) >/dev/null
+	@$(PY) -m compileall -q -j 0 $(SOURCES)
 
 # Idempotent and quiet: apt-get runs only when something is missing (CI is root).
 system-deps:

@@ -368,7 +368,7 @@ def _errors() -> list[str]:
         "on OpenAI's paths it is OpenAI's "
         '`{"error": {message, type, param, code}}` with `code` the reason in lower case. '
         "Rows with `Retry-After` send it as trailing metadata and as the HTTP header. "
-        "Generated from `runtime/errors.py`.",
+        "Generated from `runtime/errors.py` (Envoy's own replies: `envoy/edge_rows.py`).",
         "",
         "| gRPC code | reason | HTTP | problem type (slug) | title | OpenAI type |",
         "|---|---|---|---|---|---|",

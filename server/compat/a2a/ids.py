@@ -31,6 +31,8 @@ def parse_task_id(value: str) -> tuple[str, str]:
         session_id = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise not_found(value) from None
-    if not turn_id or not session_id:
+    # Only the id as this mesh spells it: another spelling of the same bytes
+    # (padding, base64's unused bits) would key a task's configs apart from it.
+    if not turn_id or not session_id or task_id(session_id, turn_id) != value:
         raise not_found(value)
     return session_id, turn_id

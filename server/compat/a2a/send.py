@@ -141,7 +141,17 @@ async def open_task(
         # After its turn is accepted: a config set with an answer is told how
         # the answer's turn ends (at once, if it has ended already).
         config.task_id = view.id
-        await push.create(mesh, config, agent, PUSH_CONFIG)
+        try:
+            await push.create(mesh, config, agent, PUSH_CONFIG)
+        except TurnmeshError as exc:
+            if message.task_id:
+                # Only a race (the task's configs filled meanwhile) or a store
+                # that failed gets here: the answer stands, and the error says so.
+                exc.detail = (
+                    f"the answer was given, but its push notification config was not kept"
+                    f" ({exc.detail}): set it with CreateTaskPushNotificationConfig"
+                )
+            raise
     return view, turn
 
 
