@@ -19,8 +19,9 @@ from turnmesh.envoy.outliers import health_check, outlier_detection
 from turnmesh.envoy.sockets import address, is_ip, split, upstream_tls
 
 PATH = "/ws"
-# Each listener's own health check (server/compat/areal_ws/gateway.py): 200
-# while it takes sockets. Envoy asks it directly; no route leads there.
+# Each listener's own health check, answered by it (server/compat/areal_ws/
+# gateway.py): 200 while it takes sockets. Envoy asks it directly; no route
+# leads there.
 HEALTH_PATH = "/ws/ready"
 CLUSTER = "session_websockets"
 _DISABLED = {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}

@@ -136,9 +136,7 @@ class MemoryPushConfigs:
         mine.move_to_end(key)
         order = self._of.setdefault(session_id, {})
         order.pop(task_id, None)
-        order[task_id] = None
-        if len(order) > PUSH_TASKS_PER_SESSION:
-            self._drop((session_id, next(iter(order))))
+        order[task_id] = None  # within the session's cap: its oldest went above
         return True
 
     def _room(

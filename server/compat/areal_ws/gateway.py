@@ -25,6 +25,9 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+# The path the edge's health check asks (envoy/ws_route.py writes it into
+# the edge's config): answered 200 while this listener takes sockets.
+from turnmesh.envoy.ws_route import HEALTH_PATH as HEALTH_PATH
 from turnmesh.runtime import principals
 from turnmesh.runtime.auth import ApiKeys
 from turnmesh.runtime.errors import InvalidArgument
@@ -39,9 +42,6 @@ from turnmesh.v1 import session_service_pb2 as spb
 log = logging.getLogger(__name__)
 
 PATH = "/ws"
-# Answered 200 while this listener takes sockets: the edge's health check
-# (envoy/ws_route.py), asked directly, never routed from outside.
-HEALTH_PATH = "/ws/ready"
 # The seed's close for a wrong admin key.
 INVALID_KEY_CODE = 4001
 INVALID_KEY_REASON = "Invalid admin key"
