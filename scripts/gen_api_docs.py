@@ -427,7 +427,7 @@ def _one_piece_errors() -> list[str]:
     """How a surface that answers in one piece (non-streamed chat completions
     and Responses, `/v1/chat`) reports a RUN_ERROR: rendered from the code
     that maps it, so it cannot drift."""
-    from turnmesh.server.compat._common import turn_error
+    from turnmesh.runtime.turn_errors import turn_error
 
     out = [
         "A surface that answers in one piece (chat completions and Responses without "

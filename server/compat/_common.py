@@ -21,19 +21,15 @@ from turnmesh.runtime import bodies, receipts, wire
 from turnmesh.runtime.auth import bearer
 from turnmesh.runtime.error_decoding import from_status
 from turnmesh.runtime.errors import (
-    AwaitingClient,
     Cancelled,
     DeadlineExceeded,
     FieldViolation,
     InvalidArgument,
     ModelNotFound,
     NotFound,
-    TurnCancelled,
-    TurnFailed,
     TurnmeshError,
     Unavailable,
 )
-from turnmesh.runtime.turn_errors import TurnError
 from turnmesh.server.compat.coalesce import ReadyEvents
 from turnmesh.server.sessions import validation
 from turnmesh.v1 import event_pb2, message_pb2
@@ -570,47 +566,3 @@ def check_message(message: str, field: str) -> None:
     violations = validation.message_violations(message, field)
     if violations:
         raise InvalidArgument(violations)
-
-
-# RUN_ERROR codes that mean the turn was stopped on purpose, not that it broke.
-_CANCELLED_CODES = frozenset(
-    e.code
-    for e in (
-        TurnError.CANCELLED,
-        TurnError.INTERRUPTED,
-        TurnError.DISCONNECTED,
-        TurnError.SESSION_DELETED,
-    )
-)
-# The mesh's own faults: the turn never reached its agent's end, and the same
-# request sent again may well succeed (by code: an agent's own AgentError
-# says 502 too, and is no mesh fault).
-_MESH_FAULT_CODES = frozenset(
-    e.code
-    for e in (
-        TurnError.WORKER_FAILED,
-        TurnError.WORKER_UNAVAILABLE,
-        TurnError.OWNER_LOST,
-        TurnError.SHUTDOWN,
-    )
-)
-
-
-def turn_error(event: event_pb2.Event) -> TurnmeshError:
-    """A turn that ended with RUN_ERROR, for a surface that answers in one
-    piece (the table is in docs/api.md, "A turn that fails"). History is
-    unchanged in every case; only a mesh fault is worth the SDKs' automatic
-    retry (503): the others say ``x-should-retry: false``, never a bare 500."""
-    message = event.message or "the turn failed"
-    if event.problem.detail and event.problem.detail != message:
-        message = f"{message}: {event.problem.detail}"
-    if event.code in _MESH_FAULT_CODES:
-        return Unavailable(message)
-    if event.code == TurnError.AWAITING_CLIENT.code:
-        # Queued behind a turn that then paused: the session's pause, as a
-        # turn refused at once would have been told.
-        return AwaitingClient(message)
-    cause = {"cause": event.code or "internal"}
-    if event.code in _CANCELLED_CODES:
-        return TurnCancelled(message, metadata=cause)
-    return TurnFailed(message, metadata=cause)

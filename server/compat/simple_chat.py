@@ -23,7 +23,8 @@ from google.protobuf import json_format
 
 from turnmesh.runtime.errors import NotFound
 from turnmesh.runtime.events import Answer
-from turnmesh.server.compat._common import Mesh, invalid, turn_error
+from turnmesh.runtime.turn_errors import turn_error
+from turnmesh.server.compat._common import Mesh, invalid
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2, message_pb2
 from turnmesh.v1 import session_service_pb2 as spb

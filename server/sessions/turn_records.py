@@ -23,7 +23,7 @@ from google.protobuf import json_format, message, timestamp_pb2
 from turnmesh.runtime import metrics
 from turnmesh.runtime.errors import Unavailable
 from turnmesh.runtime.principals import principal_of, public_id
-from turnmesh.runtime.turn_errors import TurnError
+from turnmesh.runtime.turn_errors import STOPPED_CODES, TurnError
 from turnmesh.server.sessions.eventlog import TurnLog
 from turnmesh.server.stores.base import SessionStore
 from turnmesh.server.webhooks.outbox import MAX_NOTICE_BYTES, OutboxUnavailable
@@ -35,16 +35,7 @@ log = logging.getLogger(__name__)
 
 ENDED = frozenset({spb.TURN_STATE_FINISHED, spb.TURN_STATE_FAILED, spb.TURN_STATE_CANCELLED})
 # RUN_ERROR codes of a turn that was cancelled (``turns.CancelReason``), not failed.
-CANCELLED_CODES = frozenset(
-    error.code
-    for error in (
-        TurnError.CANCELLED,
-        TurnError.INTERRUPTED,
-        TurnError.DISCONNECTED,
-        TurnError.SESSION_DELETED,
-        TurnError.SHUTDOWN,
-    )
-)
+CANCELLED_CODES = STOPPED_CODES | {TurnError.SHUTDOWN.code}
 # How long a draining server waits for the records of turns that just ended.
 FLUSH_SECONDS = 5.0
 # A turn's record, and its notice's data, at most, as protobuf and as JSON

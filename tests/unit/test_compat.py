@@ -9,6 +9,7 @@ import pytest
 from google.api import httpbody_pb2
 from google.protobuf import json_format
 
+from turnmesh.runtime import turn_errors
 from turnmesh.runtime.errors import (
     AwaitingClient,
     InvalidArgument,
@@ -18,7 +19,7 @@ from turnmesh.runtime.errors import (
     Unavailable,
 )
 from turnmesh.runtime.turn_errors import TurnError
-from turnmesh.server.compat import _common, _files, agui, openai_chat, openai_responses
+from turnmesh.server.compat import _files, agui, openai_chat, openai_responses
 from turnmesh.server.compat.simple_chat import _Calls
 from turnmesh.v1 import compat_service_pb2 as cpb
 from turnmesh.v1 import event_pb2
@@ -253,7 +254,7 @@ async def test_param_keeps_the_callers_own_keys_that_look_like_branch_names() ->
 def test_a_failed_turn_maps_to_one_error_on_every_surface(
     code: str, error: type[TurnmeshError], status: int | None
 ) -> None:
-    mapped = _common.turn_error(ET.Event(type=ET.RUN_ERROR, code=code, message="m"))
+    mapped = turn_errors.turn_error(ET.Event(type=ET.RUN_ERROR, code=code, message="m"))
     assert type(mapped) is error
     if status is not None:
         assert mapped.http_status == status
@@ -266,7 +267,7 @@ def test_a_streamed_chat_error_frame_is_typed_by_the_error_table(error: TurnErro
     or a cancel the caller's request error (not retried)."""
     event = error.event("it went wrong")
     frame = openai_chat.error_payload(event)["error"]
-    assert frame["type"] == type(_common.turn_error(event)).openai_type
+    assert frame["type"] == type(turn_errors.turn_error(event)).openai_type
     assert frame["code"] == error.code
     faults = (TurnError.WORKER_FAILED, TurnError.WORKER_UNAVAILABLE, TurnError.OWNER_LOST)
     fault = error in (*faults, TurnError.SHUTDOWN)

@@ -17,7 +17,7 @@ from typing import Any
 from a2a.types import a2a_pb2
 from google.protobuf import json_format, timestamp_pb2
 
-from turnmesh.runtime.turn_errors import TurnError
+from turnmesh.runtime.turn_errors import STOPPED_CODES, TurnError
 from turnmesh.server.compat.a2a.ids import task_id
 from turnmesh.server.compat.a2a.messages import data_part
 from turnmesh.v1 import event_pb2, message_pb2
@@ -26,16 +26,6 @@ from turnmesh.v1 import session_service_pb2 as spb
 S = a2a_pb2.TaskState
 TERMINAL = frozenset(
     {S.TASK_STATE_COMPLETED, S.TASK_STATE_FAILED, S.TASK_STATE_CANCELED, S.TASK_STATE_REJECTED}
-)
-# RUN_ERROR codes of a turn stopped on purpose.
-_CANCELLED_CODES = frozenset(
-    e.code
-    for e in (
-        TurnError.CANCELLED,
-        TurnError.INTERRUPTED,
-        TurnError.DISCONNECTED,
-        TurnError.SESSION_DELETED,
-    )
 )
 
 
@@ -48,7 +38,7 @@ def waits(outcome: event_pb2.RunOutcome) -> bool:
 
 
 def _ended_state(code: str) -> a2a_pb2.TaskState:
-    if code in _CANCELLED_CODES:
+    if code in STOPPED_CODES:
         return S.TASK_STATE_CANCELED
     if code == TurnError.AWAITING_CLIENT.code:
         return S.TASK_STATE_REJECTED

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 
 from turnmesh.runtime.errors import AlreadyExists, TurnmeshError
 from turnmesh.runtime.events import Answer
-from turnmesh.server.compat._common import Mesh, turn_error
+from turnmesh.runtime.turn_errors import turn_error
+from turnmesh.server.compat._common import Mesh
 from turnmesh.server.compat.areal_ws import frames
 from turnmesh.v1 import event_pb2
 from turnmesh.v1 import session_service_pb2 as spb

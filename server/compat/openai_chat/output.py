@@ -7,11 +7,11 @@ from typing import Any
 
 from google.api import httpbody_pb2
 
+from turnmesh.runtime.turn_errors import turn_error
 from turnmesh.server.compat._common import (
     Mesh,
     json_body,
     sse_body,
-    turn_error,
 )
 from turnmesh.server.compat.openai_chat.conversation import events
 from turnmesh.server.compat.openai_chat.request import ChatCompletionRequest

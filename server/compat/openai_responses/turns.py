@@ -9,12 +9,12 @@ from typing import Any
 from google.api import httpbody_pb2
 
 from turnmesh.runtime.errors import AwaitingClient, TurnmeshError
+from turnmesh.runtime.turn_errors import turn_error
 from turnmesh.server.compat._common import (
     Mesh,
     TurnArgs,
     json_body,
     sse_body,
-    turn_error,
 )
 from turnmesh.server.compat.openai_responses.conversation import open_response
 from turnmesh.server.compat.openai_responses.refusals import awaiting, refused
